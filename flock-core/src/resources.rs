@@ -153,7 +153,10 @@ impl<V> ResourceSet<V> {
     }
 
     /// The resources of one type, in name order.
-    pub fn iter_type<'a>(&'a self, type_url: &str) -> impl Iterator<Item = (&'a Name, &'a Entry<V>)> + 'a {
+    pub fn iter_type<'a>(
+        &'a self,
+        type_url: &str,
+    ) -> impl Iterator<Item = (&'a Name, &'a Entry<V>)> + 'a {
         self.types.get(type_url).into_iter().flat_map(|m| m.iter())
     }
 
@@ -198,11 +201,20 @@ impl<V> ResourceSetBuilder<V> {
     }
 
     /// Like [`upsert`](Self::upsert) for a value that is already shared.
-    pub fn upsert_shared(&mut self, type_url: &str, name: &str, hash: ContentHash, value: Arc<V>) -> &mut Self {
-        if let Some(existing) = self.types.get(type_url).and_then(|m| m.get(name)) {
-            if existing.hash == hash {
-                return self;
-            }
+    pub fn upsert_shared(
+        &mut self,
+        type_url: &str,
+        name: &str,
+        hash: ContentHash,
+        value: Arc<V>,
+    ) -> &mut Self {
+        if self
+            .types
+            .get(type_url)
+            .and_then(|m| m.get(name))
+            .is_some_and(|e| e.hash == hash)
+        {
+            return self;
         }
         let (type_key, map) = self.type_map_mut(type_url);
         let name: Name = match map.get_key_value(name) {
@@ -216,7 +228,11 @@ impl<V> ResourceSetBuilder<V> {
 
     /// Removes a resource if present.
     pub fn remove(&mut self, type_url: &str, name: &str) -> &mut Self {
-        if !self.types.get(type_url).is_some_and(|m| m.contains_key(name)) {
+        if !self
+            .types
+            .get(type_url)
+            .is_some_and(|m| m.contains_key(name))
+        {
             return self;
         }
         let (type_key, map) = self.type_map_mut(type_url);
@@ -314,7 +330,9 @@ pub fn diff<V>(prev: &ResourceSet<V>, next: &ResourceSet<V>) -> Diff {
         return Diff::default();
     }
     match &next.journal {
-        Some(journal) if Arc::ptr_eq(&journal.parent, &prev.stamp) => diff_touched(prev, next, &journal.touched),
+        Some(journal) if Arc::ptr_eq(&journal.parent, &prev.stamp) => {
+            diff_touched(prev, next, &journal.touched)
+        }
         _ => diff_full(prev, next),
     }
 }
@@ -328,10 +346,10 @@ pub fn diff_full<V>(prev: &ResourceSet<V>, next: &ResourceSet<V>) -> Diff {
     for type_url in type_urls {
         let before = prev.types.get(type_url);
         let after = next.types.get(type_url);
-        if let (Some(b), Some(a)) = (before, after) {
-            if Arc::ptr_eq(b, a) {
-                continue;
-            }
+        if let (Some(b), Some(a)) = (before, after)
+            && Arc::ptr_eq(b, a)
+        {
+            continue;
         }
         let before = before.map_or(&empty, |m| m.as_ref());
         let after = after.map_or(&empty, |m| m.as_ref());
@@ -375,7 +393,11 @@ pub fn diff_full<V>(prev: &ResourceSet<V>, next: &ResourceSet<V>) -> Diff {
     out
 }
 
-fn diff_touched<V>(prev: &ResourceSet<V>, next: &ResourceSet<V>, touched: &BTreeMap<Name, BTreeSet<Name>>) -> Diff {
+fn diff_touched<V>(
+    prev: &ResourceSet<V>,
+    next: &ResourceSet<V>,
+    touched: &BTreeMap<Name, BTreeSet<Name>>,
+) -> Diff {
     let mut out = Diff::default();
     for (type_url, names) in touched {
         let mut td = TypeDiff::default();
@@ -412,10 +434,17 @@ mod tests {
 
     #[test]
     fn unchanged_upsert_keeps_the_entry_and_reports_nothing() {
-        let v1 = ResourceSet::new().edit().upsert(T, "a", h("1"), 1u32).build();
+        let v1 = ResourceSet::new()
+            .edit()
+            .upsert(T, "a", h("1"), 1u32)
+            .build();
         let v2 = v1.edit().upsert(T, "a", h("1"), 99u32).build();
         assert!(diff(&v1, &v2).is_empty());
-        assert_eq!(**v2.get(T, "a").unwrap().value(), 1, "the published value was kept");
+        assert_eq!(
+            **v2.get(T, "a").unwrap().value(),
+            1,
+            "the published value was kept"
+        );
     }
 
     #[test]
@@ -436,21 +465,41 @@ mod tests {
         assert_eq!(names(&d.types[T].added), ["c"]);
         assert_eq!(names(&d.types[T].changed), ["b"]);
         assert_eq!(names(&d.types[E].removed), ["a"]);
-        assert_eq!(d, diff_full(&v1, &v2), "journal diff agrees with the full walk");
-        assert!(v2.len_of(E) == 0 && !v2.type_urls().any(|t| t.as_ref() == E), "empty types are dropped");
+        assert_eq!(
+            d,
+            diff_full(&v1, &v2),
+            "journal diff agrees with the full walk"
+        );
+        assert!(
+            v2.len_of(E) == 0 && !v2.type_urls().any(|t| t.as_ref() == E),
+            "empty types are dropped"
+        );
     }
 
     #[test]
     fn touched_then_restored_is_not_a_change() {
         let v1 = ResourceSet::new().edit().upsert(T, "a", h("a"), ()).build();
-        let v2 = v1.edit().remove(T, "a").upsert(T, "a", h("a"), ()).upsert(T, "x", h("x"), ()).remove(T, "x").build();
+        let v2 = v1
+            .edit()
+            .remove(T, "a")
+            .upsert(T, "a", h("a"), ())
+            .upsert(T, "x", h("x"), ())
+            .remove(T, "x")
+            .build();
         assert!(diff(&v1, &v2).is_empty());
     }
 
     #[test]
     fn building_does_not_touch_the_published_set() {
-        let v1 = ResourceSet::new().edit().upsert(T, "a", h("a"), 1u32).build();
-        let _v2 = v1.edit().upsert(T, "a", h("b"), 2u32).remove(T, "a").build();
+        let v1 = ResourceSet::new()
+            .edit()
+            .upsert(T, "a", h("a"), 1u32)
+            .build();
+        let _v2 = v1
+            .edit()
+            .upsert(T, "a", h("b"), 2u32)
+            .remove(T, "a")
+            .build();
         assert_eq!(v1.get(T, "a").unwrap().hash(), h("a"));
         assert_eq!(**v1.get(T, "a").unwrap().value(), 1);
     }
@@ -469,10 +518,20 @@ mod tests {
 
     #[test]
     fn replace_type_removes_names_not_listed() {
-        let v1 = ResourceSet::new().edit().upsert(T, "a", h("a"), ()).upsert(T, "b", h("b"), ()).build();
+        let v1 = ResourceSet::new()
+            .edit()
+            .upsert(T, "a", h("a"), ())
+            .upsert(T, "b", h("b"), ())
+            .build();
         let v2 = v1
             .edit()
-            .replace_type(T, [(Name::from("b"), h("b"), Arc::new(())), (Name::from("c"), h("c"), Arc::new(()))])
+            .replace_type(
+                T,
+                [
+                    (Name::from("b"), h("b"), Arc::new(())),
+                    (Name::from("c"), h("c"), Arc::new(())),
+                ],
+            )
             .build();
         let d = diff(&v1, &v2);
         assert_eq!(names(&d.types[T].removed), ["a"]);

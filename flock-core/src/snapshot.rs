@@ -278,7 +278,9 @@ mod tests {
         let seen = std::sync::Arc::new(StdMutex::new(Vec::new()));
         let log = std::sync::Arc::clone(&seen);
         let id = p.add_sink(move |snap| {
-            log.lock().unwrap().push((snap.version(), snap.state().clone()));
+            log.lock()
+                .unwrap()
+                .push((snap.version(), snap.state().clone()));
         });
         p.publish(|s| with(s, 8));
         assert!(p.remove_sink(id));
