@@ -1,0 +1,218 @@
+//! Loading stored pods into the live in-memory table: merge, never replace (R3).
+//!
+//! At startup the xDS side loads every stored pod (`GetAll`) and installs it in the
+//! live table while the CNI server is already serving `AddPod`s. The seed replaced
+//! the table wholesale with what it had read, so an `AddPod` that wrote the table
+//! between the read and the replacement was wiped (its pod lost its mTLS identity
+//! mapping until re-added). Here the load only *adds keys that are absent*: a key
+//! already in memory was written by a concurrent `AddPod` and is newer than the
+//! stored copy, so it is kept; nothing is removed or replaced.
+//!
+//! Known, bounded consequence: a pod *removed* between the load's store read and
+//! its merge is re-added to memory from the stale read. That entry is not in the
+//! store, so the orphan GC ([`crate::gc`], kind `XdsResource`) withdraws it after
+//! its confirmation sweeps; the alternative (losing a live pod) is not repaired by
+//! anything.
+//!
+//! [`PodTable`] packages the rule with a lock so the agent uses it rather than
+//! re-implementing it; [`merge_loaded`] is the same rule on a plain map.
+//!
+//! # Example
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use flock_core::lifecycle::merge::PodTable;
+//!
+//! let table = PodTable::new();
+//! let stored = BTreeMap::from([("pod-a", "stored"), ("pod-b", "stored")]);
+//! // An AddPod for pod-b lands after the store was read but before the merge.
+//! table.insert("pod-b", "fresh");
+//! let report = table.load_merge(stored);
+//! assert_eq!(report.added, vec!["pod-a"]);
+//! assert_eq!(report.kept, vec!["pod-b"]);
+//! assert_eq!(table.snapshot()["pod-b"], "fresh");
+//! ```
+
+use std::collections::BTreeMap;
+
+use crate::sync::{Mutex, lock};
+
+/// What a merge did, keys sorted ascending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeReport<K> {
+    /// Loaded keys that were absent and were added.
+    pub added: Vec<K>,
+    /// Loaded keys already present in memory (newer), left untouched.
+    pub kept: Vec<K>,
+}
+
+// Manual impl: a derive would needlessly require `K: Default`.
+impl<K> Default for MergeReport<K> {
+    fn default() -> Self {
+        Self {
+            added: Vec::new(),
+            kept: Vec::new(),
+        }
+    }
+}
+
+/// Merges `loaded` into `live`: inserts each loaded key that is absent, keeps every
+/// key that is present (its value is newer), never removes anything.
+pub fn merge_loaded<K, V>(
+    live: &mut BTreeMap<K, V>,
+    loaded: impl IntoIterator<Item = (K, V)>,
+) -> MergeReport<K>
+where
+    K: Ord + Clone,
+{
+    // Re-introduces R3 so the loom test can show it catches it; never enabled in
+    // builds: the seed replaced the table wholesale with what it loaded.
+    #[cfg(flock_reintroduce = "r3")]
+    live.clear();
+
+    // Collecting first dedups the load (the last copy of a key wins) and sorts it,
+    // so the report is sorted and a key is never both added and kept.
+    let loaded: BTreeMap<K, V> = loaded.into_iter().collect();
+    let mut report = MergeReport::default();
+    for (key, value) in loaded {
+        if live.contains_key(&key) {
+            report.kept.push(key);
+        } else {
+            live.insert(key.clone(), value);
+            report.added.push(key);
+        }
+    }
+    report
+}
+
+/// A live pod table shared between the CNI server, the xDS side and background
+/// loops. Every method takes the lock once; no caller code runs under it.
+#[derive(Debug)]
+pub struct PodTable<K, V> {
+    inner: Mutex<BTreeMap<K, V>>,
+}
+
+impl<K: Ord, V> Default for PodTable<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Ord, V> PodTable<K, V> {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self {
+            inner: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Inserts or updates a pod (the `AddPod` path); returns the previous value.
+    pub fn insert(&self, key: K, value: V) -> Option<V> {
+        lock(&self.inner).insert(key, value)
+    }
+
+    /// Removes a pod (the `RemovePod` path); returns its value.
+    pub fn remove(&self, key: &K) -> Option<V> {
+        lock(&self.inner).remove(key)
+    }
+
+    /// Whether the pod is in the table.
+    pub fn contains(&self, key: &K) -> bool {
+        lock(&self.inner).contains_key(key)
+    }
+
+    /// Number of pods in the table.
+    pub fn len(&self) -> usize {
+        lock(&self.inner).len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        lock(&self.inner).is_empty()
+    }
+
+    /// Merges pods loaded from storage (see [`merge_loaded`]): adds absent keys,
+    /// keeps present ones, removes nothing.
+    pub fn load_merge(&self, loaded: impl IntoIterator<Item = (K, V)>) -> MergeReport<K>
+    where
+        K: Clone,
+    {
+        let mut guard = lock(&self.inner);
+        merge_loaded(&mut guard, loaded)
+    }
+}
+
+impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
+    /// The pod's value, cloned.
+    pub fn get(&self, key: &K) -> Option<V> {
+        lock(&self.inner).get(key).cloned()
+    }
+
+    /// A consistent copy of the whole table.
+    pub fn snapshot(&self) -> BTreeMap<K, V> {
+        lock(&self.inner).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_adds_absent_keys() {
+        let mut live = BTreeMap::new();
+        let r = merge_loaded(&mut live, [(2, "b"), (1, "a")]);
+        assert_eq!(r.added, vec![1, 2]);
+        assert!(r.kept.is_empty());
+        assert_eq!(live, BTreeMap::from([(1, "a"), (2, "b")]));
+    }
+
+    #[test]
+    fn merge_keeps_the_newer_in_memory_value() {
+        let mut live = BTreeMap::from([(1, "fresh")]);
+        let r = merge_loaded(&mut live, [(1, "stale")]);
+        assert_eq!(r.kept, vec![1]);
+        assert_eq!(live[&1], "fresh");
+    }
+
+    #[test]
+    fn merge_never_removes_pods_missing_from_the_load() {
+        let mut live = BTreeMap::from([(7, "added-during-startup")]);
+        let r = merge_loaded(&mut live, Vec::<(i32, &str)>::new());
+        assert_eq!(r, MergeReport::default());
+        assert_eq!(live.len(), 1);
+    }
+
+    #[test]
+    fn merge_report_is_sorted_and_deduplicated() {
+        let mut live = BTreeMap::from([(5, 0)]);
+        let r = merge_loaded(&mut live, [(9, 1), (5, 1), (3, 1), (9, 2), (5, 2)]);
+        assert_eq!(r.added, vec![3, 9]);
+        assert_eq!(r.kept, vec![5]);
+        assert_eq!(live[&9], 2, "the last loaded copy of a key wins");
+    }
+
+    #[test]
+    fn pod_table_load_merge_preserves_a_concurrent_add() {
+        let t = PodTable::new();
+        t.insert("new", 2);
+        let r = t.load_merge([("old", 1), ("new", 0)]);
+        assert_eq!(r.added, vec!["old"]);
+        assert_eq!(r.kept, vec!["new"]);
+        assert_eq!(t.get(&"new"), Some(2));
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn pod_table_basic_operations() {
+        let t: PodTable<u32, &str> = PodTable::default();
+        assert!(t.is_empty());
+        assert_eq!(t.insert(1, "a"), None);
+        assert_eq!(t.insert(1, "b"), Some("a"));
+        assert!(t.contains(&1));
+        assert_eq!(t.snapshot(), BTreeMap::from([(1, "b")]));
+        assert_eq!(t.remove(&1), Some("b"));
+        assert!(!t.contains(&1));
+        assert_eq!(t.get(&1), None);
+    }
+}
