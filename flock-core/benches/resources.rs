@@ -29,7 +29,12 @@ fn base() -> ResourceSet<Vec<u8>> {
 fn one_change(v1: &ResourceSet<Vec<u8>>) -> ResourceSet<Vec<u8>> {
     let bytes = resource(N / 2, 1);
     v1.edit()
-        .upsert(EDS, &format!("svc-{:05}", N / 2), ContentHash::of(&bytes), bytes)
+        .upsert(
+            EDS,
+            &format!("svc-{:05}", N / 2),
+            ContentHash::of(&bytes),
+            bytes,
+        )
         .build()
 }
 
@@ -38,17 +43,28 @@ fn bench(c: &mut Criterion) {
     let v2 = one_change(&v1);
     let mut g = c.benchmark_group("one change among 10k resources");
     g.bench_function("flock: derive next set + journal diff", |b| {
-        b.iter_batched(|| (), |()| black_box(diff(&v1, &one_change(&v1))), BatchSize::SmallInput)
+        b.iter_batched(
+            || (),
+            |()| black_box(diff(&v1, &one_change(&v1))),
+            BatchSize::SmallInput,
+        )
     });
-    g.bench_function("flock: journal diff only", |b| b.iter(|| black_box(diff(&v1, &v2))));
-    g.bench_function("flock: full merge-walk diff", |b| b.iter(|| black_box(diff_full(&v1, &v2))));
-    g.bench_function("baseline: re-hash every resource (go-control-plane delta)", |b| {
-        b.iter(|| {
-            for (_, e) in v2.iter_type(EDS) {
-                black_box(ContentHash::of(e.value()));
-            }
-        })
+    g.bench_function("flock: journal diff only", |b| {
+        b.iter(|| black_box(diff(&v1, &v2)))
     });
+    g.bench_function("flock: full merge-walk diff", |b| {
+        b.iter(|| black_box(diff_full(&v1, &v2)))
+    });
+    g.bench_function(
+        "baseline: re-hash every resource (go-control-plane delta)",
+        |b| {
+            b.iter(|| {
+                for (_, e) in v2.iter_type(EDS) {
+                    black_box(ContentHash::of(e.value()));
+                }
+            })
+        },
+    );
     g.finish();
 }
 

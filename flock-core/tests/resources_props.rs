@@ -26,7 +26,12 @@ fn apply_ops(base: &ResourceSet<u8>, ops: &[Op]) -> ResourceSet<u8> {
     for op in ops {
         match *op {
             Op::Upsert { ty, name, content } => {
-                b.upsert(TYPES[ty], &format!("r{name}"), ContentHash::of(&[content]), content);
+                b.upsert(
+                    TYPES[ty],
+                    &format!("r{name}"),
+                    ContentHash::of(&[content]),
+                    content,
+                );
             }
             Op::Remove { ty, name } => {
                 b.remove(TYPES[ty], &format!("r{name}"));
@@ -40,7 +45,10 @@ fn apply_ops(base: &ResourceSet<u8>, ops: &[Op]) -> ResourceSet<u8> {
 fn content(set: &ResourceSet<u8>) -> BTreeMap<String, BTreeMap<String, ContentHash>> {
     set.type_urls()
         .map(|t| {
-            let names = set.iter_type(t).map(|(n, e)| (n.to_string(), e.hash())).collect();
+            let names = set
+                .iter_type(t)
+                .map(|(n, e)| (n.to_string(), e.hash()))
+                .collect();
             (t.to_string(), names)
         })
         .collect()
@@ -56,7 +64,10 @@ fn apply_diff(
     for (t, td) in &d.types {
         let names = out.entry(t.to_string()).or_default();
         for n in &td.removed {
-            assert!(names.remove(n.as_ref()).is_some(), "removed {n} was not in prev");
+            assert!(
+                names.remove(n.as_ref()).is_some(),
+                "removed {n} was not in prev"
+            );
         }
         for n in td.added.iter().chain(&td.changed) {
             let e = next.get(t, n).expect("added/changed name exists in next");
@@ -70,7 +81,10 @@ fn apply_diff(
 fn assert_sorted_unique(d: &Diff) {
     for td in d.types.values() {
         for list in [&td.added, &td.changed, &td.removed] {
-            assert!(list.windows(2).all(|w| w[0] < w[1]), "names sorted and unique: {list:?}");
+            assert!(
+                list.windows(2).all(|w| w[0] < w[1]),
+                "names sorted and unique: {list:?}"
+            );
         }
     }
 }
