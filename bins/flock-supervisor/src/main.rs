@@ -1,20 +1,261 @@
 //! `flock-supervisor`: runs Envoy and hot-restarts it without dropping a request.
 //!
-//! Status: placeholder until issue 5. It parses no arguments beyond `--help`/`--version`
-//! and exits with status 2 and a message saying what is missing, so nothing can mistake
-//! it for a working binary.
+//! Argument parsing and wiring only; the supervisor is `flock_hotrestart::supervisor`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
+use flock_core::epoch::WriterId;
+use flock_hotrestart::envoy::{SHIM_ARG, exec_with_parent_death_signal};
+use flock_hotrestart::{Config, Exit};
 
-/// runs Envoy and hot-restarts it without dropping a request.
+/// Runs Envoy and hot-restarts it without dropping a request.
 ///
-/// NOT IMPLEMENTED YET: this binary lands with issue 5.
-#[derive(Parser)]
-#[command(version, about, long_about = None)]
-struct Args {}
+/// Starts Envoy at the epoch flock-core's start decision picks (epoch+1 of a LIVE
+/// predecessor recorded in the state directory with a fresh heartbeat, else 0),
+/// hot-restarts it on SIGHUP and when the config file changes (debounced, validated
+/// with `envoy --mode validate` first, never while the newest epoch is not LIVE),
+/// records the LIVE epoch in `<state-dir>/epoch` every second, restarts a crashed
+/// Envoy with bounded retries, and on SIGTERM drains and stops every epoch.
+///
+/// Envoy dies with the supervisor (parent-death signal), so a killed supervisor
+/// leaves no orphan.
+///
+/// Example:
+///   flock-supervisor --envoy-bin /usr/local/bin/envoy --config /etc/envoy/envoy.yaml
+///     --admin-address 127.0.0.1:9901 --state-dir /run/flock/envoy --base-id 7
+///     --ready-file /run/flock/envoy/ready -- --log-level info
+#[derive(Parser, Debug)]
+#[command(version, about, long_about, verbatim_doc_comment)]
+struct Args {
+    /// The Envoy executable (the real ELF, not a wrapper script).
+    #[arg(long, env = "FLOCK_ENVOY_BIN", value_name = "PATH")]
+    envoy_bin: PathBuf,
 
-fn main() {
-    let _args = Args::parse();
-    eprintln!("flock-supervisor: not implemented yet (lands with issue 5); see README.md");
-    std::process::exit(2);
+    /// Envoy's bootstrap config (`-c`). Watched with inotify: a change of its content
+    /// triggers a hot restart, like SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+
+    /// The Envoy `--base-id` for a cold start with no state-file record. A hot restart
+    /// inherits its predecessor's base id; a cold start beside a still-answering Envoy
+    /// uses the next one. Every Envoy on a host needs its own.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    base_id: u32,
+
+    /// The directory of the state file `epoch` and its lock `epoch.lock` (created 0700).
+    /// Share it (and /dev/shm) with the supervisor that takes over during a rolling
+    /// update, so it can hand over at epoch+1.
+    #[arg(long, value_name = "DIR")]
+    state_dir: PathBuf,
+
+    /// Envoy's admin address as configured in the bootstrap. `/server_info` there is
+    /// the authority on which epoch is LIVE.
+    #[arg(long, value_name = "HOST:PORT")]
+    admin_address: String,
+
+    /// Envoy's `--drain-time-s`: how long a replaced epoch drains its listeners. Also
+    /// the drain at SIGTERM.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    drain_time_s: u64,
+
+    /// Envoy's `--parent-shutdown-time-s`: when the new epoch shuts the old one down.
+    #[arg(long, value_name = "N", default_value_t = 15)]
+    parent_shutdown_time_s: u64,
+
+    /// Trailing debounce of restart triggers: a burst of triggers makes one restart,
+    /// this long after the last.
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    debounce_ms: u64,
+
+    /// The longest a continuous stream of triggers postpones a restart (default: 10 ×
+    /// the debounce). Never shortens a wait for the newest epoch to become LIVE.
+    #[arg(long, value_name = "N")]
+    max_debounce_ms: Option<u64>,
+
+    /// A file that exists exactly while the newest epoch is LIVE (for a readiness
+    /// probe). It is removed while a new epoch initializes and at shutdown.
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<PathBuf>,
+
+    /// Write metrics (restarts, deferrals, validation failures, current epoch…) in
+    /// Prometheus text format to this file, replaced atomically on every change.
+    #[arg(long, value_name = "PATH")]
+    metrics_file: Option<PathBuf>,
+
+    /// This supervisor's name in the state file (A-Z a-z 0-9 . _ -, up to 64; e.g. the
+    /// pod name). Default: `<hostname>-<pid>`.
+    #[arg(long, value_name = "ID", env = "FLOCK_WRITER_ID")]
+    writer_id: Option<String>,
+
+    /// State-file records with an older heartbeat are stale: a newcomer cold-starts
+    /// instead of handing over. At least 3 × the heartbeat period (1 s).
+    #[arg(long, value_name = "N", default_value_t = 5000)]
+    heartbeat_max_age_ms: u64,
+
+    /// A new epoch that is not LIVE this long after it started is stopped and counts
+    /// as a failed start (e.g. a stuck initialization).
+    #[arg(long, value_name = "N", default_value_t = 60)]
+    live_timeout_s: u64,
+
+    /// How long the start decision may wait (for a predecessor to become LIVE, or its
+    /// record to go stale) before the supervisor gives up and exits non-zero.
+    #[arg(long, value_name = "N", default_value_t = 60)]
+    start_timeout_s: u64,
+
+    /// At SIGTERM during a hot restart: the longest to wait for the new epoch to
+    /// become LIVE before stopping everything.
+    #[arg(long, value_name = "N", default_value_t = 30)]
+    handoff_timeout_s: u64,
+
+    /// At SIGTERM, after the drain: how long the epochs get to exit after SIGTERM
+    /// before SIGKILL. Shutdown takes at most drain-time + this (plus a handoff wait).
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    shutdown_margin_s: u64,
+
+    /// Consecutive unexpected deaths of the newest epoch tolerated (each restarted
+    /// with exponential backoff) before the supervisor exits non-zero. The count
+    /// resets once an epoch has been LIVE for 10 s.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    max_restarts: u32,
+
+    /// Do not watch the config file; only SIGHUP triggers a hot restart.
+    #[arg(long)]
+    no_watch_config: bool,
+
+    /// Run Envoy directly instead of through the parent-death exec shim: Envoy then
+    /// survives a SIGKILLed supervisor (an orphan nobody hot-restarts).
+    #[arg(long)]
+    no_parent_death_signal: bool,
+
+    /// Extra arguments passed to Envoy (after `--`), e.g. `-- --log-level warn`.
+    #[arg(last = true, value_name = "ENVOY ARGS")]
+    envoy_args: Vec<OsString>,
+}
+
+fn default_writer() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(48)
+        .collect();
+    let host = host.trim_start_matches(['.', '_', '-']);
+    let host = if host.is_empty() { "flock" } else { host };
+    format!("{host}-{}", std::process::id())
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == SHIM_ARG) {
+        return exec_shim(&argv[2..]);
+    }
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let writer = match WriterId::new(args.writer_id.clone().unwrap_or_else(default_writer)) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("flock-supervisor: --writer-id: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.heartbeat_max_age_ms < 3_000 {
+        eprintln!("flock-supervisor: --heartbeat-max-age-ms must be at least 3000 (3 heartbeats)");
+        return ExitCode::from(2);
+    }
+    let shim = if args.no_parent_death_signal {
+        None
+    } else {
+        match std::env::current_exe() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!(
+                    "flock-supervisor: cannot find its own executable for the exec shim: {e}"
+                );
+                return ExitCode::from(2);
+            }
+        }
+    };
+    let config = Config {
+        envoy_bin: args.envoy_bin,
+        config: args.config,
+        base_id: args.base_id,
+        state_dir: args.state_dir,
+        admin_address: args.admin_address,
+        drain_time_s: args.drain_time_s,
+        parent_shutdown_time_s: args.parent_shutdown_time_s,
+        debounce_ms: args.debounce_ms,
+        max_debounce_ms: args
+            .max_debounce_ms
+            .unwrap_or(args.debounce_ms.saturating_mul(10)),
+        ready_file: args.ready_file,
+        metrics_file: args.metrics_file,
+        writer,
+        heartbeat: Duration::from_secs(1),
+        heartbeat_max_age_ms: args.heartbeat_max_age_ms,
+        live_timeout: Duration::from_secs(args.live_timeout_s),
+        start_timeout: Duration::from_secs(args.start_timeout_s),
+        handoff_timeout: Duration::from_secs(args.handoff_timeout_s),
+        shutdown_margin: Duration::from_secs(args.shutdown_margin_s),
+        max_restarts: args.max_restarts,
+        restart_backoff: (Duration::from_millis(200), Duration::from_secs(10)),
+        watch_config: !args.no_watch_config,
+        validate_timeout: Duration::from_secs(30),
+        envoy_args: args.envoy_args,
+        shim,
+    };
+    // One thread: every Envoy is forked from it, which the parent-death signal needs.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("flock-supervisor: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(flock_hotrestart::run(config)) {
+        Ok(Exit::Terminated | Exit::Superseded) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("flock-supervisor: {e}");
+            eprintln!("flock-supervisor: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `flock-supervisor __flock-exec-with-pdeathsig <pid> <program> <args>…` (internal).
+fn exec_shim(rest: &[OsString]) -> ExitCode {
+    let (Some(pid), Some(program)) = (rest.first(), rest.get(1)) else {
+        eprintln!("flock-supervisor: {SHIM_ARG} needs <pid> <program> [args]");
+        return ExitCode::from(127);
+    };
+    let Some(pid) = pid.to_str().and_then(|p| p.parse::<i32>().ok()) else {
+        eprintln!("flock-supervisor: {SHIM_ARG}: bad pid {pid:?}");
+        return ExitCode::from(127);
+    };
+    let err = exec_with_parent_death_signal(pid, std::path::Path::new(program), &rest[2..]);
+    eprintln!(
+        "flock-supervisor: cannot exec {}: {err}",
+        std::path::Path::new(program).display()
+    );
+    ExitCode::from(127)
 }
