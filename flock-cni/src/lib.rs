@@ -1,5 +1,21 @@
 //! CNI 1.1 chained plugin, the agent-facing CNI API, and the race-free install-cni daemon.
 //!
-//! **Status: skeleton.** This crate's contents land with issue 4 (flock-cni); until then it only
-//! documents its place in the workspace (see the repository's `ARCHITECTURE.md`).
+//! * [`cni`]: the spec as a plugin sees it (environment, stdin network config, error
+//!   codes, result version conversion), total on any input.
+//! * [`plugin`]: one invocation of the `flock-cni` binary, verb by verb.
+//! * [`proto`] and [`client`]: the `flock.cni.v1.CniService` gRPC API the node agent
+//!   serves on a unix socket, and the plugin's bounded-time client.
+//! * [`install`]: the `flock-install-cni` daemon, which executes the decisions of
+//!   [`flock_core::cniconf`] on a real directory (inotify armed before the scan, one
+//!   queue, per-file ledger, atomic writes, restore on exit).
+//! * `testing` (feature `testing`): an in-process double of the agent's service.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod cni;
+pub mod install;
+pub mod plugin;
+pub mod proto;
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -22,6 +22,7 @@
 //! | [`lifecycle`] | pod add/remove order, loading, re-registration, liveness | R3 lost pod at startup; R4 ghost endpoint; R6 leaked subscription |
 //! | [`epoch`] | Envoy hot-restart epochs, state-file writes, restart gate | R7 restart while initializing; R8 epoch file regresses |
 //! | [`backoff`] | retry delays | synchronized retry storms |
+//! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //!
 //! The names R1–R8 refer to the concurrency audit this design answers (see the
 //! repository's `ARCHITECTURE.md`). Each can be re-introduced with
@@ -54,6 +55,7 @@ pub mod epoch;
 pub mod gc;
 pub mod hash;
 pub mod lifecycle;
+pub mod ratelimit;
 pub mod resources;
 pub mod snapshot;
 pub mod sync;

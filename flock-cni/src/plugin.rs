@@ -1,0 +1,314 @@
+//! The chained plugin: one invocation, from environment and stdin to stdout and exit
+//! status. The binary (`bins/flock-cni`) only gathers its inputs and prints the result.
+//!
+//! # Behaviour per verb
+//!
+//! | verb | agent call | agent unreachable / timeout | agent ERROR |
+//! |---|---|---|---|
+//! | ADD | `AddPod` | error 11 (try again later): pods never start unmeshed | error 100 |
+//! | DEL | `RemovePod` | **success**, warning on stderr: GC and the agent's orphan sweep repair it, and a dead agent must never block pod deletion | error 100 |
+//! | CHECK | `Check` | error 11 | error 100 |
+//! | STATUS | `Status` | error 50 | — (50 / 51 from the answer) |
+//! | GC | `GarbageCollect` | error 11 | error 100, every failure listed |
+//! | VERSION | none | — | — |
+//!
+//! ADD without `prevResult` is error 7: flock-cni is a chained plugin and only reports
+//! what the primary CNI set up. ADD prints `prevResult` unchanged at the config's
+//! `cniVersion`; DEL, CHECK, STATUS and GC print nothing on success.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::client::{self, AgentError};
+use crate::cni::{self, CURRENT_VERSION, CniEnv, CniError, Command, ErrorCode, NetConf, ResultIp};
+use crate::proto::v1::{
+    AddPodRequest, Attachment, Availability, CheckRequest, GarbageCollectRequest, IpConfig,
+    Outcome, PodRef, PodResponse, RemovePodRequest, StatusRequest,
+};
+
+/// What the binary prints and how it exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// Bytes for stdout (a result, an error JSON, or nothing).
+    pub stdout: Vec<u8>,
+    /// Lines for stderr (warnings an operator may want).
+    pub stderr: Vec<String>,
+    /// The exit status: 0 on success, 1 with an error JSON.
+    pub exit_code: i32,
+}
+
+impl Output {
+    fn ok(stdout: Vec<u8>) -> Self {
+        Self {
+            stdout,
+            stderr: Vec::new(),
+            exit_code: 0,
+        }
+    }
+
+    /// An error result at `cni_version`.
+    pub fn error(err: &CniError, cni_version: &str) -> Self {
+        Self {
+            stdout: err.to_json(cni_version),
+            stderr: vec![format!("flock-cni: {err}")],
+            exit_code: 1,
+        }
+    }
+}
+
+/// Runs one invocation. `get_env` is `std::env::var_os` in the binary; `stdin` is
+/// everything the runtime wrote (the binary reads at most [`cni::MAX_STDIN_BYTES`] + 1
+/// bytes, so a larger input is reported as such). `stdin` is `None` for VERSION when
+/// the binary did not read it (a terminal).
+pub fn run(get_env: &dyn Fn(&str) -> Option<OsString>, stdin: Option<&[u8]>) -> Output {
+    let declared = stdin
+        .and_then(cni::declared_version)
+        .unwrap_or_else(|| CURRENT_VERSION.to_owned());
+    match invoke(get_env, stdin) {
+        Ok(out) => out,
+        Err(e) => Output::error(&e, &declared),
+    }
+}
+
+fn invoke(
+    get_env: &dyn Fn(&str) -> Option<OsString>,
+    stdin: Option<&[u8]>,
+) -> Result<Output, CniError> {
+    if cni::parse_command(get_env)? == Command::Version {
+        let version = stdin
+            .and_then(cni::declared_version)
+            .unwrap_or_else(|| CURRENT_VERSION.to_owned());
+        return Ok(Output::ok(cni::version_json(&version)));
+    }
+    let env = cni::parse_env(get_env)?;
+    let conf = cni::parse_netconf(stdin.unwrap_or_default())?;
+    if conf.version < env.command.min_version() {
+        return Err(CniError::new(
+            ErrorCode::IncompatibleVersion,
+            format!(
+                "{} needs cniVersion {} or newer; the config says {}",
+                env.command.as_str(),
+                env.command.min_version(),
+                conf.cni_version
+            ),
+        ));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CniError::new(ErrorCode::Io, format!("cannot start an async runtime: {e}")))?;
+    runtime.block_on(verb(&env, &conf))
+}
+
+async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
+    let socket = conf.agent_socket.as_path();
+    let timeout = Duration::from_millis(conf.timeout_ms);
+    let pod = PodRef {
+        name: env.pod.name.clone(),
+        namespace: env.pod.namespace.clone(),
+        uid: env.pod.uid.clone(),
+    };
+    let unreachable_hint = |e: &AgentError| {
+        format!(
+            "{e} (is the flock agent running? it serves {})",
+            socket.display()
+        )
+    };
+    match env.command {
+        Command::Add => {
+            let Some(prev) = &conf.prev_result else {
+                return Err(CniError::new(
+                    ErrorCode::InvalidConfig,
+                    "ADD without prevResult: flock-cni is a chained plugin and must come \
+                     after the primary CNI plugin in a .conflist's \"plugins\"",
+                ));
+            };
+            let output = cni::result_at_version(prev, &conf.cni_version)?;
+            let ips = cni::result_ips(prev)?;
+            let req = AddPodRequest {
+                container_id: env.container_id.clone(),
+                netns: env.netns.clone(),
+                ifname: env.ifname.clone(),
+                pod: Some(pod),
+                ips: ips.iter().map(ip_config).collect(),
+                annotations: conf.annotations().into_iter().collect(),
+                network_name: conf.name.clone(),
+                cni_version: conf.cni_version.clone(),
+                prev_result_json: serde_json::to_string(&Value::Object(prev.clone()))
+                    .unwrap_or_default(),
+            };
+            let resp = client::call(socket, timeout, |mut c| async move { c.add_pod(req).await })
+                .await
+                .map_err(|e| agent_failure(&e, "ADD", &unreachable_hint(&e)))?;
+            pod_outcome(&resp, "ADD")?;
+            Ok(Output::ok(cni::to_line(&Value::Object(output))))
+        }
+        Command::Del => {
+            let req = RemovePodRequest {
+                container_id: env.container_id.clone(),
+                netns: env.netns.clone(),
+                ifname: env.ifname.clone(),
+                pod: Some(pod),
+                network_name: conf.name.clone(),
+            };
+            match client::call(
+                socket,
+                timeout,
+                |mut c| async move { c.remove_pod(req).await },
+            )
+            .await
+            {
+                Ok(resp) => {
+                    pod_outcome(&resp, "DEL")?;
+                    Ok(Output::ok(Vec::new()))
+                }
+                Err(e) if e.is_unreachable() => Ok(Output {
+                    stdout: Vec::new(),
+                    stderr: vec![format!(
+                        "flock-cni: DEL of container {} succeeded without the agent: {}; \
+                         the agent's orphan GC removes the pod when it is back",
+                        env.container_id,
+                        unreachable_hint(&e)
+                    )],
+                    exit_code: 0,
+                }),
+                Err(e) => Err(agent_failure(&e, "DEL", &e.to_string())),
+            }
+        }
+        Command::Check => {
+            let Some(prev) = &conf.prev_result else {
+                return Err(CniError::new(
+                    ErrorCode::InvalidConfig,
+                    "CHECK without prevResult: the runtime must pass the result of ADD",
+                ));
+            };
+            let ips = cni::result_ips(prev)?;
+            let req = CheckRequest {
+                container_id: env.container_id.clone(),
+                netns: env.netns.clone(),
+                ifname: env.ifname.clone(),
+                pod: Some(pod),
+                ips: ips.iter().map(ip_config).collect(),
+                network_name: conf.name.clone(),
+            };
+            let resp = client::call(socket, timeout, |mut c| async move { c.check(req).await })
+                .await
+                .map_err(|e| agent_failure(&e, "CHECK", &unreachable_hint(&e)))?;
+            pod_outcome(&resp, "CHECK")?;
+            Ok(Output::ok(Vec::new()))
+        }
+        Command::Status => {
+            let req = StatusRequest {
+                network_name: conf.name.clone(),
+            };
+            let resp = client::call(socket, timeout, |mut c| async move { c.status(req).await })
+                .await
+                .map_err(|e| CniError::new(ErrorCode::NotAvailable, unreachable_hint(&e)))?;
+            match Availability::try_from(resp.availability) {
+                Ok(Availability::Available) => Ok(Output::ok(Vec::new())),
+                Ok(Availability::LimitedConnectivity) => Err(CniError::new(
+                    ErrorCode::LimitedConnectivity,
+                    format!("flock agent reports limited connectivity: {}", resp.message),
+                )),
+                _ => Err(CniError::new(
+                    ErrorCode::NotAvailable,
+                    format!("flock agent cannot serve ADD: {}", resp.message),
+                )),
+            }
+        }
+        Command::Gc => {
+            let Some(valid) = &conf.valid_attachments else {
+                return Err(CniError::new(
+                    ErrorCode::InvalidConfig,
+                    "GC without \"cni.dev/valid-attachments\" (or \"cni.dev/attachments\"): \
+                     refusing to guess which attachments are garbage",
+                ));
+            };
+            let req = GarbageCollectRequest {
+                network_name: conf.name.clone(),
+                valid_attachments: valid
+                    .iter()
+                    .map(|a| Attachment {
+                        container_id: a.container_id.clone(),
+                        ifname: a.ifname.clone(),
+                    })
+                    .collect(),
+            };
+            let resp = client::call(socket, timeout, |mut c| async move {
+                c.garbage_collect(req).await
+            })
+            .await
+            .map_err(|e| agent_failure(&e, "GC", &unreachable_hint(&e)))?;
+            let outcome = Outcome::try_from(resp.outcome).unwrap_or(Outcome::Unspecified);
+            if resp.errors.is_empty() && matches!(outcome, Outcome::Success | Outcome::Ignored) {
+                return Ok(Output::ok(Vec::new()));
+            }
+            if outcome == Outcome::Unspecified {
+                return Err(protocol_error("GC"));
+            }
+            Err(CniError::new(
+                ErrorCode::AgentError,
+                format!(
+                    "GC: flock agent removed {} attachment(s) and failed {} time(s){}",
+                    resp.removed,
+                    resp.errors.len(),
+                    if resp.message.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", resp.message)
+                    }
+                ),
+            )
+            .with_details(resp.errors.join("; ")))
+        }
+        Command::Version => Ok(Output::ok(cni::version_json(&conf.cni_version))),
+    }
+}
+
+fn ip_config(ip: &ResultIp) -> IpConfig {
+    IpConfig {
+        address: ip.address.clone(),
+        gateway: ip.gateway.clone(),
+        interface: ip.interface,
+        interface_name: ip.interface_name.clone(),
+    }
+}
+
+fn pod_outcome(resp: &PodResponse, verb: &str) -> Result<(), CniError> {
+    match Outcome::try_from(resp.outcome) {
+        Ok(Outcome::Success | Outcome::Ignored) => Ok(()),
+        Ok(Outcome::Error) => Err(CniError::new(
+            ErrorCode::AgentError,
+            format!("flock agent refused {verb}: {}", resp.message),
+        )),
+        _ => Err(protocol_error(verb)),
+    }
+}
+
+fn protocol_error(verb: &str) -> CniError {
+    CniError::new(
+        ErrorCode::AgentProtocol,
+        format!(
+            "flock agent answered {verb} without a known outcome: plugin and agent versions differ"
+        ),
+    )
+}
+
+fn agent_failure(e: &AgentError, verb: &str, text: &str) -> CniError {
+    match e {
+        _ if e.is_unreachable() => CniError::new(
+            ErrorCode::TryAgainLater,
+            format!("{verb} could not reach the flock agent: {text}"),
+        ),
+        AgentError::Status(s) if s.code() == tonic::Code::Unimplemented => CniError::new(
+            ErrorCode::AgentProtocol,
+            format!("flock agent does not implement {verb}: {}", s.message()),
+        ),
+        _ => CniError::new(
+            ErrorCode::AgentError,
+            format!("{verb} failed in the flock agent: {text}"),
+        ),
+    }
+}
