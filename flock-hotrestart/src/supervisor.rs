@@ -390,7 +390,7 @@ impl Supervisor {
                 let status = self.admin.probe().await;
                 self.observe(status);
             }
-            let live = self.newest_live && self.respawn_at.is_none();
+            let live = self.ready_to_fork();
             match self.gate.poll(self.mono_ms(Instant::now()), live) {
                 GateDecision::Fire => self.hot_restart().await,
                 GateDecision::Deferred { until_ms } => {
@@ -398,8 +398,8 @@ impl Supervisor {
                     warn!(
                         epoch = ?self.newest,
                         consecutive = self.gate.consecutive_deferrals(),
-                        "restart deferred: the newest epoch is not LIVE, forking now would fail \
-                         (R7); retrying in {} ms",
+                        "restart deferred: the newest epoch is not LIVE (forking now would fail, \
+                         R7) or its predecessor is still draining; retrying in {} ms",
                         until_ms.saturating_sub(self.mono_ms(Instant::now()))
                     );
                     self.publish_metrics();
@@ -408,6 +408,17 @@ impl Supervisor {
             }
         }
         Ok(None)
+    }
+
+    /// The gate's input: the newest epoch is LIVE **and** its predecessor has had its
+    /// full drain time. Envoy's epoch N+1 terminates epoch N-1 at once when it starts,
+    /// so forking while N-1 still drains would cut N-1's remaining connections.
+    fn ready_to_fork(&self) -> bool {
+        let drained = self.children.len() <= 1
+            || self
+                .live_since
+                .is_some_and(|t| t.elapsed() >= Duration::from_secs(self.cfg.drain_time_s));
+        self.newest_live && drained && self.respawn_at.is_none()
     }
 
     /// Takes in an admin answer: our newest epoch LIVE, or a successor's epoch.
