@@ -1,5 +1,127 @@
-//! xDS server library: snapshot cache, ADS (SotW and Delta), per-type services and mesh translation for Envoy and proxyless gRPC.
+//! xDS server library: snapshot cache, ADS (SotW and Delta) and per-type protocol state machines for Envoy and proxyless gRPC.
 //!
-//! **Status: skeleton.** This crate's contents land with issue 3 (flock-xds); until then it only
-//! documents its place in the workspace (see the repository's `ARCHITECTURE.md`).
+//! **Status:** the pure layer of issue 3 — the protocol state machines, the ADS
+//! ordering coordinator and the snapshot cache, all deterministic and I/O-free. The
+//! gRPC server (envoy-types + tonic) is a thin loop over these; it lands next.
+//!
+//! # Layers
+//!
+//! | module | what it decides |
+//! |---|---|
+//! | [`types`] | the v3 type URLs (LDS, RDS, CDS, EDS, SDS) |
+//! | [`protocol::sotw`] | one SotW stream of one type: subscription, ACK/NACK/stale, what to send |
+//! | [`protocol::delta`] | one Delta stream of one type: subscribe/unsubscribe, initial versions, removals |
+//! | [`protocol::order`] | one ADS stream: which type's response goes next |
+//! | [`cache`] | per-group snapshots on `flock_core::snapshot::Publisher`, consistency check |
+//! | [`callbacks`] | hooks for embedding control planes |
+//!
+//! # Resources and naming
+//!
+//! A snapshot is a [`flock_core::resources::ResourceSet`]: type URL → resource name →
+//! (content hash, value). The value type `V` is the caller's (encoded bytes, a prost
+//! `Any`, a test integer): this layer never decodes it. The **resource name** is the
+//! xDS name the client subscribes to (a listener, route configuration, cluster,
+//! cluster-load-assignment or secret name); the **content hash** is the Delta
+//! resource version (`ContentHash::to_hex()`), so a resource that did not change is
+//! never resent; the **snapshot version** (the group publisher's counter) is the SotW
+//! `version_info` and the Delta `system_version_info`, in decimal.
+//!
+//! # Protocol decisions
+//!
+//! * **One response in flight per type.** After sending a response of a type, the
+//!   stream sends nothing more of that type until the client ACKs or NACKs it
+//!   (go-control-plane's watch-per-request model). Updates meanwhile coalesce: the
+//!   machine holds only the latest snapshot and what the client holds, never a queue,
+//!   so a slow stream's memory is bounded by its subscription whatever the publish
+//!   rate.
+//! * **Responses are built when polled.** A response is computed from the newest
+//!   snapshot and subscription at the moment the server can write it; nothing is
+//!   built ahead. A response for a name the client has since unsubscribed from is
+//!   therefore never sent (go-control-plane #1498), and suppressing a response that
+//!   would change nothing cannot lose a watch: there is no watch to lose, only
+//!   pending names that stay pending (#1356).
+//! * **ACK, NACK, stale.** A request whose `response_nonce` is the latest nonce sent
+//!   for its type on the stream ACKs (no `error_detail`) or NACKs (with one) that
+//!   response. Any other nonce is **stale**: the client had not seen our newest
+//!   response yet, so its ACK/NACK says nothing about it and is ignored — matching it
+//!   to the latest response is the go-control-plane bug class this avoids. For
+//!   **SotW** a stale request is ignored entirely, as go-control-plane and the xDS
+//!   spec ("the server should ignore requests with stale nonces") do: SotW requests
+//!   carry the complete subscription, and the client sends it again when it ACKs or
+//!   NACKs the response in flight (at most one is, see above — the case in Envoy
+//!   #10363 where ignoring loses a change needs several in flight). For **Delta** the
+//!   subscription changes of a stale request are applied (only its ACK/NACK part is
+//!   ignored): Delta changes are incremental and never repeated, and go-control-plane
+//!   applies them too. A request on a type with nothing sent yet is initial whatever
+//!   its nonce.
+//! * **NACK keeps the last good version.** The client keeps running its last ACKed
+//!   version ([`protocol::RequestKind::Nack`] carries both, for callbacks, logs and
+//!   metrics). The rejected content is not resent — it would only be rejected again —
+//!   and the stream treats it as held, so the next change of those resources (the
+//!   fix, or a rollback) is sent. This matches Envoy and gRPC, which apply the valid
+//!   resources of a response and reject the invalid ones.
+//! * **Wildcards.** LDS and CDS requests naming nothing on the first request are
+//!   wildcard (legacy); `*` subscribes any type to everything. SotW: a later
+//!   non-empty list without `*` ends the legacy wildcard, and an empty list after
+//!   that unsubscribes from everything. Delta: subscriptions are additive; only an
+//!   unsubscribe of `*` ends a wildcard.
+//! * **Delta.** `initial_resource_versions` seed what the client holds, so nothing it
+//!   already has at the same hash is resent, and names it holds that no longer exist
+//!   go out in `removed_resources`. Removals are only sent for subscribed names; an
+//!   unsubscribed name is forgotten without a removal. A snapshot change costs
+//!   O(changes): the stream intersects `resources::diff` with its subscription
+//!   instead of scanning every resource.
+//! * **The first response** of a type is sent even when it carries nothing new (an
+//!   empty set, or a reconnect where the client holds everything), because clients
+//!   wait for it to initialize. Version 0 (no snapshot set yet) is never sent.
+//! * **R1 at the stream level.** A stream takes a snapshot only if it is newer than
+//!   the one it has, so versions a client receives never go back, whatever order the
+//!   server's tasks deliver snapshots in.
+//! * **ADS ordering and make-before-break**: see [`protocol::order`].
+//!
+//! # Example
+//!
+//! ```
+//! use flock_core::ContentHash;
+//! use flock_xds::cache::Cache;
+//! use flock_xds::protocol::{RequestKind, SotwAds, SotwRequest};
+//! use flock_xds::types::{CLUSTER, ENDPOINT};
+//!
+//! // The control plane publishes a snapshot for node "n1".
+//! let cache: Cache<&'static str> = Cache::by_node_id();
+//! let snap = cache.update("n1", |prev| {
+//!     prev.edit()
+//!         .upsert(CLUSTER, "web", ContentHash::of(b"cluster web"), "cluster web")
+//!         .upsert(ENDPOINT, "web", ContentHash::of(b"10.0.0.1"), "10.0.0.1")
+//!         .build()
+//! });
+//!
+//! // One ADS stream: the server feeds requests and snapshots, and sends what it polls.
+//! let mut stream = SotwAds::new();
+//! stream.on_snapshot(snap.state(), snap.version());
+//! let req = |type_url: &str, names: &[&str], nonce: &str| SotwRequest {
+//!     type_url: type_url.into(),
+//!     resource_names: names.iter().map(|n| n.to_string()).collect(),
+//!     response_nonce: nonce.into(),
+//!     ..SotwRequest::default()
+//! };
+//! stream.on_request(&req(CLUSTER, &[], "")); // wildcard CDS
+//! let cds = stream.poll_response().unwrap();
+//! assert_eq!((cds.version_info.as_str(), cds.nonce.as_str()), ("1", "1"));
+//! assert_eq!(cds.resources.len(), 1);
+//! assert!(stream.poll_response().is_none(), "one response in flight per type");
+//!
+//! // The client ACKs and asks for the cluster's endpoints.
+//! let ack = stream.on_request(&req(CLUSTER, &[], "1"));
+//! assert_eq!(ack.kind, RequestKind::Ack { version: 1 });
+//! stream.on_request(&req(ENDPOINT, &["web"], ""));
+//! let eds = stream.poll_response().unwrap();
+//! assert_eq!(*eds.resources[0].1, "10.0.0.1");
+//! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod callbacks;
+pub mod protocol;
+pub mod types;

@@ -1,0 +1,262 @@
+//! ADS: one stream, many types, and the order their responses go out in.
+//!
+//! **Adds and changes ("make")** go out in Envoy's documented order
+//! SDS → CDS → EDS → LDS → RDS: a type's new or changed resources are withheld while
+//! any type before it in that order has new or changed resources not yet *sent*. So
+//! a cluster's endpoints never arrive before the cluster (go-control-plane #526), a
+//! changed cluster is sent before its endpoints' change, listeners arrive after the
+//! clusters they route to, and route configurations after their listeners.
+//!
+//! **Removals ("break")** go out in the order LDS → RDS → CDS → EDS → SDS: a type's
+//! removals are withheld while any type before it in that order has anything unsent
+//! (new, changed or removed). An LDS/RDS update that drops the last reference to a
+//! cluster therefore goes out before the CDS removal of that cluster
+//! (make-before-break). How a withheld removal looks on the wire:
+//!
+//! * **SotW**: a response carries the full set, so a withheld removal is a resource
+//!   the response still *includes*, at the content the client holds; the removal
+//!   happens in a later response of that type, once the referrers are out.
+//! * **Delta**: the name is left out of `removed_resources` until then.
+//!
+//! "Sent" is the bar, not "ACKed": responses on one stream are processed in order, so
+//! a client has applied the CDS response before it reads the EDS one behind it, and
+//! Envoy only subscribes to a cluster's endpoints after it has the cluster. Waiting
+//! for the CDS ACK would cost a round trip per change for no ordering gain. Each type
+//! still has at most one response in flight, so a type waiting for its ACK holds back
+//! the types after it: ordering is never traded for latency.
+//!
+//! Types outside the five (VHDS, runtime, extension configs…) are not ordered.
+//!
+//! Progress: the make order is a chain, so the first type in it with unsent changes is
+//! never withheld; once no changes are unsent, the first type in the break order with
+//! unsent removals is never withheld. Nothing waits on something that waits on it.
+
+use super::state::Gate;
+use super::{
+    DeltaRequest, DeltaResponse, DeltaState, Nonces, Pending, RequestOutcome, SotwRequest,
+    SotwResponse, SotwState, StreamStats,
+};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use flock_core::resources::{Name, ResourceSet, TypeDiff, diff};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The order adds and changes go out in.
+pub const MAKE_ORDER: [&str; 5] = [SECRET, CLUSTER, ENDPOINT, LISTENER, ROUTE];
+/// The order removals go out in.
+pub const BREAK_ORDER: [&str; 5] = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET];
+
+fn rank(order: &[&str; 5], type_url: &str) -> Option<usize> {
+    order.iter().position(|t| *t == type_url)
+}
+
+/// What the ADS coordinator needs from a per-type machine.
+pub trait TypeMachine<V> {
+    /// The response type.
+    type Response;
+    /// A machine for a type first requested on the stream.
+    fn for_type(type_url: &str) -> Self;
+    /// Takes the stream's newer snapshot, with this type's part of the diff.
+    fn take_snapshot(&mut self, set: &ResourceSet<V>, version: u64, diff: Option<&TypeDiff>);
+    /// What would be sent if allowed.
+    fn pending_work(&self) -> Pending;
+    /// The next response allowed by `gate`.
+    fn poll_with(&mut self, gate: Gate, nonces: &mut Nonces) -> Option<Self::Response>;
+    /// The machine's state size.
+    fn state_stats(&self) -> StreamStats;
+}
+
+impl<V> TypeMachine<V> for SotwState<V> {
+    type Response = SotwResponse<V>;
+    fn for_type(type_url: &str) -> Self {
+        SotwState::new(type_url)
+    }
+    fn take_snapshot(&mut self, set: &ResourceSet<V>, version: u64, diff: Option<&TypeDiff>) {
+        self.apply(set, version, diff);
+    }
+    fn pending_work(&self) -> Pending {
+        self.pending()
+    }
+    fn poll_with(&mut self, gate: Gate, nonces: &mut Nonces) -> Option<SotwResponse<V>> {
+        self.poll_gated(gate, nonces)
+    }
+    fn state_stats(&self) -> StreamStats {
+        self.stats()
+    }
+}
+
+impl<V> TypeMachine<V> for DeltaState<V> {
+    type Response = DeltaResponse<V>;
+    fn for_type(type_url: &str) -> Self {
+        DeltaState::new(type_url)
+    }
+    fn take_snapshot(&mut self, set: &ResourceSet<V>, version: u64, diff: Option<&TypeDiff>) {
+        self.apply(set, version, diff);
+    }
+    fn pending_work(&self) -> Pending {
+        if self.is_requested() {
+            self.pending()
+        } else {
+            Pending::default()
+        }
+    }
+    fn poll_with(&mut self, gate: Gate, nonces: &mut Nonces) -> Option<DeltaResponse<V>> {
+        self.poll_gated(gate, nonces)
+    }
+    fn state_stats(&self) -> StreamStats {
+        self.stats()
+    }
+}
+
+/// One ADS stream: a machine per requested type, one snapshot, one nonce source, and
+/// the ordering rules of the module docs.
+pub struct Ads<V, M> {
+    machines: BTreeMap<Name, M>,
+    set: ResourceSet<V>,
+    version: u64,
+    nonces: Nonces,
+}
+
+/// An ADS stream speaking State-of-the-World (`StreamAggregatedResources`).
+pub type SotwAds<V> = Ads<V, SotwState<V>>;
+/// An ADS stream speaking Delta (`DeltaAggregatedResources`).
+pub type DeltaAds<V> = Ads<V, DeltaState<V>>;
+
+impl<V, M: TypeMachine<V>> Default for Ads<V, M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<V, M: TypeMachine<V>> Ads<V, M> {
+    /// A stream with no request and no snapshot yet.
+    pub fn new() -> Self {
+        Self {
+            machines: BTreeMap::new(),
+            set: ResourceSet::new(),
+            version: 0,
+            nonces: Nonces::new(),
+        }
+    }
+
+    /// Takes a snapshot; returns false (and ignores it) unless it is newer than the
+    /// last one taken. The diff is computed once for all types: O(changes) when `set`
+    /// was derived from the previous one, else O(size of the types that differ).
+    pub fn on_snapshot(&mut self, set: &ResourceSet<V>, version: u64) -> bool {
+        if !super::is_newer(self.version, version) {
+            return false;
+        }
+        let d = diff(&self.set, set);
+        for (type_url, machine) in &mut self.machines {
+            machine.take_snapshot(set, version, d.types.get(type_url));
+        }
+        self.set = set.clone();
+        self.version = version;
+        true
+    }
+
+    /// The snapshot version the stream is at (0: none yet).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The machine of one type, if the client requested it.
+    pub fn get(&self, type_url: &str) -> Option<&M> {
+        self.machines.get(type_url)
+    }
+
+    /// The machine of a type, created (at the stream's snapshot) on first use.
+    fn machine(&mut self, type_url: &str) -> &mut M {
+        if !self.machines.contains_key(type_url) {
+            let mut machine = M::for_type(type_url);
+            if self.version > 0 {
+                // No diff needed: nothing is subscribed or held yet; the first
+                // request's subscription looks the names up.
+                machine.take_snapshot(&self.set, self.version, None);
+            }
+            self.machines.insert(Name::from(type_url), machine);
+        }
+        self.machines
+            .get_mut(type_url)
+            .expect("inserted just above")
+    }
+
+    /// The next response of any type, in the order of the module docs. Call it until
+    /// it returns `None` after every request and snapshot, and only when the response
+    /// can be written at once.
+    pub fn poll_response(&mut self) -> Option<M::Response> {
+        let pending: Vec<(Name, Pending)> = self
+            .machines
+            .iter()
+            .map(|(t, m)| (t.clone(), m.pending_work()))
+            .collect();
+        // Every type is a candidate: one with nothing pending may still owe its
+        // initial response.
+        let mut candidates: Vec<&Name> = pending.iter().map(|(t, _)| t).collect();
+        candidates.sort_by_key(|t| (rank(&MAKE_ORDER, t).unwrap_or(usize::MAX), *t));
+        for type_url in candidates {
+            let gate = gate_for(type_url, &pending);
+            let machine = self.machines.get_mut(type_url).expect("listed above");
+            if let Some(response) = machine.poll_with(gate, &mut self.nonces) {
+                return Some(response);
+            }
+        }
+        None
+    }
+
+    /// The stream's state size (all types).
+    pub fn stats(&self) -> StreamStats {
+        self.machines
+            .values()
+            .fold(StreamStats::default(), |acc, m| acc + m.state_stats())
+    }
+}
+
+/// What `type_url` may send now, given every type's pending work.
+fn gate_for(type_url: &str, pending: &[(Name, Pending)]) -> Gate {
+    let before = |order: &[&str; 5], t: &str| match (rank(order, t), rank(order, type_url)) {
+        (Some(a), Some(b)) => a < b,
+        _ => false,
+    };
+    let changes = !pending
+        .iter()
+        .any(|(t, p)| p.make && before(&MAKE_ORDER, t));
+    let removals = !pending
+        .iter()
+        .any(|(t, p)| (p.make || p.brk) && before(&BREAK_ORDER, t));
+    #[cfg(flock_reintroduce = "xds-eds-before-cds")]
+    let changes = {
+        let _ = changes;
+        true
+    };
+    #[cfg(flock_reintroduce = "xds-break-before-make")]
+    let removals = {
+        let _ = removals;
+        true
+    };
+    Gate { changes, removals }
+}
+
+impl<V> Ads<V, SotwState<V>> {
+    /// Feeds a request to its type's machine (created on the type's first request).
+    pub fn on_request(&mut self, req: &SotwRequest) -> RequestOutcome {
+        self.machine(&req.type_url).on_request(req)
+    }
+}
+
+impl<V> Ads<V, DeltaState<V>> {
+    /// Feeds a request to its type's machine (created on the type's first request).
+    pub fn on_request(&mut self, req: &DeltaRequest) -> RequestOutcome {
+        self.machine(&req.type_url).on_request(req)
+    }
+}
+
+impl<V, M> fmt::Debug for Ads<V, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ads")
+            .field("types", &self.machines.keys().collect::<Vec<_>>())
+            .field("version", &self.version)
+            .field("last_nonce", &self.nonces.last())
+            .finish()
+    }
+}

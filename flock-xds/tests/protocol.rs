@@ -1,0 +1,614 @@
+//! Protocol unit tests: each name states the behaviour it proves.
+
+use flock_core::ContentHash;
+use flock_core::resources::{Name, ResourceSet};
+use flock_xds::protocol::{
+    DeltaAds, DeltaRequest, DeltaResponse, DeltaState, RequestKind, SotwAds, SotwRequest,
+    SotwResponse, SotwState,
+};
+use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use std::collections::BTreeMap;
+
+type V = String;
+
+fn set(items: &[(&str, &str, &str)]) -> ResourceSet<V> {
+    let mut b = ResourceSet::new().edit();
+    for (t, n, v) in items {
+        b.upsert(t, n, ContentHash::of(v.as_bytes()), v.to_string());
+    }
+    b.build()
+}
+
+fn edit(prev: &ResourceSet<V>, up: &[(&str, &str, &str)], rm: &[(&str, &str)]) -> ResourceSet<V> {
+    let mut b = prev.edit();
+    for (t, n, v) in up {
+        b.upsert(t, n, ContentHash::of(v.as_bytes()), v.to_string());
+    }
+    for (t, n) in rm {
+        b.remove(t, n);
+    }
+    b.build()
+}
+
+fn sreq(type_url: &str, names: &[&str], nonce: &str) -> SotwRequest {
+    SotwRequest {
+        type_url: type_url.into(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        response_nonce: nonce.into(),
+        ..SotwRequest::default()
+    }
+}
+
+fn snack(type_url: &str, names: &[&str], nonce: &str, error: &str) -> SotwRequest {
+    SotwRequest {
+        error_detail: Some(error.into()),
+        ..sreq(type_url, names, nonce)
+    }
+}
+
+fn dreq(type_url: &str, sub: &[&str], unsub: &[&str], nonce: &str) -> DeltaRequest {
+    DeltaRequest {
+        type_url: type_url.into(),
+        resource_names_subscribe: sub.iter().map(|n| n.to_string()).collect(),
+        resource_names_unsubscribe: unsub.iter().map(|n| n.to_string()).collect(),
+        response_nonce: nonce.into(),
+        ..DeltaRequest::default()
+    }
+}
+
+fn names_of(r: &SotwResponse<V>) -> Vec<(&str, &str)> {
+    r.resources
+        .iter()
+        .map(|(n, v)| (n.as_ref(), v.as_str()))
+        .collect()
+}
+
+fn delta_names(r: &DeltaResponse<V>) -> Vec<(&str, &str)> {
+    r.resources
+        .iter()
+        .map(|r| (r.name.as_ref(), r.value.as_str()))
+        .collect()
+}
+
+fn removed(r: &DeltaResponse<V>) -> Vec<&str> {
+    r.removed_resources.iter().map(|n| n.as_ref()).collect()
+}
+
+// ------------------------------------------------------------------ SotW
+
+#[test]
+fn sotw_first_wildcard_request_gets_the_full_set_with_version_and_nonce() {
+    let mut s = SotwState::new(CLUSTER);
+    s.on_snapshot(&set(&[(CLUSTER, "a", "a1"), (CLUSTER, "b", "b1")]), 1);
+    let out = s.on_request(&sreq(CLUSTER, &[], ""));
+    assert_eq!(out.kind, RequestKind::Initial);
+    assert!(s.subscription().is_wildcard());
+    let r = s.poll_response().unwrap();
+    assert_eq!(names_of(&r), [("a", "a1"), ("b", "b1")]);
+    assert_eq!((r.version_info.as_str(), r.nonce.as_str()), ("1", "1"));
+}
+
+#[test]
+fn sotw_nothing_is_sent_before_the_first_snapshot() {
+    let mut s = SotwState::<V>::new(CLUSTER);
+    s.on_request(&sreq(CLUSTER, &[], ""));
+    assert!(s.poll_response().is_none(), "version 0 means not set yet");
+    s.on_snapshot(&ResourceSet::new(), 1);
+    let r = s
+        .poll_response()
+        .expect("the first response is due even when empty");
+    assert!(r.resources.is_empty());
+}
+
+#[test]
+fn sotw_ack_of_the_latest_nonce_releases_the_next_response() {
+    let mut s = SotwState::new(CLUSTER);
+    let v1 = set(&[(CLUSTER, "a", "a1")]);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&sreq(CLUSTER, &[], ""));
+    let r1 = s.poll_response().unwrap();
+    s.on_snapshot(&edit(&v1, &[(CLUSTER, "a", "a2")], &[]), 2);
+    assert!(
+        s.poll_response().is_none(),
+        "one response in flight per type"
+    );
+    let out = s.on_request(&sreq(CLUSTER, &[], &r1.nonce));
+    assert_eq!(out.kind, RequestKind::Ack { version: 1 });
+    assert_eq!(s.acked_version(), Some(1));
+    let r2 = s.poll_response().unwrap();
+    assert_eq!(names_of(&r2), [("a", "a2")]);
+    assert!(r2.nonce.parse::<u64>().unwrap() > r1.nonce.parse::<u64>().unwrap());
+}
+
+#[test]
+fn sotw_nack_keeps_the_last_good_version_and_the_rejected_content_is_not_resent() {
+    let mut s = SotwState::new(CLUSTER);
+    let v1 = set(&[(CLUSTER, "a", "a1")]);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&sreq(CLUSTER, &[], ""));
+    let r1 = s.poll_response().unwrap();
+    s.on_request(&sreq(CLUSTER, &[], &r1.nonce));
+    let v2 = edit(&v1, &[(CLUSTER, "a", "bad")], &[]);
+    s.on_snapshot(&v2, 2);
+    let r2 = s.poll_response().unwrap();
+    let out = s.on_request(&snack(CLUSTER, &[], &r2.nonce, "invalid cluster a"));
+    assert_eq!(
+        out.kind,
+        RequestKind::Nack {
+            version: 2,
+            kept_version: Some(1),
+            error: "invalid cluster a".into()
+        }
+    );
+    assert_eq!(s.acked_version(), Some(1), "the last good version stays");
+    assert!(
+        s.poll_response().is_none(),
+        "the rejected content is not resent"
+    );
+    // The fix goes out.
+    s.on_snapshot(&edit(&v2, &[(CLUSTER, "a", "a3")], &[]), 3);
+    assert_eq!(names_of(&s.poll_response().unwrap()), [("a", "a3")]);
+}
+
+/// Guards the stale-nonce fix: building with
+/// `--cfg flock_reintroduce="xds-stale-nonce"` (any ACK/NACK matched to the latest
+/// response, the go-control-plane bug class) makes this test fail.
+#[test]
+fn sotw_stale_nonce_is_ignored_and_does_not_ack_or_nack_the_newer_response() {
+    let mut s = SotwState::new(ENDPOINT);
+    let v1 = set(&[(ENDPOINT, "a", "a1"), (ENDPOINT, "b", "b1")]);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&sreq(ENDPOINT, &["a"], ""));
+    let r1 = s.poll_response().unwrap();
+    s.on_request(&sreq(ENDPOINT, &["a"], &r1.nonce));
+    s.on_snapshot(&edit(&v1, &[(ENDPOINT, "a", "a2")], &[]), 2);
+    let r2 = s.poll_response().unwrap();
+    // The client, before reading r2, NACKs r1 again and subscribes to "b".
+    let out = s.on_request(&snack(ENDPOINT, &["a", "b"], &r1.nonce, "late"));
+    assert_eq!(out.kind, RequestKind::Stale);
+    assert!(
+        !out.subscription_changed,
+        "SotW ignores a stale request entirely"
+    );
+    assert!(s.awaiting_ack(), "r2 is still in flight");
+    assert_eq!(s.acked_version(), Some(1));
+    assert!(s.poll_response().is_none());
+    // Its ACK of r2 carries the full subscription again.
+    let out = s.on_request(&sreq(ENDPOINT, &["a", "b"], &r2.nonce));
+    assert_eq!(out.kind, RequestKind::Ack { version: 2 });
+    assert!(out.subscription_changed);
+    assert_eq!(
+        names_of(&s.poll_response().unwrap()),
+        [("a", "a2"), ("b", "b1")]
+    );
+}
+
+#[test]
+fn sotw_nothing_is_sent_when_the_client_already_has_exactly_this_set() {
+    let mut s = SotwState::new(ENDPOINT);
+    let v1 = set(&[(ENDPOINT, "a", "a1"), (ENDPOINT, "b", "b1")]);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&sreq(ENDPOINT, &["a"], ""));
+    let r1 = s.poll_response().unwrap();
+    s.on_request(&sreq(ENDPOINT, &["a"], &r1.nonce));
+    // Unsubscribed resource changes; same content re-upserted; other type changes.
+    let v2 = edit(
+        &v1,
+        &[
+            (ENDPOINT, "b", "b2"),
+            (ENDPOINT, "a", "a1"),
+            (CLUSTER, "x", "x"),
+        ],
+        &[],
+    );
+    s.on_snapshot(&v2, 2);
+    assert!(s.poll_response().is_none());
+    // A duplicate request on the latest nonce is an update, and changes nothing.
+    let out = s.on_request(&sreq(ENDPOINT, &["a"], &r1.nonce));
+    assert_eq!(out.kind, RequestKind::Update);
+    assert!(!out.subscription_changed);
+    assert!(s.poll_response().is_none());
+}
+
+/// go-control-plane #1356: a suppressed response must not lose the watch.
+#[test]
+fn sotw_a_suppressed_response_never_loses_the_watch() {
+    let mut s = SotwState::new(ENDPOINT);
+    let v1 = set(&[(ENDPOINT, "a", "a1")]);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&sreq(ENDPOINT, &["a"], ""));
+    let r1 = s.poll_response().unwrap();
+    s.on_request(&sreq(ENDPOINT, &["a"], &r1.nonce));
+    // A publish that changes nothing for this client: suppressed.
+    let v2 = edit(&v1, &[(ENDPOINT, "z", "z")], &[]);
+    s.on_snapshot(&v2, 2);
+    assert!(s.poll_response().is_none());
+    // The next real change is still delivered, without any new request.
+    s.on_snapshot(&edit(&v2, &[(ENDPOINT, "a", "a3")], &[]), 3);
+    let r = s.poll_response().expect("watch kept");
+    assert_eq!((names_of(&r), r.version), (vec![("a", "a3")], 3));
+}
+
+/// go-control-plane #1498, SotW. Guards the fix: building with
+/// `--cfg flock_reintroduce="xds-unsubscribed-response"` makes this test fail.
+#[test]
+fn sotw_unsubscribe_drops_a_pending_response_for_the_old_subscription() {
+    let mut s = SotwState::new(ENDPOINT);
+    let v1 = set(&[(ENDPOINT, "a", "a1"), (ENDPOINT, "b", "b1")]);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&sreq(ENDPOINT, &["a", "b"], ""));
+    let r1 = s.poll_response().unwrap();
+    // b changes while r1 is in flight: a response for {a, b} is pending.
+    s.on_snapshot(&edit(&v1, &[(ENDPOINT, "b", "b2")], &[]), 2);
+    // The client ACKs r1 and drops b.
+    s.on_request(&sreq(ENDPOINT, &["a"], &r1.nonce));
+    assert!(
+        s.poll_response().is_none(),
+        "nothing is sent for the dropped name"
+    );
+    assert_eq!(s.stats().pending, 0);
+}
+
+#[test]
+fn sotw_legacy_wildcard_ends_with_explicit_names_and_star_keeps_it() {
+    let mut s = SotwState::new(LISTENER);
+    s.on_snapshot(&set(&[(LISTENER, "l1", "1"), (LISTENER, "l2", "2")]), 1);
+    s.on_request(&sreq(LISTENER, &[], ""));
+    assert!(s.subscription().is_wildcard());
+    let r = s.poll_response().unwrap();
+    s.on_request(&sreq(LISTENER, &["l1"], &r.nonce));
+    assert!(!s.subscription().is_wildcard());
+    // l2 is forgotten (the client narrowed its own subscription): nothing to send.
+    assert!(s.poll_response().is_none());
+    s.on_snapshot(&set(&[(LISTENER, "l1", "1b"), (LISTENER, "l2", "2b")]), 2);
+    assert_eq!(names_of(&s.poll_response().unwrap()), [("l1", "1b")]);
+    let mut e = SotwState::new(ENDPOINT);
+    e.on_snapshot(&set(&[(ENDPOINT, "a", "1")]), 1);
+    e.on_request(&sreq(ENDPOINT, &[], ""));
+    assert!(
+        !e.subscription().is_wildcard(),
+        "EDS is never a legacy wildcard"
+    );
+    e.poll_response();
+    e.on_request(&sreq(ENDPOINT, &["*"], "1"));
+    assert!(e.subscription().is_wildcard());
+    assert_eq!(names_of(&e.poll_response().unwrap()), [("a", "1")]);
+}
+
+/// R1 at the stream level. Guards the fix: building with
+/// `--cfg flock_reintroduce="xds-snapshot-regress"` makes this test fail.
+#[test]
+fn sotw_an_older_snapshot_never_replaces_a_newer_one() {
+    let mut s = SotwState::new(CLUSTER);
+    let v1 = set(&[(CLUSTER, "a", "a1")]);
+    let v2 = edit(&v1, &[(CLUSTER, "a", "a2")], &[]);
+    s.on_request(&sreq(CLUSTER, &[], ""));
+    assert!(s.on_snapshot(&v2, 2));
+    assert!(
+        !s.on_snapshot(&v1, 1),
+        "late delivery of version 1 is ignored"
+    );
+    let r = s.poll_response().unwrap();
+    assert_eq!((names_of(&r), r.version), (vec![("a", "a2")], 2));
+}
+
+#[test]
+fn sotw_a_reconnecting_client_with_an_old_nonce_is_initial() {
+    let mut s = SotwState::new(CLUSTER);
+    s.on_snapshot(&set(&[(CLUSTER, "a", "a1")]), 3);
+    let out = s.on_request(&sreq(CLUSTER, &[], "17"));
+    assert_eq!(out.kind, RequestKind::Initial);
+    assert!(s.poll_response().is_some());
+}
+
+// ------------------------------------------------------------------ Delta
+
+#[test]
+fn delta_initial_resource_versions_are_honoured() {
+    let v1 = set(&[
+        (CLUSTER, "a", "a1"),
+        (CLUSTER, "b", "b1"),
+        (CLUSTER, "c", "c1"),
+    ]);
+    let mut s = DeltaState::new(CLUSTER);
+    s.on_snapshot(&v1, 5);
+    let mut req = dreq(CLUSTER, &[], &[], "");
+    req.initial_resource_versions = BTreeMap::from([
+        ("a".into(), ContentHash::of(b"a1").to_hex()), // same: not resent
+        ("b".into(), ContentHash::of(b"b0").to_hex()), // older: resent
+        ("gone".into(), "v9".into()),                  // no longer exists: removed
+    ]);
+    assert_eq!(s.on_request(&req).kind, RequestKind::Initial);
+    let r = s.poll_response().unwrap();
+    assert_eq!(delta_names(&r), [("b", "b1"), ("c", "c1")]);
+    assert_eq!(removed(&r), ["gone"]);
+    assert_eq!(r.resources[0].version(), ContentHash::of(b"b1").to_hex());
+}
+
+#[test]
+fn delta_reconnect_holding_everything_gets_an_empty_initial_response() {
+    let v1 = set(&[(CLUSTER, "a", "a1")]);
+    let mut s = DeltaState::new(CLUSTER);
+    s.on_snapshot(&v1, 5);
+    let mut req = dreq(CLUSTER, &[], &[], "");
+    req.initial_resource_versions = BTreeMap::from([("a".into(), ContentHash::of(b"a1").to_hex())]);
+    s.on_request(&req);
+    let r = s.poll_response().expect("the first response is due");
+    assert!(r.resources.is_empty() && r.removed_resources.is_empty());
+}
+
+#[test]
+fn delta_wildcard_and_explicit_subscriptions() {
+    let v1 = set(&[(ENDPOINT, "a", "a1"), (ENDPOINT, "b", "b1")]);
+    let mut s = DeltaState::new(ENDPOINT);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(ENDPOINT, &[], &[], ""));
+    assert!(
+        !s.subscription().is_wildcard(),
+        "empty first EDS request subscribes to nothing"
+    );
+    let r = s.poll_response().unwrap();
+    assert!(r.resources.is_empty());
+    s.on_request(&dreq(ENDPOINT, &["*"], &[], &r.nonce));
+    let r = s.poll_response().unwrap();
+    assert_eq!(delta_names(&r), [("a", "a1"), ("b", "b1")]);
+    // Unsubscribing a name under a wildcard keeps it; dropping the wildcard
+    // forgets what was not named, without removals.
+    s.on_request(&dreq(ENDPOINT, &["a"], &["*"], &r.nonce));
+    assert!(!s.subscription().is_wildcard());
+    assert!(s.poll_response().is_none());
+    s.on_snapshot(&edit(&v1, &[(ENDPOINT, "b", "b2")], &[]), 2);
+    assert!(s.poll_response().is_none(), "b is no longer subscribed");
+}
+
+#[test]
+fn delta_removals_only_for_subscribed_names_and_unsubscribed_names_are_forgotten() {
+    let v1 = set(&[(ROUTE, "a", "a1"), (ROUTE, "b", "b1")]);
+    let mut s = DeltaState::new(ROUTE);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(ROUTE, &["a", "b"], &[], ""));
+    let r = s.poll_response().unwrap();
+    s.on_request(&dreq(ROUTE, &[], &["b"], &r.nonce));
+    let v2 = edit(&v1, &[], &[(ROUTE, "a"), (ROUTE, "b")]);
+    s.on_snapshot(&v2, 2);
+    let r = s.poll_response().unwrap();
+    assert_eq!(
+        removed(&r),
+        ["a"],
+        "b was unsubscribed: forgotten, not removed"
+    );
+    assert!(r.resources.is_empty());
+}
+
+#[test]
+fn delta_unchanged_resources_are_never_resent() {
+    let v1 = set(&[(CLUSTER, "a", "a1"), (CLUSTER, "b", "b1")]);
+    let mut s = DeltaState::new(CLUSTER);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(CLUSTER, &[], &[], ""));
+    let r = s.poll_response().unwrap();
+    s.on_request(&dreq(CLUSTER, &[], &[], &r.nonce));
+    let v2 = edit(&v1, &[(CLUSTER, "a", "a1"), (CLUSTER, "b", "b2")], &[]);
+    s.on_snapshot(&v2, 2);
+    assert_eq!(delta_names(&s.poll_response().unwrap()), [("b", "b2")]);
+}
+
+/// Guards the stale-nonce fix for Delta: with
+/// `--cfg flock_reintroduce="xds-stale-nonce"` this test fails.
+#[test]
+fn delta_stale_request_applies_its_subscription_but_not_its_ack() {
+    let v1 = set(&[(ENDPOINT, "a", "a1"), (ENDPOINT, "b", "b1")]);
+    let mut s = DeltaState::new(ENDPOINT);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(ENDPOINT, &["a"], &[], ""));
+    let r1 = s.poll_response().unwrap();
+    s.on_request(&dreq(ENDPOINT, &[], &[], &r1.nonce));
+    s.on_snapshot(&edit(&v1, &[(ENDPOINT, "a", "a2")], &[]), 2);
+    let r2 = s.poll_response().unwrap();
+    let out = s.on_request(&dreq(ENDPOINT, &["b"], &[], &r1.nonce));
+    assert_eq!(out.kind, RequestKind::Stale);
+    assert!(
+        out.subscription_changed,
+        "Delta never repeats a subscription"
+    );
+    assert_eq!(s.acked_version(), Some(1));
+    assert!(s.poll_response().is_none(), "r2 is still in flight");
+    s.on_request(&dreq(ENDPOINT, &[], &[], &r2.nonce));
+    assert_eq!(delta_names(&s.poll_response().unwrap()), [("b", "b1")]);
+}
+
+#[test]
+fn delta_nack_keeps_the_last_good_version_then_the_fix_is_sent() {
+    let v1 = set(&[(CLUSTER, "a", "a1")]);
+    let mut s = DeltaState::new(CLUSTER);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(CLUSTER, &[], &[], ""));
+    let r1 = s.poll_response().unwrap();
+    s.on_request(&dreq(CLUSTER, &[], &[], &r1.nonce));
+    let v2 = edit(&v1, &[(CLUSTER, "a", "bad")], &[]);
+    s.on_snapshot(&v2, 2);
+    let r2 = s.poll_response().unwrap();
+    let mut nack = dreq(CLUSTER, &[], &[], &r2.nonce);
+    nack.error_detail = Some("bad cluster".into());
+    assert!(matches!(
+        s.on_request(&nack).kind,
+        RequestKind::Nack { version: 2, kept_version: Some(1), ref error } if error == "bad cluster"
+    ));
+    assert!(s.poll_response().is_none());
+    s.on_snapshot(&edit(&v2, &[(CLUSTER, "a", "a3")], &[]), 3);
+    assert_eq!(delta_names(&s.poll_response().unwrap()), [("a", "a3")]);
+}
+
+/// go-control-plane #1498, Delta. Guards the fix: with
+/// `--cfg flock_reintroduce="xds-unsubscribed-response"` this test fails.
+#[test]
+fn delta_unsubscribe_drops_a_pending_response() {
+    let v1 = set(&[(ENDPOINT, "a", "a1"), (ENDPOINT, "b", "b1")]);
+    let mut s = DeltaState::new(ENDPOINT);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(ENDPOINT, &["a", "b"], &[], ""));
+    let r1 = s.poll_response().unwrap();
+    s.on_snapshot(&edit(&v1, &[(ENDPOINT, "b", "b2")], &[]), 2);
+    s.on_request(&dreq(ENDPOINT, &[], &["b"], &r1.nonce));
+    assert!(s.poll_response().is_none());
+}
+
+// ------------------------------------------------------------------ ADS ordering
+
+/// go-control-plane #526. Guards the ordering: with
+/// `--cfg flock_reintroduce="xds-eds-before-cds"` this test fails.
+#[test]
+fn ads_a_changed_cluster_goes_out_before_its_endpoints() {
+    let mut ads: SotwAds<V> = SotwAds::new();
+    let v1 = set(&[(CLUSTER, "c", "c1"), (ENDPOINT, "c", "e1")]);
+    ads.on_snapshot(&v1, 1);
+    ads.on_request(&sreq(CLUSTER, &[], ""));
+    let cds1 = ads.poll_response().unwrap();
+    ads.on_request(&sreq(ENDPOINT, &["c"], ""));
+    let eds1 = ads.poll_response().unwrap();
+    ads.on_request(&sreq(ENDPOINT, &["c"], &eds1.nonce));
+    // Cluster and endpoints change while the CDS response is still unacknowledged.
+    ads.on_snapshot(
+        &edit(&v1, &[(CLUSTER, "c", "c2"), (ENDPOINT, "c", "e2")], &[]),
+        2,
+    );
+    assert!(
+        ads.poll_response().is_none(),
+        "EDS waits for the CDS change to go out"
+    );
+    ads.on_request(&sreq(CLUSTER, &[], &cds1.nonce));
+    let next = ads.poll_response().unwrap();
+    assert_eq!(
+        (next.type_url.as_ref(), names_of(&next)),
+        (CLUSTER, vec![("c", "c2")])
+    );
+    let next = ads.poll_response().unwrap();
+    assert_eq!(
+        (next.type_url.as_ref(), names_of(&next)),
+        (ENDPOINT, vec![("c", "e2")])
+    );
+}
+
+#[test]
+fn ads_delta_new_cluster_goes_out_before_its_endpoints_under_wildcard_eds() {
+    let mut ads: DeltaAds<V> = DeltaAds::new();
+    ads.on_request(&dreq(ENDPOINT, &["*"], &[], ""));
+    ads.on_request(&dreq(CLUSTER, &[], &[], ""));
+    ads.on_snapshot(&set(&[(CLUSTER, "c", "c1"), (ENDPOINT, "c", "e1")]), 1);
+    let first = ads.poll_response().unwrap();
+    assert_eq!(first.type_url.as_ref(), CLUSTER);
+    let second = ads.poll_response().unwrap();
+    assert_eq!(second.type_url.as_ref(), ENDPOINT);
+    let n1: u64 = first.nonce.parse().unwrap();
+    let n2: u64 = second.nonce.parse().unwrap();
+    assert!(n2 > n1, "nonces increase across types on one stream");
+}
+
+#[test]
+fn ads_a_listener_goes_out_before_its_route_configuration() {
+    let mut ads: SotwAds<V> = SotwAds::new();
+    let v1 = set(&[(LISTENER, "l", "l1"), (ROUTE, "r", "r1")]);
+    ads.on_snapshot(&v1, 1);
+    ads.on_request(&sreq(LISTENER, &[], ""));
+    let lds1 = ads.poll_response().unwrap();
+    ads.on_request(&sreq(ROUTE, &["r"], ""));
+    let rds1 = ads.poll_response().unwrap();
+    ads.on_request(&sreq(ROUTE, &["r"], &rds1.nonce));
+    ads.on_snapshot(
+        &edit(&v1, &[(LISTENER, "l", "l2"), (ROUTE, "r", "r2")], &[]),
+        2,
+    );
+    assert!(ads.poll_response().is_none(), "RDS waits for LDS");
+    ads.on_request(&sreq(LISTENER, &[], &lds1.nonce));
+    assert_eq!(ads.poll_response().unwrap().type_url.as_ref(), LISTENER);
+    assert_eq!(ads.poll_response().unwrap().type_url.as_ref(), ROUTE);
+}
+
+fn mbb_start() -> ResourceSet<V> {
+    // Route r sends to cluster "old"; the next version moves it to "new" and
+    // removes "old".
+    set(&[
+        (CLUSTER, "old", "old"),
+        (LISTENER, "l", "l"),
+        (ROUTE, "r", "r->old"),
+    ])
+}
+
+fn mbb_next(v1: &ResourceSet<V>) -> ResourceSet<V> {
+    edit(
+        v1,
+        &[(CLUSTER, "new", "new"), (ROUTE, "r", "r->new")],
+        &[(CLUSTER, "old")],
+    )
+}
+
+/// Make-before-break, SotW: the CDS response after the change still carries "old"
+/// (at the content the client holds) until the RDS update that drops the reference
+/// is out. Guards the rule: with `--cfg flock_reintroduce="xds-break-before-make"`
+/// this test fails.
+#[test]
+fn ads_sotw_make_before_break_removes_a_cluster_after_the_route_that_used_it() {
+    let mut ads: SotwAds<V> = SotwAds::new();
+    let v1 = mbb_start();
+    ads.on_snapshot(&v1, 1);
+    ads.on_request(&sreq(CLUSTER, &[], ""));
+    let cds = ads.poll_response().unwrap();
+    ads.on_request(&sreq(CLUSTER, &[], &cds.nonce));
+    ads.on_request(&sreq(LISTENER, &[], ""));
+    let lds = ads.poll_response().unwrap();
+    ads.on_request(&sreq(LISTENER, &[], &lds.nonce));
+    ads.on_request(&sreq(ROUTE, &["r"], ""));
+    let rds = ads.poll_response().unwrap();
+    ads.on_request(&sreq(ROUTE, &["r"], &rds.nonce));
+
+    ads.on_snapshot(&mbb_next(&v1), 2);
+    let make = ads.poll_response().unwrap();
+    assert_eq!(make.type_url.as_ref(), CLUSTER);
+    assert_eq!(
+        names_of(&make),
+        [("new", "new"), ("old", "old")],
+        "old stays while a route may use it"
+    );
+    let route = ads.poll_response().unwrap();
+    assert_eq!(
+        (route.type_url.as_ref(), names_of(&route)),
+        (ROUTE, vec![("r", "r->new")])
+    );
+    assert!(ads.poll_response().is_none());
+    ads.on_request(&sreq(CLUSTER, &[], &make.nonce));
+    let brk = ads.poll_response().unwrap();
+    assert_eq!(
+        (brk.type_url.as_ref(), names_of(&brk)),
+        (CLUSTER, vec![("new", "new")])
+    );
+    assert_eq!(brk.version, 2);
+}
+
+/// Make-before-break, Delta: the removal of "old" waits for the RDS update. Guards
+/// the rule: with `--cfg flock_reintroduce="xds-break-before-make"` this test fails.
+#[test]
+fn ads_delta_make_before_break_removes_a_cluster_after_the_route_that_used_it() {
+    let mut ads: DeltaAds<V> = DeltaAds::new();
+    let v1 = mbb_start();
+    ads.on_snapshot(&v1, 1);
+    for (t, sub) in [(CLUSTER, &[][..]), (LISTENER, &[][..]), (ROUTE, &["r"][..])] {
+        ads.on_request(&dreq(t, sub, &[], ""));
+        let r = ads.poll_response().unwrap();
+        ads.on_request(&dreq(t, &[], &[], &r.nonce));
+    }
+    ads.on_snapshot(&mbb_next(&v1), 2);
+    let make = ads.poll_response().unwrap();
+    assert_eq!(make.type_url.as_ref(), CLUSTER);
+    assert_eq!(delta_names(&make), [("new", "new")]);
+    assert!(make.removed_resources.is_empty(), "old is not removed yet");
+    let route = ads.poll_response().unwrap();
+    assert_eq!(route.type_url.as_ref(), ROUTE);
+    ads.on_request(&dreq(CLUSTER, &[], &[], &make.nonce));
+    let brk = ads.poll_response().unwrap();
+    assert_eq!(
+        (brk.type_url.as_ref(), removed(&brk)),
+        (CLUSTER, vec!["old"])
+    );
+    assert!(brk.resources.is_empty());
+    let _ = Name::from("unused");
+}
