@@ -19,7 +19,9 @@
 //!    writing; never blocking on a FIFO), [`decide`], execute, [`Ledger::record`].
 //!    Our own writes come back as events and are recognised per file.
 //! 5. Readiness file: present only while the watch is armed, the first scan is done,
-//!    at least one primary is patched and none is pending (partial, throttled, refused).
+//!    at least one primary is patched and none is pending (write failed, throttled,
+//!    refused or a symlink); empty or truncated files (mid-write) and invalid ones do
+//!    not count: runtimes cannot load them either.
 //! 6. SIGTERM/SIGINT or a fatal error: unpatch every config in the directory (a `.conf`
 //!    we converted goes back to being a `.conf`), remove drop-ins, stale temp files, the
 //!    plugin binary and the ready file.
@@ -111,8 +113,11 @@ enum Work {
 enum FileState {
     /// Holds our entry (or drop-in) as desired.
     Patched,
-    /// Partial or unreadable for now; waiting for the next change. Blocks readiness.
+    /// A write of ours failed; retrying. Blocks readiness.
     Pending(String),
+    /// Empty or truncated: another writer is mid-write (or left it so). Not loadable by
+    /// runtimes either, so it does not block readiness; patched once complete.
+    Partial(String),
     /// Rewritten faster than our write budget. Blocks readiness.
     Throttled,
     /// A primary we will not or cannot patch (refused, symlink, name clash). Blocks
@@ -455,7 +460,11 @@ impl Daemon {
         }
         match &state {
             FileState::Patched => debug!(file = name, "patched"),
-            FileState::Pending(why) => info!(file = name, reason = %why, "not patched yet"),
+            FileState::Pending(why) | FileState::Partial(why) => {
+                if !matches!(old, Some(FileState::Partial(_))) {
+                    info!(file = name, reason = %why, "not patched yet");
+                }
+            }
             FileState::Throttled => {}
             FileState::Blocked(why) => {
                 warn!(file = name, reason = %why, "primary config NOT patched; pods on this network start without flock until this is fixed")
@@ -523,7 +532,7 @@ impl Daemon {
             Action::Skip(reason) => {
                 let state = match &reason {
                     SkipReason::NotAConfigFile => return,
-                    SkipReason::Incomplete(_) => FileState::Pending(reason.to_string()),
+                    SkipReason::Incomplete(_) => FileState::Partial(reason.to_string()),
                     SkipReason::Invalid(_) => FileState::Invalid(reason.to_string()),
                     SkipReason::Refused(_) => FileState::Blocked(reason.to_string()),
                 };
@@ -675,7 +684,7 @@ impl Daemon {
             Err(e) if e.is_incomplete() => {
                 return self.set_state(
                     name,
-                    FileState::Pending(SkipReason::Incomplete(e).to_string()),
+                    FileState::Partial(SkipReason::Incomplete(e).to_string()),
                 );
             }
             Err(e) => {
@@ -792,7 +801,10 @@ impl Daemon {
             return;
         };
         let result = if ready {
-            let dir = path.parent().unwrap_or(Path::new("/")).to_owned();
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+                _ => PathBuf::from("."),
+            };
             let name = path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
