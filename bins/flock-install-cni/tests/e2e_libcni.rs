@@ -1,8 +1,9 @@
-//! End to end through libcni (the library containerd and CRI-O use): Debian's `bridge`
-//! + `host-local` primary in a temp conf dir, patched by the real installer, run by the
-//! libcni driver on a real network namespace with the real `flock-cni` chained and
-//! talking to the in-test agent double. GC and STATUS (which this libcni lacks) by
-//! exec'ing the plugin as the spec describes.
+//! End to end through libcni (the library containerd and CRI-O use).
+//!
+//! Debian's `bridge` and `host-local` form the primary list in a temp conf dir; the real
+//! installer patches it; the libcni driver runs it on a real network namespace with the
+//! real `flock-cni` chained and talking to the in-test agent double. GC and STATUS
+//! (which this libcni lacks) are run by exec'ing the plugin as the spec describes.
 
 mod common;
 
