@@ -7,7 +7,7 @@
 //! or hot-restart them any more: an orphan would serve a stale config forever and hold
 //! the base id and the ports. flock's policy is that **Envoy dies with its
 //! supervisor**: every epoch is started through [`exec_with_parent_death_signal`],
-//! which sets `PR_SET_PDEATHSIG = SIGTERM` in the child (the kernel delivers it when
+//! which sets `PR_SET_PDEATHSIG = SIGKILL` in the child (the kernel delivers it when
 //! the supervisor's forking thread exits, however it exits), checks that the
 //! supervisor is still its parent (closing the race where it died before the
 //! `prctl`), and then `execv`s Envoy. The supervisor's restart (systemd,
@@ -15,6 +15,10 @@
 //! supervisor, so the newcomer cold-starts once the record is stale (it never forks
 //! from a dead predecessor). This is the same behaviour as a container whose PID 1
 //! dies, made true outside containers too.
+//!
+//! The signal is SIGKILL, not SIGTERM: with nobody left to drain, a graceful stop
+//! buys nothing, and a hot-restart child that gets SIGTERM after its parent is gone
+//! retries messaging it for seconds before it exits.
 //!
 //! The shim is the supervisor binary itself, re-executed with a hidden first argument
 //! ([`SHIM_ARG`]), so no `unsafe` `pre_exec` hook is needed. The death signal fires
@@ -156,7 +160,7 @@ pub fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
-/// The exec shim (see the module docs): sets `PR_SET_PDEATHSIG = SIGTERM`, verifies
+/// The exec shim (see the module docs): sets `PR_SET_PDEATHSIG = SIGKILL`, verifies
 /// that `supervisor_pid` is still the parent, and `execv`s `program` with `args`.
 /// Returns only on failure. `args` excludes `argv[0]`.
 pub fn exec_with_parent_death_signal(
@@ -165,7 +169,7 @@ pub fn exec_with_parent_death_signal(
     args: &[OsString],
 ) -> io::Error {
     use nix::sys::signal::Signal;
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM) {
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         return io::Error::from(e);
     }
     if nix::unistd::getppid().as_raw() != supervisor_pid {

@@ -345,10 +345,10 @@ impl Supervisor {
             }
             if since.elapsed() >= self.superseded_bound() {
                 warn!(
-                    "our epochs are still running {:?} after the successor took over; stopping them",
+                    "our epochs are still running {:?} after the successor took over; killing them",
                     self.superseded_bound()
                 );
-                self.signal_all(Signal::SIGTERM);
+                self.signal_all(Signal::SIGKILL);
                 self.superseded = Some(Instant::now());
             }
             return Ok(None);

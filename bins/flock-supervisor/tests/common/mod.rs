@@ -445,6 +445,13 @@ impl Setup {
     pub fn spawn(&self, name: &str, extra: &[&str]) -> Supervisor {
         let log = self.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).unwrap();
+        // Short drains keep the tests fast; a test may override them.
+        let mut defaults = Vec::new();
+        for (flag, value) in [("--drain-time-s", "2"), ("--parent-shutdown-time-s", "3")] {
+            if !extra.contains(&flag) {
+                defaults.extend([flag, value]);
+            }
+        }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_flock-supervisor"));
         cmd.arg("--envoy-bin")
             .arg(envoy_bin())
@@ -456,11 +463,11 @@ impl Setup {
             .arg(&self.state_dir)
             .arg("--admin-address")
             .arg(format!("127.0.0.1:{}", self.admin_port))
-            .args(["--drain-time-s", "2", "--parent-shutdown-time-s", "3"])
             .args(["--shutdown-margin-s", "3", "--handoff-timeout-s", "20"])
             .arg("--writer-id")
             .arg(format!("{name}-{}", std::process::id()))
             .args(extra)
+            .args(defaults)
             .args(["--", "--log-level", "warn", "--concurrency", "1"])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -586,4 +593,39 @@ pub fn percentile(samples: &mut [Duration], p: usize) -> Duration {
     samples.sort();
     let idx = ((samples.len() - 1) * p).div_ceil(100);
     samples[idx]
+}
+
+/// `config` plus an EDS cluster whose xDS server (a closed port) never answers: the
+/// epoch stays PRE_INITIALIZING for about a second before it gives up on it and
+/// becomes LIVE. Makes "while the new epoch initializes" a wide, reliable window.
+pub fn with_slow_init(config: &str) -> String {
+    let mut out = format!("node: {{id: flock-test, cluster: flock-test}}\n{config}");
+    out.push_str(
+        r#"  - name: slow-eds
+    connect_timeout: 1s
+    type: EDS
+    eds_cluster_config:
+      eds_config:
+        initial_fetch_timeout: 3s
+        resource_api_version: V3
+        api_config_source:
+          api_type: GRPC
+          transport_api_version: V3
+          grpc_services:
+          - envoy_grpc: {cluster_name: dead-xds}
+  - name: dead-xds
+    connect_timeout: 1s
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment:
+      cluster_name: dead-xds
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 1}}}
+"#,
+    );
+    out
 }
