@@ -24,7 +24,8 @@ pub struct Metrics {
     pub restarts_crash: u64,
     /// Triggers received.
     pub triggers: u64,
-    /// Restarts deferred because the newest epoch was not LIVE (R7).
+    /// Restarts deferred because the newest epoch was not LIVE (R7) or its
+    /// predecessor was still draining.
     pub deferrals: u64,
     /// Configs rejected by `envoy --mode validate`.
     pub validation_failures: u64,
@@ -74,7 +75,7 @@ impl Metrics {
         metric(
             "flock_supervisor_deferrals_total",
             "counter",
-            "Restarts deferred because the newest epoch was not LIVE.",
+            "Restarts deferred: the newest epoch was not LIVE, or its predecessor was still draining.",
             self.deferrals.to_string(),
         );
         metric(
