@@ -119,9 +119,12 @@ async fn hot_restarts_under_load_fail_no_request() {
     );
 }
 
-/// Triggers every 100–700 ms (wider than a 100 ms debounce) while epochs initialize:
+/// Triggers every 100–700 ms (wider than a 100 ms debounce) while epochs initialize
+/// (each takes about a second: `with_slow_init`):
 /// the gate defers instead of forking into an initializing epoch (R7), no epoch
 /// dies, the supervisor survives, and it converges to one LIVE newest epoch.
+/// `flock-hotrestart/scripts/r7-gate-mutant.sh` re-introduces R7 in flock-core's gate
+/// and requires this test to fail (forked epochs exit "still initializing").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rapid_triggers_never_fork_an_initializing_epoch() {
     let tmp = TempDir::new("rapid");
@@ -132,7 +135,7 @@ async fn rapid_triggers_never_fork_an_initializing_epoch() {
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, 0),
+        &with_slow_init(&envoy_config(admin_port, listen_port, backend.port, 0)),
     );
     let metrics = setup.metrics.display().to_string();
     let mut sup = setup.spawn(
@@ -193,7 +196,7 @@ async fn rapid_triggers_never_fork_an_initializing_epoch() {
         deferrals > 0.0,
         "the triggers never met an initializing epoch: test too gentle"
     );
-    assert!(newest >= 3, "too few restarts to mean anything: {newest}");
+    assert!(newest >= 2, "too few restarts to mean anything: {newest}");
     assert_eq!(
         failed,
         0,
