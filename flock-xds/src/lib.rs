@@ -68,7 +68,11 @@
 //! * **Delta.** `initial_resource_versions` seed what the client holds, so nothing it
 //!   already has at the same hash is resent, and names it holds that no longer exist
 //!   go out in `removed_resources`. Removals are only sent for subscribed names; an
-//!   unsubscribed name is forgotten without a removal. A snapshot change costs
+//!   unsubscribed name is forgotten without a removal. A newly subscribed name that
+//!   does not exist is answered with a removal (the Delta "does not exist" signal);
+//!   this also corrects a client that unsubscribed and resubscribed a name while a
+//!   response carrying it was in flight (the model test found that race: without the
+//!   removal the client kept a deleted resource forever). A snapshot change costs
 //!   O(changes): the stream intersects `resources::diff` with its subscription
 //!   instead of scanning every resource.
 //! * **The first response** of a type is sent even when it carries nothing new (an
@@ -77,7 +81,12 @@
 //! * **R1 at the stream level.** A stream takes a snapshot only if it is newer than
 //!   the one it has, so versions a client receives never go back, whatever order the
 //!   server's tasks deliver snapshots in.
-//! * **ADS ordering and make-before-break**: see [`protocol::order`].
+//! * **ADS ordering and make-before-break**: see [`protocol::order`]. Make-before-break
+//!   holds among the types the stream knows; after a reconnect the server must feed
+//!   the requests the client sent together before polling (so Delta learns every
+//!   held type from `initial_resource_versions` first). SotW cannot keep it across a
+//!   reconnect: a new stream knows nothing the client holds, and its first response
+//!   of each type is the complete set.
 //!
 //! # Example
 //!

@@ -705,7 +705,7 @@ fn run(delta: bool, ops: &[Op]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     /// SotW ADS against the model client. Fails under the mutants `xds-stale-nonce`,
     /// `xds-eds-before-cds`, `xds-break-before-make` and `xds-snapshot-regress`

@@ -612,3 +612,23 @@ fn ads_delta_make_before_break_removes_a_cluster_after_the_route_that_used_it() 
     assert!(brk.resources.is_empty());
     let _ = Name::from("unused");
 }
+
+/// Found by the model test: the client unsubscribes and resubscribes a name while a
+/// response carrying it is in flight, and the resource is deleted meanwhile. The
+/// server forgot the name at the unsubscribe; without the "does not exist" removal
+/// on resubscribe, the client would keep the deleted resource forever.
+#[test]
+fn delta_resubscribing_a_missing_name_gets_a_removal() {
+    let v1 = set(&[(ROUTE, "r", "r1")]);
+    let mut s = DeltaState::new(ROUTE);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(ROUTE, &["r"], &[], ""));
+    let r1 = s.poll_response().unwrap(); // in flight, carrying r
+    s.on_snapshot(&edit(&v1, &[], &[(ROUTE, "r")]), 2);
+    s.on_request(&dreq(ROUTE, &[], &["r"], ""));
+    s.on_request(&dreq(ROUTE, &["r"], &[], ""));
+    s.on_request(&dreq(ROUTE, &[], &[], &r1.nonce));
+    let r2 = s.poll_response().unwrap();
+    assert_eq!(removed(&r2), ["r"]);
+    assert!(s.poll_response().is_none());
+}

@@ -134,6 +134,12 @@ impl<V> DeltaState<V> {
         let first = !self.core.requested;
         self.core.requested = true;
         let mut next = self.core.sub.clone();
+        let newly: Vec<Name> = req
+            .resource_names_subscribe
+            .iter()
+            .filter(|n| *n != WILDCARD && !self.core.sub.contains(n))
+            .map(|n| Name::from(n.as_str()))
+            .collect();
         if first
             && req.resource_names_subscribe.is_empty()
             && allows_legacy_wildcard(&self.core.type_url)
@@ -169,6 +175,21 @@ impl<V> DeltaState<V> {
         for name in &announced {
             // Forgets what is not subscribed, marks removals and stale versions.
             self.core.refresh(name);
+        }
+        for name in &newly {
+            // A newly subscribed name that does not exist is answered with a removal:
+            // the Delta way to say "does not exist", and the only way to correct a
+            // client that got the name from a response already in flight when it
+            // unsubscribed and subscribed again (we forgot it at the unsubscribe).
+            if self.core.set().get(&self.core.type_url, name).is_none()
+                && self.core.sub.contains(name)
+                && !self.core.held.contains_key(name)
+            {
+                self.core
+                    .held
+                    .insert(name.clone(), DeltaHeld::Announced("".into()));
+                self.core.refresh(name);
+            }
         }
         RequestOutcome {
             type_url: self.core.type_url.clone(),
