@@ -9,13 +9,18 @@
 //!   [`flock_core::cniconf`] on a real directory (inotify armed before the scan, one
 //!   queue, per-file ledger, atomic writes, restore on exit).
 //! * `testing` (feature `testing`): an in-process double of the agent's service.
+//!
+//! [`plugin`], [`proto`] and [`client`] need the default feature `grpc`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "grpc")]
 pub mod client;
 pub mod cni;
 pub mod install;
+#[cfg(feature = "grpc")]
 pub mod plugin;
+#[cfg(feature = "grpc")]
 pub mod proto;
 #[cfg(feature = "testing")]
 pub mod testing;
