@@ -1,6 +1,9 @@
 //! `flock-install-cni`: keeps the flock CNI plugin patched into the node's CNI config
 //! directory, race-free, and removes every trace on exit. The daemon is
 //! `flock_cni::install`; this file parses flags and sets up logging.
+// The `///` comments below are clap's --help text, where `<dir>/<network>` is the
+// usual placeholder notation, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::path::PathBuf;
 use std::time::Duration;
