@@ -4,7 +4,7 @@ use super::state::{Core, Gate, Held};
 use super::{Nonces, Pending, RequestOutcome, StreamStats, Subscription};
 use crate::types::{WILDCARD, allows_legacy_wildcard};
 use flock_core::ContentHash;
-use flock_core::resources::{Entry, Name, ResourceSet, TypeDiff, diff};
+use flock_core::resources::{Entry, Name, ResourceSet, TypeDiff};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -202,13 +202,7 @@ impl<V> DeltaState<V> {
     /// last one taken. Costs O(changes of this type) when `set` was derived from the
     /// previous one with `edit()`.
     pub fn on_snapshot(&mut self, set: &ResourceSet<V>, version: u64) -> bool {
-        if !super::is_newer(self.core.version(), version) {
-            return false;
-        }
-        let d = diff(self.core.set(), set);
-        self.core
-            .apply_snapshot(set, version, d.types.get(&self.core.type_url));
-        true
+        self.core.on_snapshot(set, version)
     }
 
     /// The next response, if the client lacks something (or awaits its first

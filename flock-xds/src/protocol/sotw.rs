@@ -3,7 +3,7 @@
 use super::state::{Core, Gate};
 use super::{Nonces, Pending, RequestKind, RequestOutcome, StreamStats, Subscription};
 use crate::types::{WILDCARD, allows_legacy_wildcard};
-use flock_core::resources::{Entry, Name, ResourceSet, TypeDiff, diff};
+use flock_core::resources::{Entry, Name, ResourceSet, TypeDiff};
 use std::fmt;
 use std::sync::Arc;
 
@@ -107,13 +107,7 @@ impl<V> SotwState<V> {
     /// Takes a snapshot; returns false (and ignores it) unless it is newer than the
     /// last one taken.
     pub fn on_snapshot(&mut self, set: &ResourceSet<V>, version: u64) -> bool {
-        if !super::is_newer(self.core.version(), version) {
-            return false;
-        }
-        let d = diff(self.core.set(), set);
-        self.core
-            .apply_snapshot(set, version, d.types.get(&self.core.type_url));
-        true
+        self.core.on_snapshot(set, version)
     }
 
     /// The next response, if the client lacks something (or awaits its first

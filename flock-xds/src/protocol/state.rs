@@ -2,7 +2,7 @@
 //! pending, nonces and ACK tracking for one type on one stream.
 
 use super::{Nonces, Pending, RequestKind, StreamStats, Subscription};
-use flock_core::resources::{Entry, Name, ResourceSet, TypeDiff};
+use flock_core::resources::{Entry, Name, ResourceSet, TypeDiff, diff};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What the stream remembers about a resource the client holds.
@@ -179,6 +179,18 @@ impl<V, H: Held<V>> Core<V, H> {
         for name in &touched {
             self.refresh(name);
         }
+        true
+    }
+
+    /// Takes `set` if it is newer than the snapshot held (else returns false and
+    /// ignores it: a stream never goes back, R1 per stream). Costs O(changes of this
+    /// type) when `set` was derived from the previous one with `edit()`.
+    pub fn on_snapshot(&mut self, set: &ResourceSet<V>, version: u64) -> bool {
+        if !super::is_newer(self.version(), version) {
+            return false;
+        }
+        let d = diff(self.set(), set);
+        self.apply_snapshot(set, version, d.types.get(&self.type_url));
         true
     }
 
