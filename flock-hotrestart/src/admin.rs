@@ -140,7 +140,8 @@ fn invalid(msg: impl Into<String>) -> io::Error {
 }
 
 /// Parses a whole `Connection: close` HTTP/1.1 response; returns the body of a 200.
-pub(crate) fn parse_response(raw: &[u8]) -> io::Result<Vec<u8>> {
+/// Never panics on any input (fuzzed: `fuzz/fuzz_targets/admin_response.rs`).
+pub fn parse_response(raw: &[u8]) -> io::Result<Vec<u8>> {
     let end = find(raw, b"\r\n\r\n").ok_or_else(|| invalid("truncated HTTP response head"))?;
     let head = std::str::from_utf8(&raw[..end]).map_err(|_| invalid("non-UTF-8 head"))?;
     let mut lines = head.split("\r\n");
@@ -186,7 +187,8 @@ fn decode_chunked(mut body: &[u8]) -> io::Result<Vec<u8>> {
         if size == 0 {
             return Ok(out);
         }
-        if body.len() < size + 2 {
+        // A hostile size (e.g. ffffffffffffffff) must not overflow.
+        if size.checked_add(2).is_none_or(|needed| body.len() < needed) {
             return Err(invalid("truncated chunk"));
         }
         out.extend_from_slice(&body[..size]);
@@ -198,8 +200,8 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Parses the JSON of `/server_info`.
-pub(crate) fn parse_server_info(body: &[u8]) -> io::Result<ServerInfo> {
+/// Parses the JSON of `/server_info`. Never panics on any input (fuzzed).
+pub fn parse_server_info(body: &[u8]) -> io::Result<ServerInfo> {
     let json: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| invalid(format!("server_info JSON: {e}")))?;
     let state = json
@@ -233,6 +235,12 @@ pub(crate) fn parse_server_info(body: &[u8]) -> io::Result<ServerInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_chunk_size_is_an_error_not_an_overflow() {
+        let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nffffffffffffffff\r\nab\r\n0\r\n\r\n";
+        assert!(parse_response(raw).is_err());
+    }
 
     #[test]
     fn decodes_a_chunked_200() {
