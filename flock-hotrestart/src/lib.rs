@@ -3,8 +3,9 @@
 //! supervisor processes.
 //!
 //! This crate performs the I/O; every decision comes from [`flock_core::epoch`]
-//! (`start_epoch`, `write_decision`, `RestartGate`) and [`flock_core::backoff`], plus
-//! the two in-process rules of [`policy`]. The binary `flock-supervisor` is argument
+//! (`start_epoch`, `write_decision`, `RestartGate`, and the in-process rules
+//! `after_newest_exit`, `start_input`, `predecessor_drained`) and
+//! [`flock_core::backoff`]. The binary `flock-supervisor` is argument
 //! parsing around [`supervisor::run`]. See `README.md` for how to run Envoy under it.
 //!
 //! | module | job |
@@ -15,14 +16,12 @@
 //! | [`statefile`] | `<state-dir>/epoch`: lock-free reads, `flock(2)`-locked writes (R8) |
 //! | [`watch`] | inotify on the config's directory |
 //! | [`metrics`] | Prometheus textfile, ready file |
-//! | [`policy`] | after the newest epoch exits: superseded, restart or give up |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod envoy;
 pub mod metrics;
-pub mod policy;
 pub mod statefile;
 pub mod supervisor;
 pub mod watch;

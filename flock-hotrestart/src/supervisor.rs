@@ -17,8 +17,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use flock_core::ContentHash;
 use flock_core::backoff::Backoff;
 use flock_core::epoch::{
-    EpochRecord, GateDecision, PredecessorStatus, RestartGate, StartDecision, WriteDecision,
-    WriterId, start_epoch, write_decision,
+    AfterExit, EpochRecord, GateDecision, PredecessorStatus, RestartGate, StartDecision,
+    WriteDecision, WriterId, after_newest_exit, predecessor_drained, start_epoch, start_input,
+    write_decision,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -29,7 +30,6 @@ use tracing::{debug, error, info, warn};
 use crate::admin::AdminClient;
 use crate::envoy::{EnvoySpec, describe_exit, shared_memory_path};
 use crate::metrics::{Metrics, set_ready_file};
-use crate::policy::{AfterExit, after_newest_exit, start_input};
 use crate::statefile::{ReadRecord, StateDir};
 use crate::watch::ConfigWatcher;
 
@@ -228,11 +228,32 @@ impl Supervisor {
         u64::try_from(at.saturating_duration_since(self.origin).as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// [`Self::mono_ms`] rounded up to the next millisecond.
+    fn mono_ms_ceil(&self, at: Instant) -> u64 {
+        let d = at.saturating_duration_since(self.origin);
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if d.subsec_nanos().is_multiple_of(1_000_000) {
+            ms
+        } else {
+            ms.saturating_add(1)
+        }
+    }
+
     fn instant_of(&self, ms: u64) -> Instant {
         self.origin + Duration::from_millis(ms)
     }
 
     async fn run(mut self) -> Result<Exit, SupervisorError> {
+        let result = self.event_loop().await;
+        match &result {
+            Ok(exit) => self.finish(*exit),
+            Err(SupervisorError::GaveUp(_)) => self.give_up(),
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn event_loop(&mut self) -> Result<Exit, SupervisorError> {
         let sig = |kind: SignalKind, name: &str| {
             signal(kind).map_err(|e| SupervisorError::Io(format!("installing {name} handler"), e))
         };
@@ -259,7 +280,6 @@ impl Supervisor {
         self.publish_metrics();
         loop {
             if let Some(exit) = self.tick().await? {
-                self.finish(exit);
                 return Ok(exit);
             }
             let wake = self.next_wakeup();
@@ -411,13 +431,16 @@ impl Supervisor {
     }
 
     /// The gate's input: the newest epoch is LIVE **and** its predecessor has had its
-    /// full drain time. Envoy's epoch N+1 terminates epoch N-1 at once when it starts,
-    /// so forking while N-1 still drains would cut N-1's remaining connections.
+    /// full drain time ([`predecessor_drained`]) and no crash restart is pending.
     fn ready_to_fork(&self) -> bool {
-        let drained = self.children.len() <= 1
-            || self
-                .live_since
-                .is_some_and(|t| t.elapsed() >= Duration::from_secs(self.cfg.drain_time_s));
+        // `live_since` rounded up and now rounded down: the rounding never shortens
+        // the drain.
+        let drained = predecessor_drained(
+            self.children.len(),
+            self.live_since.map(|t| self.mono_ms_ceil(t)),
+            self.mono_ms(Instant::now()),
+            self.cfg.drain_time_s.saturating_mul(1_000),
+        );
         self.newest_live && drained && self.respawn_at.is_none()
     }
 
@@ -876,14 +899,34 @@ impl Supervisor {
         self.metrics.live = false;
         self.metrics.children = 0;
         self.publish_metrics();
-        if exit == Exit::Terminated && self.newest.is_some() {
-            // Our chain is over: Envoy leaves its shared memory behind.
-            let shm = shared_memory_path(self.base_id);
-            if std::fs::remove_file(&shm).is_ok() {
-                debug!(file = %shm.display(), "removed Envoy's shared memory");
-            }
+        if exit == Exit::Terminated {
+            self.remove_shared_memory();
         }
         info!(?exit, "flock-supervisor exiting");
+    }
+
+    /// After [`SupervisorError::GaveUp`] (`--max-restarts` exhausted): our chain is
+    /// over, as after SIGTERM, so the same cleanup as [`Self::finish`] runs. Any
+    /// epoch of ours still running dies with us (parent-death signal); removing the
+    /// shared memory's name does not disturb a process that has it mapped.
+    fn give_up(&mut self) {
+        self.set_ready(false);
+        self.metrics.live = false;
+        self.publish_metrics();
+        self.remove_shared_memory();
+        info!("flock-supervisor giving up");
+    }
+
+    /// Our chain is over: Envoy leaves its shared memory behind; remove it (if we ever
+    /// started an epoch on `self.base_id`).
+    fn remove_shared_memory(&self) {
+        if self.newest.is_none() {
+            return;
+        }
+        let shm = shared_memory_path(self.base_id);
+        if std::fs::remove_file(&shm).is_ok() {
+            debug!(file = %shm.display(), "removed Envoy's shared memory");
+        }
     }
 
     fn set_ready(&mut self, live: bool) {

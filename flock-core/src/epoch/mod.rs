@@ -1,5 +1,5 @@
 //! Envoy hot-restart epochs: the state-file record, the cross-process start decision,
-//! the state-file write rule and the restart gate.
+//! the state-file write rule, the restart gate and the supervisor's in-process rules.
 //!
 //! Envoy hot restart (see `HOTRESTART.md`) hands the listen sockets from epoch `N` to
 //! epoch `N + 1` of the *same* base id. flock runs it in two ways: in place, inside one
@@ -35,6 +35,11 @@
 //!   (race R8 of the concurrency audit).
 //! * [`RestartGate`] — the trailing debounce in front of an in-place hot restart that
 //!   never forks while the current epoch is not LIVE (race R7).
+//! * [`after_newest_exit`], [`start_input`], [`predecessor_drained`] — the
+//!   supervisor's in-process rules: superseded, restart or give up after its newest
+//!   epoch exited (bounded by the retry budget); never its own dead record as the
+//!   predecessor of a crash restart; never fork before the predecessor's full drain
+//!   time (the gate's second input).
 //!
 //! # Freshness
 //!
@@ -118,6 +123,7 @@
 mod gate;
 mod record;
 mod start;
+mod supervise;
 mod write_rule;
 
 pub use gate::{GateDecision, RestartGate};
@@ -129,4 +135,5 @@ pub use start::{
     BaseId, PredecessorStatus, RefuseReason, START_RETRY_MS, StartDecision, StartReason,
     WaitReason, start_epoch,
 };
+pub use supervise::{AfterExit, after_newest_exit, predecessor_drained, start_input};
 pub use write_rule::{SkipReason, WriteDecision, WriteReason, YieldReason, write_decision};
