@@ -10,6 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use flock_core::cniconf::kind_for_file_name;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
 fn json(text: &str) -> Value {
@@ -518,4 +520,276 @@ fn help_explains_every_flag() {
     ] {
         assert!(help.contains(flag), "--help does not mention {flag}");
     }
+}
+
+/// Scenario 10: SIGKILL while a burst of primaries is being renamed in and the installer
+/// is writing, five rounds over one directory, killed at a different point each round
+/// (the first instant one of its temp files is seen after a varying number of
+/// completed writes). After each kill: every config is complete JSON (never zero bytes)
+/// and is either the writer's original or patched exactly once; a leftover temp file
+/// has a name no runtime loads. Each restart removes every stale temp file (one planted
+/// in each directory plus whatever the kill left), writes exactly the configs the
+/// killed run had not patched, once each, and leaves every config patched exactly once.
+#[test]
+fn sigkill_mid_write_leaves_no_partial_config_and_restart_repairs() {
+    const ROUNDS: usize = 5;
+    const BURST: usize = 60;
+    let mut inst = Installer::prepare().start(&[]);
+    let mut originals = std::collections::BTreeMap::new();
+    let mut killed_with_unpatched = 0;
+    let mut temp_files_left_by_kills = 0;
+    for round in 0..ROUNDS {
+        let burst: Vec<(String, String)> = (0..BURST)
+            .map(|i| {
+                (
+                    format!("{round}-{i:02}.conflist"),
+                    conflist(&format!("net{round}-{i}"), &format!("primary{round}-{i}")),
+                )
+            })
+            .collect();
+        originals.extend(burst.iter().cloned());
+        let conf = inst.conf.clone();
+        let writer = std::thread::spawn(move || {
+            for (name, text) in burst {
+                let tmp = conf.join(format!(".writer-{name}.part"));
+                fs::write(&tmp, text).unwrap();
+                fs::rename(&tmp, conf.join(name)).unwrap();
+            }
+        });
+        // Busy-wait (no sleep) so the kill lands as close as possible to a write in
+        // flight; after `target + 10` writes, kill anyway (a burst needs 60).
+        let target = inst.writes().len() + 1 + round * 5;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let written = inst.writes().len();
+            if written >= target && (!temp_files(&inst.conf).is_empty() || written >= target + 10) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the installer did not write\n{}",
+                inst.dump_log()
+            );
+        }
+        inst.signal(Signal::SIGKILL);
+        inst.wait_exit();
+        writer.join().unwrap();
+
+        // What a runtime would see now.
+        let mut unpatched = Vec::new();
+        for e in fs::read_dir(&inst.conf).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".flock-tmp") {
+                assert!(
+                    name.starts_with('.') && kind_for_file_name(&name).is_none(),
+                    "temp file {name} could be loaded as a config"
+                );
+                temp_files_left_by_kills += 1;
+                continue;
+            }
+            let original = originals
+                .get(&name)
+                .unwrap_or_else(|| panic!("round {round}: unexpected file {name} after SIGKILL"));
+            let text = inst.read(&name);
+            assert!(
+                !text.is_empty(),
+                "round {round}: {name} is empty after SIGKILL"
+            );
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+                panic!("round {round}: {name} is not complete JSON after SIGKILL ({e}): {text}")
+            });
+            if is_patched(&text) {
+                assert_eq!(v["plugins"].as_array().unwrap().len(), 2, "{name}: {text}");
+                assert_eq!(v["plugins"][0], json(original)["plugins"][0], "{name}");
+            } else {
+                assert_eq!(&text, original, "round {round}: {name} half-patched");
+                unpatched.push(name);
+            }
+        }
+        if !unpatched.is_empty() {
+            killed_with_unpatched += 1;
+        }
+        // A stale temp file in each directory, as a kill right after create leaves it
+        // (the binary's is replaced by the reinstall, the others are logged).
+        fs::write(inst.path(".gone.conflist.flock-tmp"), b"").unwrap();
+        fs::write(inst.bin.join(".flock-cni.flock-tmp"), b"").unwrap();
+        let stale = temp_files(&inst.conf).len();
+
+        inst.spawn(&[]);
+        // The log line, not just the file: the killed run's ready file is stale.
+        wait_for(&format!("round {round}: ready after restart"), WAIT, || {
+            inst.logged("ready: every primary config is patched") > 0 && inst.is_ready()
+        });
+        for name in originals.keys() {
+            let text = inst.read(name);
+            assert!(
+                is_patched(&text),
+                "round {round}: {name} not patched: {text}"
+            );
+            let v = json(&text);
+            assert_eq!(v["plugins"].as_array().unwrap().len(), 2, "{name}: {text}");
+            assert_eq!(v["plugins"][0], json(&originals[name])["plugins"][0]);
+        }
+        unpatched.sort();
+        let mut writes = inst.writes();
+        writes.sort();
+        assert_eq!(
+            writes,
+            unpatched,
+            "round {round}: the restart writes exactly what the killed run left unpatched\n{}",
+            inst.dump_log()
+        );
+        assert_eq!(
+            inst.logged("removed a stale temp file of an earlier run"),
+            stale,
+            "round {round}\n{}",
+            inst.dump_log()
+        );
+        assert!(
+            temp_files(&inst.conf).is_empty(),
+            "round {round}: temp file left"
+        );
+        assert!(
+            temp_files(&inst.bin).is_empty(),
+            "round {round}: temp file left"
+        );
+        assert_eq!(
+            fs::read(inst.bin.join("flock-cni")).unwrap(),
+            fs::read(&inst.plugin).unwrap()
+        );
+    }
+    eprintln!(
+        "{ROUNDS} kills: {killed_with_unpatched} left configs unpatched, \
+         {temp_files_left_by_kills} left a temp file of a write in flight"
+    );
+    assert!(
+        killed_with_unpatched > 0,
+        "no kill landed mid-burst: the restart path was not exercised"
+    );
+    assert_eq!(inst.stop().code(), Some(0));
+}
+
+/// Scenario 14: higher-priority primaries (lexically first: the network a runtime uses)
+/// appear after another was patched, one renamed in, one written in place: each is
+/// patched too, flock's entry after its plugins, the write is logged under its name,
+/// the earlier primary is not rewritten, nothing is reported as unpatched, and the
+/// installer is ready with all three.
+#[test]
+fn higher_priority_primary_appearing_later_is_patched_and_reported() {
+    let inst = Installer::prepare();
+    let calico = conflist("k8s-pod-network", "calico");
+    fs::write(inst.path("50-calico.conflist"), &calico).unwrap();
+    let inst = inst.start(&[]);
+    inst.wait_patched("50-calico.conflist");
+    wait_for("ready", WAIT, || inst.is_ready());
+    let patched_calico = inst.read("50-calico.conflist");
+
+    let cilium = r#"{"cniVersion": "1.0.0", "name": "cilium", "plugins": [
+        {"type": "cilium-cni", "enable-debug": false},
+        {"type": "portmap", "capabilities": {"portMappings": true}}]}"#;
+    fs::write(inst.path("cilium.tmp"), cilium).unwrap();
+    fs::rename(inst.path("cilium.tmp"), inst.path("05-cilium.conflist")).unwrap();
+    let multus = r#"{"cniVersion": "0.3.1", "name": "multus-cni-network", "plugins": [
+        {"type": "multus", "kubeconfig": "/etc/cni/net.d/multus.d/multus.kubeconfig"}]}"#;
+    fs::write(inst.path("00-multus.conflist"), multus).unwrap();
+
+    for (name, original, types) in [
+        (
+            "05-cilium.conflist",
+            cilium,
+            &["cilium-cni", "portmap", "flock-cni"][..],
+        ),
+        ("00-multus.conflist", multus, &["multus", "flock-cni"][..]),
+    ] {
+        inst.wait_patched(name);
+        let v = json(&inst.read(name));
+        let got: Vec<&str> = v["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, types, "{name}: flock's entry follows the primary's");
+        let o = json(original);
+        let plugins = o["plugins"].as_array().unwrap();
+        assert_eq!(
+            v["plugins"].as_array().unwrap()[..plugins.len()],
+            plugins[..]
+        );
+        assert_eq!(
+            (&v["name"], &v["cniVersion"]),
+            (&o["name"], &o["cniVersion"])
+        );
+        wait_for(&format!("{name}: the write logged"), WAIT, || {
+            inst.writes_to(name) >= 1
+        });
+        assert_eq!(inst.writes_to(name), 1, "{}", inst.dump_log());
+    }
+    // libcni's pick: the first of the sorted *.conf, *.conflist, *.json.
+    let mut configs: Vec<String> = fs::read_dir(&inst.conf)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| kind_for_file_name(n).is_some())
+        .collect();
+    configs.sort();
+    assert_eq!(
+        configs,
+        [
+            "00-multus.conflist",
+            "05-cilium.conflist",
+            "50-calico.conflist"
+        ]
+    );
+    assert!(is_patched(&inst.read(&configs[0])));
+    assert_eq!(inst.read("50-calico.conflist"), patched_calico);
+    assert_eq!(
+        inst.writes_to("50-calico.conflist"),
+        1,
+        "rewrote the old primary"
+    );
+    wait_for("ready with three primaries", WAIT, || inst.is_ready());
+    assert_eq!(inst.logged("primary config NOT patched"), 0);
+}
+
+/// Scenario 17, `loadOnlyInlinedPlugins: true` in subdir mode: libcni ignores the
+/// network's drop-in directory, so no drop-in is written (it would never run), the
+/// reason is logged, the primary is untouched and readiness stays false (pods on that
+/// network would start without flock). Once the flag is dropped the drop-in appears and
+/// the installer is ready; SIGTERM removes it.
+#[test]
+fn subdir_mode_respects_load_only_inlined_plugins() {
+    let inst = Installer::prepare();
+    let inlined_only = r#"{"cniVersion": "1.1.0", "name": "podnet", "loadOnlyInlinedPlugins": true, "plugins": [{"type": "bridge"}]}"#;
+    fs::write(inst.path("10-pod.conflist"), inlined_only).unwrap();
+    let mut inst = inst.start(&["--mode", "subdir"]);
+    wait_for("the refusal logged", WAIT, || {
+        inst.logs().iter().any(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("primary config NOT patched"))
+                && l["fields"]["file"] == "10-pod.conflist"
+                && l["fields"]["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("loadOnlyInlinedPlugins"))
+        })
+    });
+    assert!(inst.logged("initial scan done") > 0);
+    assert!(!inst.conf.join("podnet").exists(), "drop-in written anyway");
+    assert!(
+        !inst.is_ready(),
+        "ready with a primary flock cannot chain into"
+    );
+    assert_eq!(inst.writes().len(), 0);
+    assert_eq!(inst.read("10-pod.conflist"), inlined_only);
+
+    let plain = r#"{"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "bridge"}]}"#;
+    fs::write(inst.path("pod.tmp"), plain).unwrap();
+    fs::rename(inst.path("pod.tmp"), inst.path("10-pod.conflist")).unwrap();
+    let dropin = inst.conf.join("podnet").join("zz-flock.conf");
+    wait_for("drop-in once the flag is gone", WAIT, || dropin.exists());
+    wait_for("ready", WAIT, || inst.is_ready());
+    assert_eq!(inst.read("10-pod.conflist"), plain);
+    assert_eq!(inst.stop().code(), Some(0));
+    assert!(!inst.conf.join("podnet").exists());
 }
