@@ -793,3 +793,56 @@ fn subdir_mode_respects_load_only_inlined_plugins() {
     assert_eq!(inst.stop().code(), Some(0));
     assert!(!inst.conf.join("podnet").exists());
 }
+
+/// Scenario 12 (restart/upgrade), with the explicit `--on-exit keep` policy: SIGTERM
+/// leaves every config patched and the plugin installed (pods created while flock is
+/// being upgraded fail closed instead of starting unmeshed), and the next installer on
+/// the same directory adopts the patched files without rewriting them or duplicating
+/// our entry. With the default policy the same SIGTERM restores everything
+/// (`sigterm_restores_everything_and_preserves_mode_and_owner`).
+#[test]
+fn on_exit_keep_leaves_the_plugin_chained_and_a_restart_adopts_it() {
+    let inst = Installer::prepare();
+    let list = conflist("net-a", "bridge");
+    fs::write(inst.path("10-a.conflist"), &list).unwrap();
+    let mut inst = inst.start(&["--on-exit", "keep"]);
+    inst.wait_patched("10-a.conflist");
+    wait_for("ready", WAIT, || inst.is_ready());
+    let patched = inst.read("10-a.conflist");
+    let mtime = fs::metadata(inst.path("10-a.conflist"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    let status = inst.stop();
+    assert_eq!(status.code(), Some(0), "{}", inst.dump_log());
+    assert_eq!(
+        inst.read("10-a.conflist"),
+        patched,
+        "--on-exit keep must leave the config patched"
+    );
+    assert!(
+        inst.bin.join("flock-cni").exists(),
+        "--on-exit keep must leave the plugin installed"
+    );
+    assert!(
+        !inst.is_ready(),
+        "not ready once stopped, whatever the policy"
+    );
+
+    // The upgraded installer starts on the kept state.
+    inst.spawn(&["--on-exit", "keep"]);
+    wait_for("ready after restart", WAIT, || inst.is_ready());
+    assert_eq!(inst.read("10-a.conflist"), patched);
+    assert!(is_patched(&inst.read("10-a.conflist")));
+    assert_eq!(
+        fs::metadata(inst.path("10-a.conflist"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        mtime,
+        "an already patched config is adopted, not rewritten\n{}",
+        inst.dump_log()
+    );
+    assert!(temp_files(&inst.conf).is_empty());
+}
