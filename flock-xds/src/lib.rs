@@ -132,5 +132,7 @@
 
 pub mod cache;
 pub mod callbacks;
+pub mod client;
 pub mod protocol;
+pub mod server;
 pub mod types;

@@ -1,0 +1,472 @@
+//! The gRPC xDS server (envoy-types + tonic) over the protocol machines and the cache.
+//!
+//! [`Server`] serves `StreamAggregatedResources` and `DeltaAggregatedResources` (ADS)
+//! and the per-type services (LDS, RDS, CDS, EDS, SDS: `Stream*`, `Delta*` and
+//! `Fetch*`) from one [`Cache`] of `Any` resources, over TCP or a unix socket. Each
+//! stream is one task running the loop in `stream.rs`: requests are fed before
+//! anything is polled, snapshots arrive through the group publisher's sink (version
+//! order = content order), and a response is built only when the outbound slot is
+//! free, so a slow client costs one snapshot reference, never a queue.
+//!
+//! Callbacks ([`Callbacks`]) see every stream event; NACKs are also logged at `warn`
+//! with the client's `error_detail`, and counted in [`Metrics`].
+
+mod convert;
+mod metrics;
+mod stream;
+
+pub use convert::Limits;
+pub use metrics::Metrics;
+
+use crate::cache::Cache;
+use crate::callbacks::{Callbacks, NoCallbacks, StreamKind};
+use crate::types;
+use envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_server::{
+    ClusterDiscoveryService, ClusterDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::{
+    EndpointDiscoveryService, EndpointDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::listener::v3::listener_discovery_service_server::{
+    ListenerDiscoveryService, ListenerDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::route::v3::route_discovery_service_server::{
+    RouteDiscoveryService, RouteDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server::{
+    SecretDiscoveryService, SecretDiscoveryServiceServer,
+};
+use envoy_types::pb::google::protobuf::Any;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// The shared state of every stream of one server.
+pub(crate) struct Inner {
+    cache: Arc<Cache<Any>>,
+    callbacks: Arc<dyn Callbacks>,
+    metrics: Metrics,
+    limits: Limits,
+    identifier: String,
+    next_stream: AtomicU64,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Inner {
+    fn next_stream_id(&self) -> u64 {
+        self.next_stream.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// An xDS server over a [`Cache`]. Cheap to clone; every clone is the same server.
+///
+/// ```no_run
+/// # async fn demo() -> std::io::Result<()> {
+/// use std::sync::Arc;
+/// use flock_xds::{cache::Cache, server::Server};
+/// let cache = Arc::new(Cache::by_node_id());
+/// let server = Server::new(Arc::clone(&cache));
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:18000").await?;
+/// server.serve_tcp(listener, std::future::pending()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("streams_open", &self.inner.metrics.streams_open())
+            .field("identifier", &self.inner.identifier)
+            .finish()
+    }
+}
+
+/// Builds a [`Server`] with callbacks, limits and a control-plane identifier.
+pub struct ServerBuilder {
+    cache: Arc<Cache<Any>>,
+    callbacks: Arc<dyn Callbacks>,
+    limits: Limits,
+    identifier: String,
+}
+
+impl ServerBuilder {
+    /// Stream event hooks (default: none).
+    pub fn callbacks(mut self, callbacks: impl Callbacks + 'static) -> Self {
+        self.callbacks = Arc::new(callbacks);
+        self
+    }
+
+    /// Shared stream event hooks.
+    pub fn callbacks_arc(mut self, callbacks: Arc<dyn Callbacks>) -> Self {
+        self.callbacks = callbacks;
+        self
+    }
+
+    /// Input limits (default: [`Limits::default`]).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// `ControlPlane.identifier` sent in every response (default: `flock-xds`; empty
+    /// sends none). Envoy shows it in `/config_dump`.
+    pub fn identifier(mut self, identifier: impl Into<String>) -> Self {
+        self.identifier = identifier.into();
+        self
+    }
+
+    /// The server.
+    pub fn build(self) -> Server {
+        Server {
+            inner: Arc::new(Inner {
+                cache: self.cache,
+                callbacks: self.callbacks,
+                metrics: Metrics::default(),
+                limits: self.limits,
+                identifier: self.identifier,
+                next_stream: AtomicU64::new(0),
+                shutdown: watch::Sender::new(false),
+            }),
+        }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+impl Server {
+    /// A server over `cache` with default settings.
+    pub fn new(cache: Arc<Cache<Any>>) -> Self {
+        Self::builder(cache).build()
+    }
+
+    /// A builder over `cache`.
+    pub fn builder(cache: Arc<Cache<Any>>) -> ServerBuilder {
+        ServerBuilder {
+            cache,
+            callbacks: Arc::new(NoCallbacks),
+            limits: Limits::default(),
+            identifier: "flock-xds".to_string(),
+        }
+    }
+
+    /// The cache the server serves.
+    pub fn cache(&self) -> &Arc<Cache<Any>> {
+        &self.inner.cache
+    }
+
+    /// The server's counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Ends every open stream with `UNAVAILABLE` (clients reconnect) and makes
+    /// [`serve_tcp`](Self::serve_tcp) / [`serve_unix`](Self::serve_unix) return. Streams
+    /// never end by themselves, so a graceful gRPC shutdown needs this.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.send_replace(true);
+    }
+
+    fn spawn_stream<F: stream::Flavor>(
+        &self,
+        kind: StreamKind,
+        fixed_type: Option<&'static str>,
+        requests: Streaming<F::Req>,
+    ) -> BoxStream<F::Resp> {
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(stream::run::<F>(
+            Arc::clone(&self.inner),
+            kind,
+            fixed_type,
+            requests,
+            tx,
+        ));
+        Box::pin(ReceiverStream::new(rx))
+    }
+
+    fn fetch(
+        &self,
+        type_url: &'static str,
+        req: &DiscoveryRequest,
+    ) -> Result<DiscoveryResponse, Status> {
+        let req_conv = convert::sotw_request(req, Some(type_url), &self.inner.limits)?;
+        let node = req
+            .node
+            .as_ref()
+            .map(convert::node_info)
+            .ok_or_else(|| Status::invalid_argument("a fetch request must carry the node"))?;
+        let snapshot = self.inner.cache.publisher_for(&node).latest();
+        if snapshot.version() == 0 {
+            return Err(Status::unavailable(format!(
+                "no snapshot is set yet for node group {:?}",
+                self.inner.cache.group_of(&node)
+            )));
+        }
+        let set = snapshot.state();
+        let resources = if req_conv.resource_names.is_empty() {
+            set.iter_type(type_url)
+                .map(|(_, e)| (**e.value()).clone())
+                .collect()
+        } else {
+            req_conv
+                .resource_names
+                .iter()
+                .filter_map(|n| set.get(type_url, n))
+                .map(|e| (**e.value()).clone())
+                .collect()
+        };
+        Ok(DiscoveryResponse {
+            version_info: snapshot.version().to_string(),
+            resources,
+            type_url: type_url.to_string(),
+            control_plane: convert::control_plane(&self.inner.identifier),
+            ..DiscoveryResponse::default()
+        })
+    }
+
+    /// The tonic router with ADS and every per-type service, for callers that serve
+    /// other services on the same port or bring their own listener.
+    pub fn router(&self) -> tonic::transport::server::Router {
+        let max = self.inner.limits.max_request_bytes;
+        let mut builder = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+        builder
+            .add_service(
+                AggregatedDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(max),
+            )
+            .add_service(
+                ListenerDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(max),
+            )
+            .add_service(
+                RouteDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(max),
+            )
+            .add_service(
+                ClusterDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(max),
+            )
+            .add_service(
+                EndpointDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(max),
+            )
+            .add_service(
+                SecretDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(max),
+            )
+    }
+
+    /// Serves on a bound TCP listener until `shutdown` resolves (then every stream ends
+    /// with `UNAVAILABLE`, see [`Server::shutdown`]).
+    pub async fn serve_tcp(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let this = self.clone();
+        self.router()
+            .serve_with_incoming_shutdown(incoming, async move {
+                shutdown.await;
+                this.shutdown();
+            })
+            .await
+            .map_err(std::io::Error::other)
+    }
+
+    /// Serves on a unix socket at `path` (created mode 0600; a stale socket left by a
+    /// previous run is replaced, anything else at the path is an error) until
+    /// `shutdown` resolves. The socket file is removed on return.
+    pub async fn serve_unix(
+        &self,
+        path: &Path,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
+        let listener = bind_unix(path)?;
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let this = self.clone();
+        let result = self
+            .router()
+            .serve_with_incoming_shutdown(incoming, async move {
+                shutdown.await;
+                this.shutdown();
+            })
+            .await
+            .map_err(std::io::Error::other);
+        let _ = std::fs::remove_file(path);
+        result
+    }
+}
+
+/// Binds a unix socket at `path` with mode 0600. Refuses to replace anything but a
+/// socket, and never follows a symlink at `path`.
+pub fn bind_unix(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                ),
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Where a server listens: `HOST:PORT` or `unix:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// A TCP address.
+    Tcp(std::net::SocketAddr),
+    /// A unix socket path.
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path, e.g. unix:/run/flock/xds.sock".into());
+            }
+            return Ok(Listen::Unix(PathBuf::from(path)));
+        }
+        s.parse()
+            .map(Listen::Tcp)
+            .map_err(|e| format!("{s:?} is neither HOST:PORT nor unix:PATH ({e})"))
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Server {
+    type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = BoxStream<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.spawn_stream::<stream::Sotw>(
+            StreamKind::SotwAds,
+            None,
+            request.into_inner(),
+        )))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.spawn_stream::<stream::Delta>(
+            StreamKind::DeltaAds,
+            None,
+            request.into_inner(),
+        )))
+    }
+}
+
+/// Implements one per-type service (`Stream*`, `Delta*`, `Fetch*`) over the shared loop.
+macro_rules! per_type_service {
+    ($trait:ident, $type_url:expr, $sotw:ident, $sotw_stream:ident, $delta:ident, $delta_stream:ident, $fetch:ident) => {
+        #[tonic::async_trait]
+        impl $trait for Server {
+            type $sotw_stream = BoxStream<DiscoveryResponse>;
+            type $delta_stream = BoxStream<DeltaDiscoveryResponse>;
+
+            async fn $sotw(
+                &self,
+                request: Request<Streaming<DiscoveryRequest>>,
+            ) -> Result<Response<Self::$sotw_stream>, Status> {
+                Ok(Response::new(self.spawn_stream::<stream::Sotw>(
+                    StreamKind::Sotw($type_url),
+                    Some($type_url),
+                    request.into_inner(),
+                )))
+            }
+
+            async fn $delta(
+                &self,
+                request: Request<Streaming<DeltaDiscoveryRequest>>,
+            ) -> Result<Response<Self::$delta_stream>, Status> {
+                Ok(Response::new(self.spawn_stream::<stream::Delta>(
+                    StreamKind::Delta($type_url),
+                    Some($type_url),
+                    request.into_inner(),
+                )))
+            }
+
+            async fn $fetch(
+                &self,
+                request: Request<DiscoveryRequest>,
+            ) -> Result<Response<DiscoveryResponse>, Status> {
+                self.fetch($type_url, request.get_ref()).map(Response::new)
+            }
+        }
+    };
+}
+
+per_type_service!(
+    ListenerDiscoveryService,
+    types::LISTENER,
+    stream_listeners,
+    StreamListenersStream,
+    delta_listeners,
+    DeltaListenersStream,
+    fetch_listeners
+);
+per_type_service!(
+    RouteDiscoveryService,
+    types::ROUTE,
+    stream_routes,
+    StreamRoutesStream,
+    delta_routes,
+    DeltaRoutesStream,
+    fetch_routes
+);
+per_type_service!(
+    ClusterDiscoveryService,
+    types::CLUSTER,
+    stream_clusters,
+    StreamClustersStream,
+    delta_clusters,
+    DeltaClustersStream,
+    fetch_clusters
+);
+per_type_service!(
+    EndpointDiscoveryService,
+    types::ENDPOINT,
+    stream_endpoints,
+    StreamEndpointsStream,
+    delta_endpoints,
+    DeltaEndpointsStream,
+    fetch_endpoints
+);
+per_type_service!(
+    SecretDiscoveryService,
+    types::SECRET,
+    stream_secrets,
+    StreamSecretsStream,
+    delta_secrets,
+    DeltaSecretsStream,
+    fetch_secrets
+);

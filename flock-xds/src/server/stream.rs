@@ -1,0 +1,388 @@
+//! One gRPC stream: a task that feeds requests and snapshots to a protocol machine and
+//! writes what it polls, one response at a time.
+//!
+//! The loop's `select!` is biased in this order, which is what the protocol layer's
+//! guarantees rest on:
+//! 1. **shutdown**;
+//! 2. **requests**: every request the client has sent is fed before anything is
+//!    polled, so requests sent together (a reconnect's `initial_resource_versions` for
+//!    every type) are all known before the first response is chosen (make-before-break
+//!    across a reconnect), and an unsubscribe that arrived is applied before a
+//!    response for the old subscription could be built (go-control-plane #1498);
+//! 3. **snapshots**: the group's publisher hands each new snapshot to a
+//!    `watch` channel under its publish lock, so the stream sees versions in content
+//!    order and only the newest one waits (a slow stream coalesces; no queue);
+//! 4. **send**: a slot in the outbound channel (capacity 1) is reserved *before* the
+//!    machine is polled, so a response is built only when it can be written at once,
+//!    from the newest snapshot and subscription.
+
+use super::Inner;
+use super::convert;
+use super::metrics::Event;
+use crate::callbacks::{NodeInfo, ResponseInfo, StreamId, StreamKind};
+use crate::protocol::{DeltaAds, RequestKind, RequestOutcome, SotwAds, StreamStats};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::protobuf::Any;
+use flock_core::resources::ResourceSet;
+use flock_core::snapshot::Snapshot;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tonic::{Status, Streaming};
+
+/// What a stream loop needs from SotW or Delta.
+pub(crate) trait Flavor: Send + 'static {
+    type Req: prost::Message + Default + Send + 'static;
+    type Resp: Send + 'static;
+
+    fn new() -> Self;
+    fn node(req: &Self::Req) -> Option<&Node>;
+    /// Checks and feeds one request; the distinct type URLs fed so far.
+    fn on_request(
+        &mut self,
+        req: &Self::Req,
+        fixed_type: Option<&str>,
+        limits: &convert::Limits,
+    ) -> Result<RequestOutcome, Status>;
+    fn types(&self) -> usize;
+    fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool;
+    fn poll(&mut self, identifier: &str) -> Option<(Self::Resp, Summary)>;
+    fn stats(&self) -> StreamStats;
+}
+
+/// What callbacks and metrics learn of a response.
+pub(crate) struct Summary {
+    type_url: String,
+    version: u64,
+    nonce: String,
+    resources: usize,
+    removed: usize,
+}
+
+pub(crate) struct Sotw {
+    ads: SotwAds<Any>,
+    types: std::collections::BTreeSet<String>,
+}
+
+impl Flavor for Sotw {
+    type Req = DiscoveryRequest;
+    type Resp = DiscoveryResponse;
+
+    fn new() -> Self {
+        Self {
+            ads: SotwAds::new(),
+            types: Default::default(),
+        }
+    }
+    fn node(req: &DiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn on_request(
+        &mut self,
+        req: &DiscoveryRequest,
+        fixed_type: Option<&str>,
+        limits: &convert::Limits,
+    ) -> Result<RequestOutcome, Status> {
+        let req = convert::sotw_request(req, fixed_type, limits)?;
+        admit_type(&mut self.types, &req.type_url, limits)?;
+        Ok(self.ads.on_request(&req))
+    }
+    fn types(&self) -> usize {
+        self.types.len()
+    }
+    fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool {
+        self.ads.on_snapshot(set, version)
+    }
+    fn poll(&mut self, identifier: &str) -> Option<(DiscoveryResponse, Summary)> {
+        let resp = self.ads.poll_response()?;
+        let summary = Summary {
+            type_url: resp.type_url.to_string(),
+            version: resp.version,
+            nonce: resp.nonce.clone(),
+            resources: resp.resources.len(),
+            removed: 0,
+        };
+        Some((convert::sotw_response(&resp, identifier), summary))
+    }
+    fn stats(&self) -> StreamStats {
+        self.ads.stats()
+    }
+}
+
+pub(crate) struct Delta {
+    ads: DeltaAds<Any>,
+    types: std::collections::BTreeSet<String>,
+}
+
+impl Flavor for Delta {
+    type Req = DeltaDiscoveryRequest;
+    type Resp = DeltaDiscoveryResponse;
+
+    fn new() -> Self {
+        Self {
+            ads: DeltaAds::new(),
+            types: Default::default(),
+        }
+    }
+    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn on_request(
+        &mut self,
+        req: &DeltaDiscoveryRequest,
+        fixed_type: Option<&str>,
+        limits: &convert::Limits,
+    ) -> Result<RequestOutcome, Status> {
+        let req = convert::delta_request(req, fixed_type, limits)?;
+        admit_type(&mut self.types, &req.type_url, limits)?;
+        Ok(self.ads.on_request(&req))
+    }
+    fn types(&self) -> usize {
+        self.types.len()
+    }
+    fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool {
+        self.ads.on_snapshot(set, version)
+    }
+    fn poll(&mut self, identifier: &str) -> Option<(DeltaDiscoveryResponse, Summary)> {
+        let resp = self.ads.poll_response()?;
+        let summary = Summary {
+            type_url: resp.type_url.to_string(),
+            version: resp.version,
+            nonce: resp.nonce.clone(),
+            resources: resp.resources.len(),
+            removed: resp.removed_resources.len(),
+        };
+        Some((convert::delta_response(&resp, identifier), summary))
+    }
+    fn stats(&self) -> StreamStats {
+        self.ads.stats()
+    }
+}
+
+fn admit_type(
+    types: &mut std::collections::BTreeSet<String>,
+    type_url: &str,
+    limits: &convert::Limits,
+) -> Result<(), Status> {
+    if !types.contains(type_url) {
+        if types.len() >= limits.max_types_per_stream {
+            return Err(Status::invalid_argument(format!(
+                "stream already uses {} type URLs, the limit; refusing {:?}",
+                types.len(),
+                type_url
+            )));
+        }
+        types.insert(type_url.to_string());
+    }
+    Ok(())
+}
+
+type SnapshotRx = watch::Receiver<Arc<Snapshot<ResourceSet<Any>>>>;
+
+/// Runs one stream to its end. `out` has capacity 1 (see the module docs).
+pub(crate) async fn run<F: Flavor>(
+    inner: Arc<Inner>,
+    kind: StreamKind,
+    fixed_type: Option<&'static str>,
+    mut requests: Streaming<F::Req>,
+    out: mpsc::Sender<Result<F::Resp, Status>>,
+) {
+    let id = StreamId(inner.next_stream_id());
+    let mut shutdown = inner.shutdown.subscribe();
+    // The first request names the node, and so the snapshot group.
+    let first = tokio::select! {
+        biased;
+        _ = shutdown.wait_for(|stop| *stop) => return,
+        first = requests.message() => first,
+    };
+    let first = match first {
+        Ok(Some(req)) => req,
+        Ok(None) => return,
+        Err(status) => {
+            tracing::debug!(stream = id.0, %status, "xDS stream ended before its first request");
+            return;
+        }
+    };
+    let Some(node) = F::node(&first).map(convert::node_info) else {
+        let _ = out
+            .send(Err(Status::invalid_argument(
+                "the first request of an xDS stream must carry the node (Node.id)",
+            )))
+            .await;
+        inner.metrics.stream_opened(kind);
+        inner.metrics.stream_closed(true);
+        return;
+    };
+    let publisher = inner.cache.publisher_for(&node);
+    let group = inner.cache.group_of(&node);
+    let (snap_tx, snap_rx) = watch::channel(publisher.latest());
+    let sink = publisher.add_sink(move |snapshot| {
+        // Runs under the publish lock, in version order; keep only the newest.
+        snap_tx.send_if_modified(|held| {
+            if snapshot.version() > held.version() {
+                *held = Arc::clone(snapshot);
+                true
+            } else {
+                false
+            }
+        });
+    });
+    inner.metrics.stream_opened(kind);
+    inner.callbacks.on_stream_open(id, kind, &node);
+    tracing::debug!(stream = id.0, node = %node.id, %group, ?kind, "xDS stream opened");
+
+    let mut machine = F::new();
+    let result = drive(
+        &inner,
+        id,
+        &node,
+        fixed_type,
+        &mut machine,
+        first,
+        &mut requests,
+        snap_rx,
+        &out,
+        &mut shutdown,
+    )
+    .await;
+
+    publisher.remove_sink(sink);
+    let error = match result {
+        Ok(()) => false,
+        Err(status) => {
+            let client_error = status.code() == tonic::Code::InvalidArgument;
+            if client_error {
+                tracing::warn!(stream = id.0, node = %node.id, %status, "xDS stream refused a request");
+            } else {
+                tracing::debug!(stream = id.0, node = %node.id, %status, "xDS stream ended");
+            }
+            let _ = out.try_send(Err(status));
+            client_error
+        }
+    };
+    inner.metrics.stream_closed(error);
+    inner.callbacks.on_stream_closed(id, &node);
+    tracing::debug!(stream = id.0, node = %node.id, stats = ?machine.stats(), "xDS stream closed");
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive<F: Flavor>(
+    inner: &Inner,
+    id: StreamId,
+    node: &NodeInfo,
+    fixed_type: Option<&'static str>,
+    machine: &mut F,
+    first: F::Req,
+    requests: &mut Streaming<F::Req>,
+    mut snapshots: SnapshotRx,
+    out: &mpsc::Sender<Result<F::Resp, Status>>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), Status> {
+    let current = Arc::clone(&snapshots.borrow_and_update());
+    machine.on_snapshot(current.state(), current.version());
+    drop(current);
+    on_request(inner, id, node, machine, &first, fixed_type)?;
+    // Whether polling may find something: set by every event, cleared when a poll
+    // comes back empty, so an idle stream does not hold an outbound slot.
+    let mut maybe_work = true;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => {
+                return Err(Status::unavailable("xDS server shutting down; reconnect"));
+            }
+            req = requests.message() => {
+                match req {
+                    Ok(Some(req)) => {
+                        on_request(inner, id, node, machine, &req, fixed_type)?;
+                        maybe_work = true;
+                    }
+                    Ok(None) => return Ok(()),
+                    Err(status) => return Err(status),
+                }
+            }
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    // The sink (and so the publisher) is gone: cannot happen while
+                    // this task holds the publisher, but end cleanly if it does.
+                    return Ok(());
+                }
+                let snapshot = Arc::clone(&snapshots.borrow_and_update());
+                if machine.on_snapshot(snapshot.state(), snapshot.version()) {
+                    maybe_work = true;
+                }
+            }
+            permit = out.reserve(), if maybe_work => {
+                let Ok(permit) = permit else {
+                    return Ok(()); // the transport dropped the response stream
+                };
+                match machine.poll(&inner.identifier) {
+                    Some((resp, summary)) => {
+                        inner.metrics.count(&summary.type_url, Event::Response, 1);
+                        inner.metrics.count(&summary.type_url, Event::ResourcesSent, summary.resources as u64);
+                        inner.metrics.count(&summary.type_url, Event::ResourcesRemoved, summary.removed as u64);
+                        inner.callbacks.on_response(id, node, &ResponseInfo {
+                            type_url: &summary.type_url,
+                            version: summary.version,
+                            nonce: &summary.nonce,
+                            resources: summary.resources,
+                            removed: summary.removed,
+                        });
+                        tracing::trace!(
+                            stream = id.0, node = %node.id, r#type = crate::types::short_name(&summary.type_url),
+                            version = summary.version, nonce = %summary.nonce,
+                            resources = summary.resources, removed = summary.removed,
+                            "xDS response"
+                        );
+                        permit.send(Ok(resp));
+                    }
+                    None => maybe_work = false,
+                }
+            }
+            _ = out.closed() => return Ok(()),
+        }
+    }
+}
+
+fn on_request<F: Flavor>(
+    inner: &Inner,
+    id: StreamId,
+    node: &NodeInfo,
+    machine: &mut F,
+    req: &F::Req,
+    fixed_type: Option<&'static str>,
+) -> Result<(), Status> {
+    let outcome = machine.on_request(req, fixed_type, &inner.limits)?;
+    let type_url = &outcome.type_url;
+    inner.metrics.count(type_url, Event::Request, 1);
+    match &outcome.kind {
+        RequestKind::Ack { .. } => inner.metrics.count(type_url, Event::Ack, 1),
+        RequestKind::Stale => inner.metrics.count(type_url, Event::Stale, 1),
+        RequestKind::Nack {
+            version,
+            kept_version,
+            error,
+        } => {
+            inner.metrics.count(type_url, Event::Nack, 1);
+            // An operator must see this: the client runs an older config than ours.
+            tracing::warn!(
+                stream = id.0,
+                node = %node.id,
+                r#type = crate::types::short_name(type_url),
+                rejected_version = version,
+                kept_version = ?kept_version,
+                error = %error,
+                "xDS client rejected a response (NACK); it keeps its last accepted config"
+            );
+            inner
+                .callbacks
+                .on_nack(id, node, type_url, *version, *kept_version, error);
+        }
+        RequestKind::Initial | RequestKind::Update => {}
+    }
+    inner.callbacks.on_request(id, node, &outcome);
+    let _ = machine.types();
+    Ok(())
+}
