@@ -136,3 +136,4 @@ pub mod client;
 pub mod protocol;
 pub mod server;
 pub mod types;
+pub mod translate;

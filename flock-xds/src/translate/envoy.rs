@@ -1,0 +1,538 @@
+//! Translation for the node-local Envoy: per-pod inbound and outbound listeners and
+//! app clusters, per-service-port EDS clusters and endpoints, the shared outbound
+//! route configuration, and secrets. See the [module docs](super) for the names.
+
+use super::model::{
+    Endpoint, Health, Locality, Mesh, Pod, Protocol, Secret, SecretKind, Service,
+    ambiguous_service_names, endpoint_serves,
+};
+use super::{Resource, names, type_urls};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use envoy_types::pb::envoy::config::cluster::v3::{
+    Cluster,
+    cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    Address, AggregatedConfigSource, ApiVersion, BindConfig, ConfigSource, DataSource,
+    HealthStatus, Http2ProtocolOptions, Locality as PbLocality, SocketAddress, TrafficDirection,
+    address, config_source::ConfigSourceSpecifier, data_source, socket_address,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::route::v3::{
+    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
+    route_match,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, Secret as PbSecret, TlsCertificate, secret,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions, http_protocol_options,
+};
+use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value};
+use prost::Message;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Settings of the Envoy translation that are not part of the mesh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyOptions {
+    /// The cluster DNS domain for the long host names of services
+    /// (`<svc>.<ns>.svc.<cluster_domain>`). Default `cluster.local`.
+    pub cluster_domain: String,
+    /// Connect timeout of the per-pod app clusters, in milliseconds. Default 1000.
+    pub inbound_connect_timeout_ms: u32,
+}
+
+impl Default for EnvoyOptions {
+    fn default() -> Self {
+        EnvoyOptions {
+            cluster_domain: "cluster.local".to_string(),
+            inbound_connect_timeout_ms: 1000,
+        }
+    }
+}
+
+/// Encodes `msg` as an `Any` of `type_url`.
+pub(crate) fn any<M: Message>(type_url: &str, msg: &M) -> Any {
+    Any {
+        type_url: type_url.to_string(),
+        value: msg.encode_to_vec(),
+    }
+}
+
+/// `ConfigSource { ads {} , resource_api_version: V3 }`.
+pub(crate) fn ads() -> ConfigSource {
+    ConfigSource {
+        config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+        resource_api_version: ApiVersion::V3 as i32,
+        ..Default::default()
+    }
+}
+
+fn socket_address(ip: IpAddr, port: u16, netns: Option<&str>) -> SocketAddress {
+    SocketAddress {
+        protocol: socket_address::Protocol::Tcp as i32,
+        address: ip.to_string(),
+        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(port))),
+        network_namespace_filepath: netns.unwrap_or_default().to_string(),
+        ..Default::default()
+    }
+}
+
+fn address_of(sa: SocketAddress) -> Address {
+    Address {
+        address: Some(address::Address::SocketAddress(sa)),
+    }
+}
+
+fn duration_ms(ms: u32) -> Duration {
+    Duration {
+        seconds: i64::from(ms / 1000),
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+/// The router HTTP filter (must be last in a filter chain).
+pub(crate) fn router_filter() -> HttpFilter {
+    HttpFilter {
+        name: "envoy.filters.http.router".to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(any(
+            type_urls::ROUTER,
+            &Router::default(),
+        ))),
+        ..Default::default()
+    }
+}
+
+/// An HTTP connection manager whose routes come over RDS on the ADS stream.
+pub(crate) fn hcm_rds(stat_prefix: &str, route_config_name: &str) -> HttpConnectionManager {
+    HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: Some(ads()),
+            route_config_name: route_config_name.to_string(),
+        })),
+        http_filters: vec![router_filter()],
+        ..Default::default()
+    }
+}
+
+/// A route matching `prefix` and sending everything to `cluster`.
+pub(crate) fn route_to(prefix: &str, cluster: &str) -> Route {
+    Route {
+        r#match: Some(RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix(prefix.to_string())),
+            ..Default::default()
+        }),
+        action: Some(route::Action::Route(RouteAction {
+            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.to_string())),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn network_filter(name: &str, type_url: &str, value: Vec<u8>) -> Filter {
+    Filter {
+        name: name.to_string(),
+        config_type: Some(filter::ConfigType::TypedConfig(Any {
+            type_url: type_url.to_string(),
+            value,
+        })),
+    }
+}
+
+/// `typed_extension_protocol_options` that make a cluster speak HTTP/2 (prior
+/// knowledge) to its upstream.
+fn http2_options(cluster: &mut Cluster) {
+    let opts = HttpProtocolOptions {
+        upstream_protocol_options: Some(
+            http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
+                http_protocol_options::ExplicitHttpConfig {
+                    protocol_config: Some(
+                        http_protocol_options::explicit_http_config::ProtocolConfig::Http2ProtocolOptions(
+                            Http2ProtocolOptions::default(),
+                        ),
+                    ),
+                },
+            ),
+        ),
+        ..Default::default()
+    };
+    // One entry: a map of one element encodes deterministically.
+    cluster.typed_extension_protocol_options.insert(
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
+        any(type_urls::HTTP_PROTOCOL_OPTIONS, &opts),
+    );
+}
+
+fn resource(type_url: &'static str, name: String, any: Any) -> Resource {
+    Resource::new(type_url, name, any)
+}
+
+fn stat_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The resources of one pod: per inbound port a listener on the pod IP and an app
+/// cluster reaching `127.0.0.1:app_port` inside the pod, and the outbound listener
+/// (unless `outbound_port` is 0), which uses the route configuration
+/// [`OUTBOUND_ROUTE`](names::OUTBOUND_ROUTE) from [`outbound_routes`].
+///
+/// Listeners and clusters carry `network_namespace_filepath = pod.netns`.
+pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
+    let netns = pod.netns.as_deref();
+    let mut out = Vec::with_capacity(2 * pod.inbound.len() + 1);
+    for ib in &pod.inbound {
+        let cluster_name = names::inbound_cluster(pod, ib.app_port);
+        let listener_name = names::inbound_listener(pod, ib.app_port);
+        let stat_prefix = format!(
+            "inbound_{}_{}_{}",
+            stat_safe(&pod.namespace),
+            stat_safe(&pod.name),
+            ib.app_port
+        );
+
+        let filter = if ib.protocol.is_http() {
+            let hcm = HttpConnectionManager {
+                stat_prefix,
+                route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
+                    RouteConfiguration {
+                        name: cluster_name.clone(),
+                        virtual_hosts: vec![VirtualHost {
+                            name: "inbound".to_string(),
+                            domains: vec!["*".to_string()],
+                            routes: vec![route_to("/", &cluster_name)],
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    },
+                )),
+                http_filters: vec![router_filter()],
+                ..Default::default()
+            };
+            network_filter(
+                "envoy.filters.network.http_connection_manager",
+                type_urls::HCM,
+                hcm.encode_to_vec(),
+            )
+        } else {
+            let tcp = TcpProxy {
+                stat_prefix,
+                cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster_name.clone())),
+                ..Default::default()
+            };
+            network_filter(
+                "envoy.filters.network.tcp_proxy",
+                type_urls::TCP_PROXY,
+                tcp.encode_to_vec(),
+            )
+        };
+        let listener = Listener {
+            name: listener_name.clone(),
+            address: Some(address_of(socket_address(pod.ip, ib.listen_port, netns))),
+            filter_chains: vec![FilterChain {
+                filters: vec![filter],
+                ..Default::default()
+            }],
+            traffic_direction: TrafficDirection::Inbound as i32,
+            ..Default::default()
+        };
+        out.push(resource(LISTENER, listener_name, any(LISTENER, &listener)));
+
+        let loopback: IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
+        let mut cluster = Cluster {
+            name: cluster_name.clone(),
+            cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+            connect_timeout: Some(duration_ms(opts.inbound_connect_timeout_ms)),
+            lb_policy: LbPolicy::RoundRobin as i32,
+            // The endpoint may not carry a namespace; the bind address does, so Envoy
+            // (in the host namespace) connects from inside the pod to its loopback.
+            load_assignment: Some(ClusterLoadAssignment {
+                cluster_name: cluster_name.clone(),
+                endpoints: vec![LocalityLbEndpoints {
+                    lb_endpoints: vec![LbEndpoint {
+                        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(PbEndpoint {
+                            address: Some(address_of(socket_address(loopback, ib.app_port, None))),
+                            ..Default::default()
+                        })),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            upstream_bind_config: Some(BindConfig {
+                source_address: Some(socket_address(loopback, 0, netns)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        if ib.protocol == Protocol::Grpc {
+            http2_options(&mut cluster);
+        }
+        out.push(resource(CLUSTER, cluster_name, any(CLUSTER, &cluster)));
+    }
+    if pod.outbound_port != 0 {
+        let name = names::outbound_listener(pod);
+        let hcm = hcm_rds(
+            &format!(
+                "outbound_{}_{}",
+                stat_safe(&pod.namespace),
+                stat_safe(&pod.name)
+            ),
+            names::OUTBOUND_ROUTE,
+        );
+        let listener = Listener {
+            name: name.clone(),
+            address: Some(address_of(socket_address(
+                std::net::Ipv4Addr::LOCALHOST.into(),
+                pod.outbound_port,
+                netns,
+            ))),
+            filter_chains: vec![FilterChain {
+                filters: vec![network_filter(
+                    "envoy.filters.network.http_connection_manager",
+                    type_urls::HCM,
+                    hcm.encode_to_vec(),
+                )],
+                ..Default::default()
+            }],
+            traffic_direction: TrafficDirection::Outbound as i32,
+            ..Default::default()
+        };
+        out.push(resource(LISTENER, name, any(LISTENER, &listener)));
+    }
+    out
+}
+
+/// The EDS cluster of one service port (shared by Envoy and proxyless gRPC).
+pub(crate) fn outbound_cluster(service: &Service, port: u16, protocol: Protocol) -> Cluster {
+    let mut cluster = Cluster {
+        name: names::outbound_cluster(service, port),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig {
+            eds_config: Some(ads()),
+            service_name: String::new(),
+        }),
+        connect_timeout: Some(duration_ms(1000)),
+        lb_policy: LbPolicy::RoundRobin as i32,
+        ..Default::default()
+    };
+    if protocol == Protocol::Grpc {
+        http2_options(&mut cluster);
+    }
+    cluster
+}
+
+fn health(h: Health) -> HealthStatus {
+    match h {
+        Health::Healthy => HealthStatus::Healthy,
+        Health::Unhealthy => HealthStatus::Unhealthy,
+        Health::Draining => HealthStatus::Draining,
+        Health::Unknown => HealthStatus::Unknown,
+    }
+}
+
+/// The endpoints of one service port: grouped by locality (sorted), each group with
+/// its locality set and a weight equal to the sum of its endpoints' weights;
+/// endpoints sorted by address and port.
+pub(crate) fn load_assignment(service: &Service, port: u16) -> ClusterLoadAssignment {
+    let mut groups: BTreeMap<&Locality, Vec<&Endpoint>> = BTreeMap::new();
+    for e in service
+        .endpoints
+        .iter()
+        .filter(|e| endpoint_serves(e, port))
+    {
+        groups.entry(&e.locality).or_default().push(e);
+    }
+    let endpoints = groups
+        .into_iter()
+        .map(|(loc, mut eps)| {
+            eps.sort_by(|a, b| {
+                (a.address, a.port, a.weight, a.health)
+                    .cmp(&(b.address, b.port, b.weight, b.health))
+            });
+            let sum: u64 = eps.iter().map(|e| u64::from(e.weight.max(1))).sum();
+            LocalityLbEndpoints {
+                locality: Some(PbLocality {
+                    region: loc.region.clone(),
+                    zone: loc.zone.clone(),
+                    sub_zone: loc.sub_zone.clone(),
+                }),
+                load_balancing_weight: Some(UInt32Value {
+                    value: u32::try_from(sum).unwrap_or(u32::MAX),
+                }),
+                lb_endpoints: eps
+                    .into_iter()
+                    .map(|e| LbEndpoint {
+                        health_status: health(e.health) as i32,
+                        load_balancing_weight: Some(UInt32Value {
+                            value: e.weight.max(1),
+                        }),
+                        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(PbEndpoint {
+                            address: Some(address_of(socket_address(e.address, e.port, None))),
+                            ..Default::default()
+                        })),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }
+        })
+        .collect();
+    ClusterLoadAssignment {
+        cluster_name: names::outbound_cluster(service, port),
+        endpoints,
+        ..Default::default()
+    }
+}
+
+/// The resources of one service: per port an EDS cluster
+/// `outbound|<port>|<svc>.<ns>` (HTTP/2 for gRPC ports) and its
+/// `ClusterLoadAssignment` of the same name. Used by both Envoy and proxyless gRPC.
+pub fn service_resources(service: &Service) -> Vec<Resource> {
+    let mut out = Vec::with_capacity(2 * service.ports.len());
+    for p in &service.ports {
+        let name = names::outbound_cluster(service, p.port);
+        let cluster = outbound_cluster(service, p.port, p.protocol);
+        out.push(resource(CLUSTER, name.clone(), any(CLUSTER, &cluster)));
+        let cla = load_assignment(service, p.port);
+        out.push(resource(ENDPOINT, name, any(ENDPOINT, &cla)));
+    }
+    out
+}
+
+/// The host names of a service port in the outbound routes: `<svc>`, `<svc>.<ns>`,
+/// `<svc>.<ns>.svc` and `<svc>.<ns>.svc.<cluster_domain>`, each with `:<port>`, and
+/// without the port too if `with_bare` (the service's first HTTP/gRPC port). The
+/// bare `<svc>` forms are left out if `short` is false (the name is in several
+/// namespaces).
+fn domains(
+    service: &Service,
+    port: u16,
+    with_bare: bool,
+    short: bool,
+    cluster_domain: &str,
+) -> Vec<String> {
+    let (s, ns) = (&service.name, &service.namespace);
+    let mut hosts = Vec::with_capacity(4);
+    if short {
+        hosts.push(s.clone());
+    }
+    hosts.push(format!("{s}.{ns}"));
+    hosts.push(format!("{s}.{ns}.svc"));
+    if !cluster_domain.is_empty() {
+        hosts.push(format!("{s}.{ns}.svc.{cluster_domain}"));
+    }
+    let mut out = Vec::with_capacity(hosts.len() * 2);
+    for h in &hosts {
+        out.push(format!("{h}:{port}"));
+    }
+    if with_bare {
+        out.extend(hosts);
+    }
+    out
+}
+
+/// The route configuration [`OUTBOUND_ROUTE`](names::OUTBOUND_ROUTE) every pod's
+/// outbound listener uses: per HTTP or gRPC service port a virtual host
+/// `<svc>.<ns>:<port>` routing everything to `outbound|<port>|<svc>.<ns>`.
+/// Virtual hosts are sorted by namespace, name and port order, so the result does
+/// not depend on the order of `services`. Domains are unique: the bare `<svc>`
+/// names are only used for a service name that exists in one namespace only.
+pub fn outbound_routes(services: &[Service], opts: &EnvoyOptions) -> Resource {
+    let ambiguous = ambiguous_service_names(services);
+    let mut sorted: Vec<&Service> = services.iter().collect();
+    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    sorted.dedup_by(|a, b| (&a.namespace, &a.name) == (&b.namespace, &b.name));
+    let mut virtual_hosts = Vec::new();
+    for s in sorted {
+        let short = !ambiguous.contains(s.name.as_str());
+        let mut first = true;
+        let mut seen = std::collections::BTreeSet::new();
+        for p in s.ports.iter().filter(|p| p.protocol.is_http()) {
+            if !seen.insert(p.port) {
+                continue; // an invalid mesh; never emit a duplicate domain
+            }
+            let cluster = names::outbound_cluster(s, p.port);
+            virtual_hosts.push(VirtualHost {
+                name: names::service_authority(s, p.port),
+                domains: domains(s, p.port, first, short, &opts.cluster_domain),
+                routes: vec![route_to("/", &cluster)],
+                ..Default::default()
+            });
+            first = false;
+        }
+    }
+    let rc = RouteConfiguration {
+        name: names::OUTBOUND_ROUTE.to_string(),
+        virtual_hosts,
+        ..Default::default()
+    };
+    resource(ROUTE, names::OUTBOUND_ROUTE.to_string(), any(ROUTE, &rc))
+}
+
+/// An SDS secret: a TLS certificate (chain and key inline) or a validation context
+/// (trusted CA inline).
+pub fn secret_resource(s: &Secret) -> Resource {
+    let inline = |pem: &str| DataSource {
+        specifier: Some(data_source::Specifier::InlineString(pem.to_string())),
+        ..Default::default()
+    };
+    let r#type = match &s.kind {
+        SecretKind::TlsCertificate {
+            certificate_chain_pem,
+            private_key_pem,
+        } => secret::Type::TlsCertificate(TlsCertificate {
+            certificate_chain: Some(inline(certificate_chain_pem)),
+            private_key: Some(inline(&private_key_pem.0)),
+            ..Default::default()
+        }),
+        SecretKind::ValidationContext { trusted_ca_pem } => {
+            secret::Type::ValidationContext(CertificateValidationContext {
+                trusted_ca: Some(inline(trusted_ca_pem)),
+                ..Default::default()
+            })
+        }
+    };
+    let pb = PbSecret {
+        name: s.name.clone(),
+        r#type: Some(r#type),
+    };
+    resource(SECRET, s.name.clone(), any(SECRET, &pb))
+}
+
+/// Everything the node-local Envoy needs for `mesh`: [`pod_resources`] of every pod,
+/// [`service_resources`] of every service, [`outbound_routes`] and every
+/// [`secret_resource`], sorted by type URL and name (so the same mesh gives the same
+/// list, whatever the order of its services and pods). Expects a
+/// [validated](Mesh::validate) mesh.
+pub fn envoy_resources(mesh: &Mesh, opts: &EnvoyOptions) -> Vec<Resource> {
+    let mut out = Vec::new();
+    for pod in &mesh.pods {
+        out.extend(pod_resources(pod, opts));
+    }
+    for service in &mesh.services {
+        out.extend(service_resources(service));
+    }
+    out.push(outbound_routes(&mesh.services, opts));
+    out.extend(mesh.secrets.iter().map(secret_resource));
+    super::sort_dedup(out)
+}

@@ -1,0 +1,78 @@
+//! Translation for proxyless gRPC clients: per gRPC service port an `ApiListener`
+//! named like the target (`xds:///<svc>.<ns>:<port>`), its route configuration, and
+//! the same EDS cluster and endpoints Envoy gets. See the [module docs](super).
+
+use super::envoy::{any, hcm_rds, load_assignment, outbound_cluster, route_to};
+use super::model::{Mesh, Protocol, Service};
+use super::{Resource, names, type_urls};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
+
+/// The resources of one service for proxyless gRPC clients, per port whose protocol
+/// is `grpc`: the listener `<svc>.<ns>:<port>` (an `ApiListener` holding an
+/// `HttpConnectionManager` with RDS over ADS and the router filter), the route
+/// configuration `grpc|<svc>.<ns>:<port>` (one virtual host for the target and `*`, routing
+/// everything to the cluster), the EDS cluster `outbound|<port>|<svc>.<ns>` and its
+/// endpoints. Other ports give nothing.
+pub fn grpc_service_resources(service: &Service) -> Vec<Resource> {
+    let mut out = Vec::new();
+    for p in service
+        .ports
+        .iter()
+        .filter(|p| p.protocol == Protocol::Grpc)
+    {
+        let authority = names::service_authority(service, p.port);
+        let route_name = names::grpc_route(service, p.port);
+        let cluster_name = names::outbound_cluster(service, p.port);
+
+        let hcm = hcm_rds(&authority, &route_name);
+        let listener = Listener {
+            name: authority.clone(),
+            api_listener: Some(ApiListener {
+                api_listener: Some(any(type_urls::HCM, &hcm)),
+            }),
+            ..Default::default()
+        };
+        out.push(Resource::new(
+            LISTENER,
+            authority.clone(),
+            any(LISTENER, &listener),
+        ));
+
+        let rc = RouteConfiguration {
+            name: route_name.clone(),
+            virtual_hosts: vec![VirtualHost {
+                name: authority.clone(),
+                domains: vec![authority.clone(), "*".to_string()],
+                // gRPC matches paths like "/pkg.Service/Method": the empty prefix
+                // matches them all.
+                routes: vec![route_to("", &cluster_name)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        out.push(Resource::new(ROUTE, route_name, any(ROUTE, &rc)));
+
+        let cluster = outbound_cluster(service, p.port, p.protocol);
+        out.push(Resource::new(
+            CLUSTER,
+            cluster_name.clone(),
+            any(CLUSTER, &cluster),
+        ));
+        let cla = load_assignment(service, p.port);
+        out.push(Resource::new(ENDPOINT, cluster_name, any(ENDPOINT, &cla)));
+    }
+    out
+}
+
+/// Everything proxyless gRPC clients need for `mesh`: [`grpc_service_resources`] of
+/// every service, sorted by type URL and name. Serve these to a different node
+/// group than Envoy's: Envoy rejects `ApiListener`s it receives over LDS.
+pub fn grpc_resources(mesh: &Mesh) -> Vec<Resource> {
+    let mut out = Vec::new();
+    for service in &mesh.services {
+        out.extend(grpc_service_resources(service));
+    }
+    super::sort_dedup(out)
+}

@@ -1,0 +1,258 @@
+//! Mesh translation: a [`Mesh`] (services, pods, secrets) to Envoy and proxyless-gRPC
+//! xDS resources. Pure functions, no I/O: the same mesh always gives byte-identical
+//! resources, so content hashes (the Delta versions) only change when a resource
+//! really does.
+//!
+//! * [`model`]: the mesh as JSON ([`Mesh::from_json`], [`Mesh::validate`]);
+//! * [`envoy`]: resources for the node-local Envoy ([`envoy_resources`]);
+//! * [`grpc`]: resources for proxyless gRPC clients ([`grpc_resources`]);
+//! * [`refs`]: [`EnvoyReferences`], what a resource refers to, for
+//!   [`cache::check_consistency`](crate::cache::check_consistency).
+//!
+//! # Resource naming scheme
+//!
+//! `<ns>` is a namespace, `<pod>` a pod name, `<svc>` a service name, `<port>` a
+//! service port, `<app_port>` a pod's application port. Service names and namespaces
+//! are DNS labels and pod names DNS subdomains ([`Mesh::validate`] enforces it), so
+//! the separators `|`, `/`, `:` and the `.` between service and namespace cannot
+//! occur inside a part and names never collide.
+//!
+//! | resource | type | name | made by |
+//! |---|---|---|---|
+//! | inbound listener, on `<pod ip>:<listen_port>` in the pod's netns | LDS | `inbound\|<ns>/<pod>\|<app_port>` | [`pod_resources`] |
+//! | app cluster, `127.0.0.1:<app_port>` from inside the pod (STATIC) | CDS | `inbound\|<app_port>\|<ns>/<pod>` | [`pod_resources`] |
+//! | outbound listener, `127.0.0.1:<outbound_port>` in the pod's netns | LDS | `outbound\|<ns>/<pod>` | [`pod_resources`] |
+//! | outbound routes of every pod (one virtual host `<svc>.<ns>:<port>` per HTTP/gRPC service port) | RDS | `outbound\|http` | [`outbound_routes`] |
+//! | service port cluster (EDS over ADS) | CDS | `outbound\|<port>\|<svc>.<ns>` | [`service_resources`], [`grpc_service_resources`] |
+//! | service port endpoints | EDS | `outbound\|<port>\|<svc>.<ns>` (the cluster's name) | [`service_resources`], [`grpc_service_resources`] |
+//! | secret | SDS | the secret's `name` | [`secret_resource`] |
+//! | proxyless gRPC listener (`ApiListener`; the client dials `xds:///<svc>.<ns>:<port>`) | LDS | `<svc>.<ns>:<port>` | [`grpc_service_resources`] |
+//! | proxyless gRPC route configuration | RDS | `grpc\|<svc>.<ns>:<port>` | [`grpc_service_resources`] |
+//!
+//! The inbound listener of an HTTP or gRPC port holds an HTTP connection manager with
+//! an inline route configuration (also named `inbound|<app_port>|<ns>/<pod>`, one
+//! virtual host `*`); a TCP port holds a TCP proxy to the app cluster.
+//!
+//! **Host names.** A pod's app reaches a service through its outbound listener with
+//! `Host`/`:authority` set to `<svc>`, `<svc>.<ns>`, `<svc>.<ns>.svc` or
+//! `<svc>.<ns>.svc.cluster.local` followed by `:<port>`, or without the port for the
+//! service's first HTTP/gRPC port. Envoy rejects a route configuration in which two
+//! virtual hosts share a domain, and the route configuration is shared by all pods,
+//! so the bare `<svc>` forms are only generated for a service name that exists in a
+//! single namespace (otherwise clients use `<svc>.<ns>`). TCP service ports get
+//! clusters and endpoints but no outbound route.
+//!
+//! **Two node groups.** Serve [`envoy_resources`] and [`grpc_resources`] to different
+//! node groups of the [`Cache`](crate::cache::Cache) (e.g. by a node metadata key or
+//! an id prefix): Envoy rejects `ApiListener`s received over LDS, and a gRPC client has
+//! no use for Envoy's listeners. Their clusters and endpoints are byte-identical.
+//!
+//! **Incremental translation.** A control plane can re-translate only the entity that
+//! changed: [`pod_resources`] for a pod, [`service_resources`] /
+//! [`grpc_service_resources`] for a service (and [`outbound_routes`] when a service's
+//! ports or name change), [`secret_resource`] for a secret; then [`upsert_all`] into
+//! a builder of the previous set (and remove what went away). Or translate the whole
+//! mesh and [`replace_all`]: the builder ignores an upsert whose hash equals the
+//! current one, so [`flock_core::resources::diff`] of the new set against the old one
+//! still costs O(changes), and unchanged resources keep their versions and are not
+//! resent.
+//!
+//! # Example
+//!
+//! ```
+//! use flock_core::resources::ResourceSet;
+//! use flock_xds::cache::check_consistency;
+//! use flock_xds::translate::{self, EnvoyOptions, EnvoyReferences, Mesh};
+//!
+//! let mesh = Mesh::from_json(br#"{
+//!   "services": [{"name": "greeter", "ports": [{"port": 50051, "protocol": "grpc"}],
+//!                 "endpoints": [{"address": "10.0.0.7", "port": 15006}]}],
+//!   "pods": [{"name": "greeter-0", "ip": "10.0.0.7", "netns": "/var/run/netns/greeter-0",
+//!             "inbound": [{"app_port": 50051, "listen_port": 15006, "protocol": "grpc"}]}]
+//! }"#).unwrap();
+//!
+//! let envoy = translate::envoy_resources(&mesh, &EnvoyOptions::default());
+//! let names: Vec<&str> = envoy.iter().map(|r| r.name.as_str()).collect();
+//! assert!(names.contains(&"inbound|default/greeter-0|50051"));
+//! assert!(names.contains(&"outbound|50051|greeter.default"));
+//!
+//! let mut builder = ResourceSet::new().edit();
+//! translate::replace_all(&mut builder, envoy);
+//! let set = builder.build();
+//! check_consistency(&set, &EnvoyReferences).unwrap();
+//!
+//! let grpc = translate::grpc_resources(&mesh);
+//! assert!(grpc.iter().any(|r| r.name == "greeter.default:50051"));
+//! check_consistency(&translate::into_set(grpc), &EnvoyReferences).unwrap();
+//! ```
+
+pub mod envoy;
+pub mod grpc;
+pub mod model;
+pub mod refs;
+
+pub use envoy::{
+    EnvoyOptions, envoy_resources, outbound_routes, pod_resources, secret_resource,
+    service_resources,
+};
+pub use grpc::{grpc_resources, grpc_service_resources};
+pub use model::{
+    Endpoint, Health, InboundPort, Locality, Mesh, MeshError, Pod, PrivateKeyPem, Protocol, Secret,
+    SecretKind, Service, ServicePort, ValidationError,
+};
+pub use refs::EnvoyReferences;
+
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use envoy_types::pb::google::protobuf::Any;
+use flock_core::ContentHash;
+use flock_core::resources::{Name, ResourceSet, ResourceSetBuilder};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// One translated xDS resource.
+#[derive(Clone, PartialEq)]
+pub struct Resource {
+    /// Its type URL, one of [`crate::types`]' constants.
+    pub type_url: &'static str,
+    /// Its xDS name (see the naming scheme in the [module docs](self)).
+    pub name: String,
+    /// `ContentHash::of(&any.value)`: its Delta version.
+    pub hash: ContentHash,
+    /// The encoded resource.
+    pub any: Any,
+}
+
+impl Resource {
+    /// A resource of `type_url` named `name`, hashing `any.value`.
+    pub fn new(type_url: &'static str, name: String, any: Any) -> Self {
+        Resource {
+            type_url,
+            name,
+            hash: ContentHash::of(&any.value),
+            any,
+        }
+    }
+}
+
+/// Shows the type, name, hash and size, never the bytes (a secret holds a private
+/// key).
+impl fmt::Debug for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resource")
+            .field("type_url", &self.type_url)
+            .field("name", &self.name)
+            .field("hash", &self.hash)
+            .field("bytes", &self.any.value.len())
+            .finish()
+    }
+}
+
+/// Sorts by type URL and name and drops later duplicates of a (type, name).
+pub(crate) fn sort_dedup(mut out: Vec<Resource>) -> Vec<Resource> {
+    out.sort_by(|a, b| (a.type_url, &a.name).cmp(&(b.type_url, &b.name)));
+    out.dedup_by(|a, b| a.type_url == b.type_url && a.name == b.name);
+    out
+}
+
+/// Makes `resources` the complete contents of the five xDS types (listeners, routes,
+/// clusters, endpoints, secrets) and of any other type among them: names of those
+/// types not in `resources` are removed. An upsert whose hash equals the current
+/// entry's is not recorded as a change (see
+/// [`ResourceSetBuilder::upsert`]), so the built set's
+/// [`diff`](flock_core::resources::diff) against the builder's parent visits only
+/// what really changed, and unchanged resources keep their versions. The cost of
+/// this call is O(resources) hash comparisons; no resource is re-encoded.
+pub fn replace_all(builder: &mut ResourceSetBuilder<Any>, resources: Vec<Resource>) {
+    type Entries = Vec<(Name, ContentHash, Arc<Any>)>;
+    let mut by_type: BTreeMap<&'static str, Entries> = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET]
+        .into_iter()
+        .map(|t| (t, Vec::new()))
+        .collect();
+    for r in resources {
+        by_type
+            .entry(r.type_url)
+            .or_default()
+            .push((Name::from(r.name), r.hash, Arc::new(r.any)));
+    }
+    for (type_url, list) in by_type {
+        builder.replace_type(type_url, list);
+    }
+}
+
+/// Upserts `resources` into `builder` and removes nothing: for re-translating one
+/// entity (a pod, a service, a secret). Unchanged resources (equal hash) are not
+/// recorded as changes.
+pub fn upsert_all(builder: &mut ResourceSetBuilder<Any>, resources: Vec<Resource>) {
+    for r in resources {
+        builder.upsert(r.type_url, &r.name, r.hash, r.any);
+    }
+}
+
+/// A new set holding exactly `resources`.
+pub fn into_set(resources: Vec<Resource>) -> ResourceSet<Any> {
+    let mut builder = ResourceSet::new().edit();
+    upsert_all(&mut builder, resources);
+    builder.build()
+}
+
+/// Resource names (see the [naming scheme](self#resource-naming-scheme)).
+pub mod names {
+    use super::model::{Pod, Service};
+
+    /// The route configuration of every pod's outbound listener.
+    pub const OUTBOUND_ROUTE: &str = "outbound|http";
+
+    /// `inbound|<ns>/<pod>|<app_port>`: the inbound listener of a pod's app port.
+    pub fn inbound_listener(pod: &Pod, app_port: u16) -> String {
+        format!("inbound|{}/{}|{app_port}", pod.namespace, pod.name)
+    }
+
+    /// `inbound|<app_port>|<ns>/<pod>`: the cluster reaching a pod's app port.
+    pub fn inbound_cluster(pod: &Pod, app_port: u16) -> String {
+        format!("inbound|{app_port}|{}/{}", pod.namespace, pod.name)
+    }
+
+    /// `outbound|<ns>/<pod>`: a pod's outbound listener.
+    pub fn outbound_listener(pod: &Pod) -> String {
+        format!("outbound|{}/{}", pod.namespace, pod.name)
+    }
+
+    /// `outbound|<port>|<svc>.<ns>`: a service port's cluster and endpoints.
+    pub fn outbound_cluster(service: &Service, port: u16) -> String {
+        format!("outbound|{port}|{}.{}", service.name, service.namespace)
+    }
+
+    /// `<svc>.<ns>:<port>`: a service port's virtual host, and its proxyless gRPC
+    /// listener (the client dials `xds:///<svc>.<ns>:<port>`).
+    pub fn service_authority(service: &Service, port: u16) -> String {
+        format!("{}.{}:{port}", service.name, service.namespace)
+    }
+
+    /// `grpc|<svc>.<ns>:<port>`: a gRPC service port's route configuration for
+    /// proxyless clients.
+    pub fn grpc_route(service: &Service, port: u16) -> String {
+        format!("grpc|{}.{}:{port}", service.name, service.namespace)
+    }
+}
+
+/// Type URLs of the extensions the translation embeds (filters, protocol options,
+/// transport sockets).
+pub mod type_urls {
+    /// `envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager`.
+    pub const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+    /// `envoy.extensions.filters.http.router.v3.Router`.
+    pub const ROUTER: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+    /// `envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy`.
+    pub const TCP_PROXY: &str =
+        "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+    /// `envoy.extensions.upstreams.http.v3.HttpProtocolOptions`.
+    pub const HTTP_PROTOCOL_OPTIONS: &str =
+        "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+    /// `envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext`.
+    pub const DOWNSTREAM_TLS: &str =
+        "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
+    /// `envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext`.
+    pub const UPSTREAM_TLS: &str =
+        "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+}

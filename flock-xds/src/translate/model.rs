@@ -1,0 +1,799 @@
+//! The mesh model: what a control plane knows about services, pods and secrets, as
+//! the JSON a user of the `serve` example writes.
+//!
+//! Every struct rejects unknown fields, so a typo is an error with a line number
+//! instead of a silently ignored setting. [`Mesh::from_json`] parses *and* validates;
+//! [`Mesh::validate`] reports every problem at once, each with the path of the field
+//! at fault (`services[1].endpoints[0].weight`).
+//!
+//! ```json
+//! {
+//!   "services": [{
+//!     "name": "web", "namespace": "default",
+//!     "ports": [{"name": "http", "port": 8080, "protocol": "http"}],
+//!     "endpoints": [{"address": "10.0.0.7", "port": 15006,
+//!                    "locality": {"region": "eu", "zone": "eu-1"}, "weight": 2}]
+//!   }],
+//!   "pods": [{
+//!     "name": "web-0", "ip": "10.0.0.7", "netns": "/var/run/netns/web-0",
+//!     "inbound": [{"app_port": 8080, "listen_port": 15006, "protocol": "http"}]
+//!   }],
+//!   "secrets": [{"name": "root-ca", "kind": {"validation_context": {"trusted_ca_pem": "-----BEGIN CERTIFICATE-----..."}}}]
+//! }
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+
+/// Largest JSON document [`Mesh::from_json`] accepts (16 MiB).
+pub const MAX_JSON_BYTES: usize = 16 << 20;
+/// Most endpoints in a mesh (summed over all services).
+pub const MAX_ENDPOINTS: usize = 100_000;
+/// Most services in a mesh.
+pub const MAX_SERVICES: usize = 10_000;
+/// Most pods in a mesh.
+pub const MAX_PODS: usize = 10_000;
+/// Most secrets in a mesh.
+pub const MAX_SECRETS: usize = 10_000;
+/// Most ports of one service, and most inbound ports of one pod.
+pub const MAX_PORTS: usize = 100;
+/// Longest pod, secret or locality name (the DNS subdomain limit).
+pub const MAX_NAME_LEN: usize = 253;
+/// Longest service name, namespace or port name (the DNS label limit).
+pub const MAX_LABEL_LEN: usize = 63;
+/// Longest `netns` path (Linux `PATH_MAX`).
+pub const MAX_PATH_LEN: usize = 4096;
+/// Longest PEM string of a secret (1 MiB).
+pub const MAX_PEM_LEN: usize = 1 << 20;
+
+/// The default outbound listener port of a pod (`127.0.0.1:15001` in the pod).
+pub const DEFAULT_OUTBOUND_PORT: u16 = 15001;
+
+/// Everything the translation needs to know: services, pods and secrets.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mesh {
+    /// The services clients reach (outbound clusters, endpoints and routes).
+    #[serde(default)]
+    pub services: Vec<Service>,
+    /// The pods on this node whose traffic the node-local Envoy carries (inbound and
+    /// outbound listeners, one cluster per app port).
+    #[serde(default)]
+    pub pods: Vec<Pod>,
+    /// TLS secrets served over SDS, by name.
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
+}
+
+/// A service: a name, its ports and the endpoints behind them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Service {
+    /// Service name: a DNS label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63
+    /// characters), unique within its namespace.
+    pub name: String,
+    /// Namespace: a DNS label. Default `"default"`.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The ports clients dial, at least one, each number once. The first `http` or
+    /// `grpc` port also gets the port-less host names in the outbound routes.
+    pub ports: Vec<ServicePort>,
+    /// The endpoints (pod addresses) behind the service.
+    #[serde(default)]
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// One port of a service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePort {
+    /// Optional port name (a DNS label, unique within the service); informational.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The port number clients dial (1–65535).
+    pub port: u16,
+    /// What the port speaks. Default `http`.
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+/// The application protocol of a port.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// HTTP/1.1 or HTTP/2 (`"http"`, the default): routed by Envoy's HTTP connection
+    /// manager.
+    #[default]
+    Http,
+    /// gRPC (`"grpc"`): HTTP/2 to the upstream; also served to proxyless gRPC clients.
+    Grpc,
+    /// Opaque TCP (`"tcp"`): proxied byte for byte; no outbound route.
+    Tcp,
+}
+
+impl Protocol {
+    /// Whether Envoy routes this protocol with the HTTP connection manager.
+    pub fn is_http(self) -> bool {
+        matches!(self, Protocol::Http | Protocol::Grpc)
+    }
+}
+
+/// One endpoint of a service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    /// The IP address to connect to (an IPv4 or IPv6 string; not unspecified or
+    /// multicast). A malformed address is a JSON error at its line.
+    pub address: IpAddr,
+    /// The port to connect to (1–65535): for a meshed pod, the `listen_port` of its
+    /// inbound listener, so traffic enters through the pod's Envoy; otherwise the
+    /// application's own port.
+    pub port: u16,
+    /// Where the endpoint runs. Default: all fields empty. Endpoints are grouped by
+    /// locality; proxyless gRPC clients need one, and an empty one is still sent.
+    #[serde(default)]
+    pub locality: Locality,
+    /// Health as the control plane knows it. Default `healthy`.
+    #[serde(default)]
+    pub health: Health,
+    /// Load-balancing weight (at least 1). Default 1. The weights of one
+    /// service port's endpoints must sum to at most `u32::MAX`.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Which service port this endpoint serves. Default (absent or `null`): every port
+    /// of the service.
+    #[serde(default)]
+    pub service_port: Option<u16>,
+}
+
+/// A failure domain, as in Envoy's `Locality`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Locality {
+    /// Region (default empty), at most 253 characters.
+    #[serde(default)]
+    pub region: String,
+    /// Zone within the region (default empty), at most 253 characters.
+    #[serde(default)]
+    pub zone: String,
+    /// Sub-zone within the zone (default empty), at most 253 characters.
+    #[serde(default)]
+    pub sub_zone: String,
+}
+
+/// Health of an endpoint.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    /// Serving (`"healthy"`, the default).
+    #[default]
+    Healthy,
+    /// Not serving (`"unhealthy"`); clients skip it.
+    Unhealthy,
+    /// Shutting down (`"draining"`); no new requests.
+    Draining,
+    /// Not known (`"unknown"`); Envoy and gRPC treat it as usable.
+    Unknown,
+}
+
+/// A pod on this node, whose traffic the node-local Envoy carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pod {
+    /// Pod name: a DNS subdomain (`[a-z0-9.-]`, starting and ending alphanumeric, at
+    /// most 253 characters), unique within its namespace.
+    pub name: String,
+    /// Namespace: a DNS label. Default `"default"`.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The pod's UID, informational (at most 128 characters).
+    #[serde(default)]
+    pub uid: Option<String>,
+    /// The pod's IP address, where its inbound listeners bind (not unspecified or
+    /// multicast).
+    pub ip: IpAddr,
+    /// Absolute path of the pod's network namespace file (e.g.
+    /// `/var/run/netns/web-0`). Envoy runs in the host namespace and binds the pod's
+    /// listeners and connects to its app inside this namespace. `null` (the default):
+    /// the host namespace. The file must exist when Envoy loads the config; that is
+    /// not checked here.
+    #[serde(default)]
+    pub netns: Option<String>,
+    /// The ports the pod's application serves, each reached through an inbound
+    /// listener.
+    #[serde(default)]
+    pub inbound: Vec<InboundPort>,
+    /// Port of the pod's outbound HTTP listener on `127.0.0.1` inside the pod (the app
+    /// sends its HTTP/gRPC requests there, with the service as `Host`/`:authority`).
+    /// Default 15001; `0`: no outbound listener.
+    #[serde(default = "default_outbound_port")]
+    pub outbound_port: u16,
+    /// The pod's SPIFFE ID (`spiffe://trust-domain/path`), for mTLS. Validated, not
+    /// translated yet.
+    #[serde(default)]
+    pub identity: Option<String>,
+}
+
+/// One port the application of a pod serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboundPort {
+    /// The port the application listens on inside the pod (on `127.0.0.1` or
+    /// `0.0.0.0`); Envoy connects to `127.0.0.1:app_port` from inside the pod.
+    /// Unique within the pod.
+    pub app_port: u16,
+    /// The port of Envoy's inbound listener on the pod IP; service endpoints of this
+    /// pod use it as their `port`. Unique within the pod. It may equal `app_port`
+    /// only if the application listens on `127.0.0.1` alone.
+    pub listen_port: u16,
+    /// What the port speaks. Default `http`.
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+/// A TLS secret served over SDS.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Secret {
+    /// The SDS resource name (`[A-Za-z0-9._:/-]`, at most 253 characters), unique.
+    pub name: String,
+    /// What the secret holds.
+    pub kind: SecretKind,
+}
+
+/// The contents of a [`Secret`]: `{"tls_certificate": {...}}` or
+/// `{"validation_context": {...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SecretKind {
+    /// A certificate and its private key (a server's or a client's identity).
+    TlsCertificate {
+        /// The PEM certificate chain (leaf first).
+        certificate_chain_pem: String,
+        /// The PEM private key. Never shown by `Debug`.
+        private_key_pem: PrivateKeyPem,
+    },
+    /// Trusted CA certificates to validate peers with.
+    ValidationContext {
+        /// The PEM CA bundle.
+        trusted_ca_pem: String,
+    },
+}
+
+/// A PEM private key: a string whose `Debug` output is `<redacted>`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PrivateKeyPem(pub String);
+
+impl fmt::Debug for PrivateKeyPem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<redacted {} bytes>", self.0.len())
+    }
+}
+
+fn default_namespace() -> String {
+    "default".to_string()
+}
+fn default_weight() -> u32 {
+    1
+}
+fn default_outbound_port() -> u16 {
+    DEFAULT_OUTBOUND_PORT
+}
+
+/// One problem of a mesh, at a path such as `services[1].endpoints[0].weight`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidationError {
+    /// Where the problem is (field path from the mesh root).
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Why a mesh could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MeshError {
+    /// The document is larger than [`MAX_JSON_BYTES`].
+    #[error("mesh JSON is {len} bytes, more than the limit of {limit}")]
+    TooLarge {
+        /// Size of the document.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The document is not valid JSON or does not fit the model (unknown field,
+    /// wrong type, malformed IP address…).
+    #[error("mesh JSON, line {line} column {column}: {message}")]
+    Json {
+        /// 1-based line of the error (0 if unknown).
+        line: usize,
+        /// 1-based column of the error (0 if unknown).
+        column: usize,
+        /// serde_json's description, without its position suffix.
+        message: String,
+    },
+    /// The document parsed but the mesh is invalid; every problem is listed.
+    #[error("invalid mesh: {}", join_errors(.0))]
+    Invalid(Vec<ValidationError>),
+}
+
+fn join_errors(errors: &[ValidationError]) -> String {
+    let mut s = format!("{} problem(s)", errors.len());
+    for e in errors {
+        s.push_str("; ");
+        s.push_str(&e.to_string());
+    }
+    s
+}
+
+impl Mesh {
+    /// Parses a JSON document and [validates](Self::validate) the mesh. Rejects
+    /// documents over [`MAX_JSON_BYTES`] before parsing; JSON errors carry the line
+    /// and column.
+    pub fn from_json(bytes: &[u8]) -> Result<Mesh, MeshError> {
+        if bytes.len() > MAX_JSON_BYTES {
+            return Err(MeshError::TooLarge {
+                len: bytes.len(),
+                limit: MAX_JSON_BYTES,
+            });
+        }
+        let mesh: Mesh = serde_json::from_slice(bytes).map_err(|e| {
+            let full = e.to_string();
+            // serde_json appends " at line L column C"; we report them as fields.
+            let message = match full.rfind(" at line ") {
+                Some(i) if e.line() > 0 => full[..i].to_string(),
+                _ => full,
+            };
+            MeshError::Json {
+                line: e.line(),
+                column: e.column(),
+                message,
+            }
+        })?;
+        mesh.validate().map_err(MeshError::Invalid)?;
+        Ok(mesh)
+    }
+
+    /// Checks everything the translation relies on and returns every problem: names
+    /// that would break the resource naming scheme, duplicates (services, pods,
+    /// secrets, ports, endpoints, listener addresses), zero ports and weights,
+    /// endpoints for ports the service does not have, unusable addresses, limits.
+    /// A mesh that passes translates to a self-consistent set of resources.
+    pub fn validate(&self) -> Result<(), Vec<ValidationError>> {
+        let mut v = Validator::default();
+        v.mesh(self);
+        if v.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(v.errors)
+        }
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    errors: Vec<ValidationError>,
+}
+
+impl Validator {
+    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(ValidationError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn mesh(&mut self, m: &Mesh) {
+        if m.services.len() > MAX_SERVICES {
+            self.err(
+                "services",
+                format!(
+                    "{} services, more than the limit of {MAX_SERVICES}",
+                    m.services.len()
+                ),
+            );
+        }
+        if m.pods.len() > MAX_PODS {
+            self.err(
+                "pods",
+                format!("{} pods, more than the limit of {MAX_PODS}", m.pods.len()),
+            );
+        }
+        if m.secrets.len() > MAX_SECRETS {
+            self.err(
+                "secrets",
+                format!(
+                    "{} secrets, more than the limit of {MAX_SECRETS}",
+                    m.secrets.len()
+                ),
+            );
+        }
+        let total: usize = m.services.iter().map(|s| s.endpoints.len()).sum();
+        if total > MAX_ENDPOINTS {
+            self.err(
+                "services",
+                format!("{total} endpoints in all, more than the limit of {MAX_ENDPOINTS}"),
+            );
+        }
+
+        let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
+        for (i, s) in m.services.iter().enumerate() {
+            let path = format!("services[{i}]");
+            self.service(&path, s);
+            if let Some(first) = seen.insert((&s.namespace, &s.name), i) {
+                self.err(
+                    format!("{path}.name"),
+                    format!(
+                        "duplicate service {}.{} (also services[{first}])",
+                        s.name, s.namespace
+                    ),
+                );
+            }
+        }
+
+        let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
+        // (netns, ip, port) → the listener that binds it, to catch two listeners on
+        // one socket address.
+        let mut binds: HashMap<(Option<&str>, IpAddr, u16), String> = HashMap::new();
+        for (i, p) in m.pods.iter().enumerate() {
+            let path = format!("pods[{i}]");
+            self.pod(&path, p);
+            if let Some(first) = seen.insert((&p.namespace, &p.name), i) {
+                self.err(
+                    format!("{path}.name"),
+                    format!(
+                        "duplicate pod {}/{} (also pods[{first}])",
+                        p.namespace, p.name
+                    ),
+                );
+            }
+            let netns = p.netns.as_deref();
+            let mut bind = |v: &mut Validator, at: String, ip: IpAddr, port: u16| {
+                if port == 0 {
+                    return; // reported by `pod`
+                }
+                if let Some(other) = binds.get(&(netns, ip, port)) {
+                    v.err(
+                        at.clone(),
+                        format!(
+                            "listener address {} in network namespace {} is also bound by {other}",
+                            std::net::SocketAddr::new(ip, port),
+                            netns.unwrap_or("(host)")
+                        ),
+                    );
+                } else {
+                    binds.insert((netns, ip, port), at);
+                }
+            };
+            for (j, ib) in p.inbound.iter().enumerate() {
+                bind(
+                    self,
+                    format!("{path}.inbound[{j}].listen_port"),
+                    p.ip,
+                    ib.listen_port,
+                );
+            }
+            if p.outbound_port != 0 {
+                bind(
+                    self,
+                    format!("{path}.outbound_port"),
+                    IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    p.outbound_port,
+                );
+            }
+        }
+
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, s) in m.secrets.iter().enumerate() {
+            let path = format!("secrets[{i}]");
+            self.secret(&path, s);
+            if let Some(first) = seen.insert(&s.name, i) {
+                self.err(
+                    format!("{path}.name"),
+                    format!("duplicate secret {:?} (also secrets[{first}])", s.name),
+                );
+            }
+        }
+    }
+
+    fn service(&mut self, path: &str, s: &Service) {
+        self.label(&format!("{path}.name"), "service name", &s.name);
+        self.label(&format!("{path}.namespace"), "namespace", &s.namespace);
+        if s.ports.is_empty() {
+            self.err(format!("{path}.ports"), "a service needs at least one port");
+        }
+        if s.ports.len() > MAX_PORTS {
+            self.err(
+                format!("{path}.ports"),
+                format!(
+                    "{} ports, more than the limit of {MAX_PORTS}",
+                    s.ports.len()
+                ),
+            );
+        }
+        let mut numbers = HashSet::new();
+        let mut names = HashSet::new();
+        for (j, p) in s.ports.iter().enumerate() {
+            let pp = format!("{path}.ports[{j}]");
+            if p.port == 0 {
+                self.err(format!("{pp}.port"), "port must be 1-65535");
+            } else if !numbers.insert(p.port) {
+                self.err(format!("{pp}.port"), format!("duplicate port {}", p.port));
+            }
+            if let Some(name) = &p.name {
+                self.label(&format!("{pp}.name"), "port name", name);
+                if !names.insert(name.as_str()) {
+                    self.err(
+                        format!("{pp}.name"),
+                        format!("duplicate port name {name:?}"),
+                    );
+                }
+            }
+        }
+        // Per service port: which endpoints (address, port) it has, and their weight sum.
+        let mut per_port: BTreeMap<u16, (HashSet<(IpAddr, u16)>, u64)> = BTreeMap::new();
+        for (k, e) in s.endpoints.iter().enumerate() {
+            let ep = format!("{path}.endpoints[{k}]");
+            self.address(&format!("{ep}.address"), e.address);
+            if e.port == 0 {
+                self.err(format!("{ep}.port"), "port must be 1-65535");
+            }
+            if e.weight == 0 {
+                self.err(format!("{ep}.weight"), "weight must be at least 1");
+            }
+            self.locality(&format!("{ep}.locality"), &e.locality);
+            let serves: Vec<u16> = match e.service_port {
+                Some(sp) if !numbers.contains(&sp) => {
+                    self.err(
+                        format!("{ep}.service_port"),
+                        format!("service {}.{} has no port {sp}", s.name, s.namespace),
+                    );
+                    continue;
+                }
+                Some(sp) => vec![sp],
+                None => numbers.iter().copied().collect(),
+            };
+            for sp in serves {
+                let (set, sum) = per_port.entry(sp).or_default();
+                if !set.insert((e.address, e.port)) {
+                    self.err(
+                        ep.clone(),
+                        format!(
+                            "duplicate endpoint {} for port {sp}",
+                            std::net::SocketAddr::new(e.address, e.port)
+                        ),
+                    );
+                }
+                *sum += u64::from(e.weight);
+            }
+        }
+        for (sp, (_, sum)) in per_port {
+            if sum > u64::from(u32::MAX) {
+                self.err(
+                    format!("{path}.endpoints"),
+                    format!(
+                        "the weights of port {sp}'s endpoints sum to {sum}, more than {}",
+                        u32::MAX
+                    ),
+                );
+            }
+        }
+    }
+
+    fn pod(&mut self, path: &str, p: &Pod) {
+        self.subdomain(&format!("{path}.name"), "pod name", &p.name);
+        self.label(&format!("{path}.namespace"), "namespace", &p.namespace);
+        if let Some(uid) = &p.uid
+            && (uid.len() > 128 || uid.chars().any(char::is_control))
+        {
+            self.err(
+                format!("{path}.uid"),
+                "uid must be at most 128 printable characters",
+            );
+        }
+        self.address(&format!("{path}.ip"), p.ip);
+        if let Some(netns) = &p.netns {
+            let at = format!("{path}.netns");
+            if !netns.starts_with('/') {
+                self.err(at, format!("netns must be an absolute path, not {netns:?}"));
+            } else if netns.len() > MAX_PATH_LEN || netns.chars().any(char::is_control) {
+                self.err(
+                    at,
+                    "netns must be at most 4096 bytes without control characters",
+                );
+            } else if netns.split('/').any(|c| c == "..") {
+                self.err(at, "netns must not contain `..`");
+            }
+        }
+        if p.inbound.len() > MAX_PORTS {
+            self.err(
+                format!("{path}.inbound"),
+                format!(
+                    "{} inbound ports, more than the limit of {MAX_PORTS}",
+                    p.inbound.len()
+                ),
+            );
+        }
+        let mut app_ports = HashSet::new();
+        for (j, ib) in p.inbound.iter().enumerate() {
+            let ip = format!("{path}.inbound[{j}]");
+            if ib.app_port == 0 {
+                self.err(format!("{ip}.app_port"), "port must be 1-65535");
+            } else if !app_ports.insert(ib.app_port) {
+                self.err(
+                    format!("{ip}.app_port"),
+                    format!("duplicate app_port {}", ib.app_port),
+                );
+            }
+            if ib.listen_port == 0 {
+                self.err(format!("{ip}.listen_port"), "port must be 1-65535");
+            }
+        }
+        if let Some(id) = &p.identity {
+            let at = format!("{path}.identity");
+            match id.strip_prefix("spiffe://") {
+                Some(rest)
+                    if !rest.is_empty()
+                        && !rest.starts_with('/')
+                        && id.len() <= 2048
+                        && !id.chars().any(|c| c.is_control() || c.is_whitespace()) => {}
+                _ => self.err(
+                    at,
+                    format!(
+                        "identity must be a SPIFFE ID (spiffe://trust-domain/path), not {id:?}"
+                    ),
+                ),
+            }
+        }
+    }
+
+    fn secret(&mut self, path: &str, s: &Secret) {
+        let at = format!("{path}.name");
+        if s.name.is_empty() || s.name.len() > MAX_NAME_LEN {
+            self.err(
+                at,
+                format!("secret name must be 1-{MAX_NAME_LEN} characters"),
+            );
+        } else if let Some(c) = s
+            .name
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || "._:/-".contains(*c)))
+        {
+            self.err(
+                at,
+                format!(
+                    "secret name {:?} contains {c:?} (allowed: A-Z a-z 0-9 . _ : / -)",
+                    s.name
+                ),
+            );
+        }
+        let pems: Vec<(&str, &str)> = match &s.kind {
+            SecretKind::TlsCertificate {
+                certificate_chain_pem,
+                private_key_pem,
+            } => vec![
+                (
+                    "kind.tls_certificate.certificate_chain_pem",
+                    certificate_chain_pem,
+                ),
+                ("kind.tls_certificate.private_key_pem", &private_key_pem.0),
+            ],
+            SecretKind::ValidationContext { trusted_ca_pem } => {
+                vec![("kind.validation_context.trusted_ca_pem", trusted_ca_pem)]
+            }
+        };
+        for (field, pem) in pems {
+            if pem.is_empty() {
+                self.err(format!("{path}.{field}"), "must not be empty");
+            } else if pem.len() > MAX_PEM_LEN {
+                self.err(
+                    format!("{path}.{field}"),
+                    format!("longer than {MAX_PEM_LEN} bytes"),
+                );
+            }
+        }
+    }
+
+    fn address(&mut self, path: &str, ip: IpAddr) {
+        if ip.is_unspecified() || ip.is_multicast() {
+            self.err(path, format!("{ip} is not a unicast address"));
+        }
+    }
+
+    fn locality(&mut self, path: &str, l: &Locality) {
+        for (field, value) in [
+            ("region", &l.region),
+            ("zone", &l.zone),
+            ("sub_zone", &l.sub_zone),
+        ] {
+            if value.len() > MAX_NAME_LEN || value.chars().any(char::is_control) {
+                self.err(
+                    format!("{path}.{field}"),
+                    format!("must be at most {MAX_NAME_LEN} bytes without control characters"),
+                );
+            }
+        }
+    }
+
+    /// A DNS label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters. Service
+    /// names and namespaces are joined with `.` and `|` in resource names and host
+    /// names, so neither may contain them.
+    fn label(&mut self, path: &str, what: &str, s: &str) {
+        if let Err(why) = check_name(s, MAX_LABEL_LEN, false) {
+            self.err(
+                path,
+                format!("{what} {s:?} {why} (a DNS label: a-z 0-9 -, at most {MAX_LABEL_LEN})"),
+            );
+        }
+    }
+
+    /// A DNS subdomain: labels joined by `.`, at most 253 characters.
+    fn subdomain(&mut self, path: &str, what: &str, s: &str) {
+        if let Err(why) = check_name(s, MAX_NAME_LEN, true) {
+            self.err(
+                path,
+                format!(
+                    "{what} {s:?} {why} (a DNS subdomain: a-z 0-9 - ., at most {MAX_NAME_LEN})"
+                ),
+            );
+        }
+    }
+}
+
+fn check_name(s: &str, max: usize, dots: bool) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("is empty".into());
+    }
+    if s.len() > max {
+        return Err(format!("is {} characters long", s.len()));
+    }
+    if let Some(c) = s.chars().find(|&c| {
+        !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.'))
+    }) {
+        return Err(format!("contains {c:?}"));
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let parts: Vec<&str> = if dots {
+        s.split('.').collect()
+    } else {
+        vec![s]
+    };
+    for part in parts {
+        if !alnum(part.chars().next()) || !alnum(part.chars().last()) {
+            return Err("must start and end (each label) with a letter or digit".into());
+        }
+    }
+    Ok(())
+}
+
+/// Whether `e` serves the service port `port`.
+pub(crate) fn endpoint_serves(e: &Endpoint, port: u16) -> bool {
+    e.service_port.is_none_or(|p| p == port)
+}
+
+/// Service names that occur in more than one namespace (their bare name is
+/// ambiguous as a host name).
+pub(crate) fn ambiguous_service_names(services: &[Service]) -> BTreeSet<&str> {
+    let mut by_name: HashMap<&str, &str> = HashMap::new();
+    let mut out = BTreeSet::new();
+    for s in services {
+        if let Some(ns) = by_name.insert(&s.name, &s.namespace)
+            && ns != s.namespace
+        {
+            out.insert(s.name.as_str());
+        }
+    }
+    out
+}

@@ -1,0 +1,1162 @@
+//! Mesh translation: decode the produced resources back and check what Envoy and
+//! proxyless gRPC clients rely on; validation and JSON errors; consistency.
+
+use envoy_types::pb::envoy::config::cluster::v3::{
+    Cluster,
+    cluster::{ClusterDiscoveryType, DiscoveryType},
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    ApiVersion, HealthStatus, SocketAddress, address, config_source::ConfigSourceSpecifier,
+    data_source, socket_address,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+use envoy_types::pb::envoy::config::route::v3::{
+    RouteConfiguration, route, route_action, route_match,
+};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager::RouteSpecifier, http_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{Secret as PbSecret, secret};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions, http_protocol_options,
+};
+use envoy_types::pb::google::protobuf::Any;
+use flock_core::ContentHash;
+use flock_core::resources::{ResourceSet, diff};
+use flock_xds::cache::check_consistency;
+use flock_xds::translate::{
+    self, Endpoint, EnvoyOptions, EnvoyReferences, Health, InboundPort, Locality, Mesh, MeshError,
+    Pod, PrivateKeyPem, Protocol, Resource, Secret, SecretKind, Service, ServicePort, type_urls,
+};
+use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use prost::Message;
+use std::collections::{BTreeSet, HashSet};
+
+const KEY_PEM: &str =
+    "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n";
+
+fn mesh() -> Mesh {
+    Mesh::from_json(
+        br#"{
+      "services": [
+        {"name": "web", "ports": [{"name": "http", "port": 8080}, {"port": 9090, "protocol": "http"},
+                                   {"port": 5432, "protocol": "tcp"}],
+         "endpoints": [
+           {"address": "10.0.0.7", "port": 15006, "locality": {"region": "eu", "zone": "b"}, "weight": 3},
+           {"address": "10.0.0.8", "port": 15006, "locality": {"region": "eu", "zone": "a"}, "health": "draining"},
+           {"address": "10.0.0.9", "port": 15006, "locality": {"region": "eu", "zone": "b"}, "weight": 2, "health": "unhealthy"},
+           {"address": "10.0.0.6", "port": 15006, "locality": {"region": "eu", "zone": "b"}, "health": "unknown", "service_port": 8080}
+         ]},
+        {"name": "greeter", "namespace": "apps", "ports": [{"port": 50051, "protocol": "grpc"}],
+         "endpoints": [{"address": "10.0.0.7", "port": 15007}, {"address": "fd00::1", "port": 50051}]}
+      ],
+      "pods": [
+        {"name": "web-0", "ip": "10.0.0.7", "netns": "/var/run/netns/web-0", "uid": "1234",
+         "identity": "spiffe://cluster.local/ns/default/sa/web",
+         "inbound": [{"app_port": 8080, "listen_port": 15006},
+                     {"app_port": 50051, "listen_port": 15007, "protocol": "grpc"},
+                     {"app_port": 5432, "listen_port": 15008, "protocol": "tcp"}]},
+        {"name": "host-pod", "namespace": "apps", "ip": "10.0.0.1", "outbound_port": 0,
+         "inbound": [{"app_port": 80, "listen_port": 8081}]}
+      ],
+      "secrets": [
+        {"name": "web-cert", "kind": {"tls_certificate": {"certificate_chain_pem": "CERT", "private_key_pem": "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n"}}},
+        {"name": "root-ca", "kind": {"validation_context": {"trusted_ca_pem": "CA"}}}
+      ]
+    }"#,
+    )
+    .expect("valid mesh")
+}
+
+fn find<'a>(rs: &'a [Resource], type_url: &str, name: &str) -> &'a Resource {
+    rs.iter()
+        .find(|r| r.type_url == type_url && r.name == name)
+        .unwrap_or_else(|| {
+            panic!(
+                "no {type_url} {name:?} in {:?}",
+                rs.iter().map(|r| &r.name).collect::<Vec<_>>()
+            )
+        })
+}
+
+fn decode<M: Message + Default>(r: &Resource) -> M {
+    assert_eq!(r.any.type_url, r.type_url);
+    assert_eq!(r.hash, ContentHash::of(&r.any.value));
+    M::decode(r.any.value.as_slice()).expect("decodes")
+}
+
+fn decode_any<M: Message + Default>(any: &Any, type_url: &str) -> M {
+    assert_eq!(any.type_url, type_url);
+    M::decode(any.value.as_slice()).expect("decodes")
+}
+
+fn sock(addr: &Option<envoy_types::pb::envoy::config::core::v3::Address>) -> &SocketAddress {
+    match addr.as_ref().and_then(|a| a.address.as_ref()) {
+        Some(address::Address::SocketAddress(s)) => s,
+        other => panic!("not a socket address: {other:?}"),
+    }
+}
+
+fn port(s: &SocketAddress) -> u32 {
+    match s.port_specifier {
+        Some(socket_address::PortSpecifier::PortValue(p)) => p,
+        ref other => panic!("no port: {other:?}"),
+    }
+}
+
+fn listener_hcm(l: &Listener) -> HttpConnectionManager {
+    assert_eq!(l.filter_chains.len(), 1);
+    let f = &l.filter_chains[0].filters;
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].name, "envoy.filters.network.http_connection_manager");
+    match &f[0].config_type {
+        Some(filter::ConfigType::TypedConfig(any)) => decode_any(any, type_urls::HCM),
+        other => panic!("no typed config: {other:?}"),
+    }
+}
+
+fn assert_router_last(hcm: &HttpConnectionManager) {
+    let last = hcm.http_filters.last().expect("http filters");
+    assert_eq!(last.name, "envoy.filters.http.router");
+    match &last.config_type {
+        Some(http_filter::ConfigType::TypedConfig(any)) => {
+            assert_eq!(any.type_url, type_urls::ROUTER)
+        }
+        other => panic!("router without typed config: {other:?}"),
+    }
+}
+
+fn route_cluster(r: &envoy_types::pb::envoy::config::route::v3::Route) -> &str {
+    match &r.action {
+        Some(route::Action::Route(a)) => match &a.cluster_specifier {
+            Some(route_action::ClusterSpecifier::Cluster(c)) => c,
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+}
+
+fn route_prefix(r: &envoy_types::pb::envoy::config::route::v3::Route) -> &str {
+    match r.r#match.as_ref().and_then(|m| m.path_specifier.as_ref()) {
+        Some(route_match::PathSpecifier::Prefix(p)) => p,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn assert_ads(cs: &Option<envoy_types::pb::envoy::config::core::v3::ConfigSource>) {
+    let cs = cs.as_ref().expect("config source");
+    assert!(matches!(
+        cs.config_source_specifier,
+        Some(ConfigSourceSpecifier::Ads(_))
+    ));
+    assert_eq!(cs.resource_api_version, ApiVersion::V3 as i32);
+}
+
+fn is_http2(c: &Cluster) -> bool {
+    let Some(any) = c
+        .typed_extension_protocol_options
+        .get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions")
+    else {
+        return false;
+    };
+    let o: HttpProtocolOptions = decode_any(any, type_urls::HTTP_PROTOCOL_OPTIONS);
+    matches!(
+        o.upstream_protocol_options,
+        Some(http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
+            http_protocol_options::ExplicitHttpConfig {
+                protocol_config: Some(
+                    http_protocol_options::explicit_http_config::ProtocolConfig::Http2ProtocolOptions(_)
+                )
+            }
+        ))
+    )
+}
+
+#[test]
+fn inbound_listener_binds_the_pod_ip_in_the_pod_netns_and_routes_to_the_app_cluster() {
+    let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
+    let l: Listener = decode(find(&rs, LISTENER, "inbound|default/web-0|8080"));
+    assert_eq!(l.name, "inbound|default/web-0|8080");
+    let a = sock(&l.address);
+    assert_eq!((a.address.as_str(), port(a)), ("10.0.0.7", 15006));
+    assert_eq!(a.network_namespace_filepath, "/var/run/netns/web-0");
+    let hcm = listener_hcm(&l);
+    assert_router_last(&hcm);
+    let Some(RouteSpecifier::RouteConfig(rc)) = &hcm.route_specifier else {
+        panic!("inline route config expected: {:?}", hcm.route_specifier);
+    };
+    assert_eq!(rc.virtual_hosts.len(), 1);
+    assert_eq!(rc.virtual_hosts[0].domains, vec!["*"]);
+    assert_eq!(route_prefix(&rc.virtual_hosts[0].routes[0]), "/");
+    assert_eq!(
+        route_cluster(&rc.virtual_hosts[0].routes[0]),
+        "inbound|8080|default/web-0"
+    );
+
+    // A pod in the host namespace leaves the field empty.
+    let l: Listener = decode(find(&rs, LISTENER, "inbound|apps/host-pod|80"));
+    assert_eq!(sock(&l.address).network_namespace_filepath, "");
+}
+
+#[test]
+fn tcp_inbound_port_uses_tcp_proxy() {
+    let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
+    let l: Listener = decode(find(&rs, LISTENER, "inbound|default/web-0|5432"));
+    let f = &l.filter_chains[0].filters[0];
+    assert_eq!(f.name, "envoy.filters.network.tcp_proxy");
+    let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+        panic!()
+    };
+    let tcp: TcpProxy = decode_any(any, type_urls::TCP_PROXY);
+    assert_eq!(
+        tcp.cluster_specifier,
+        Some(tcp_proxy::ClusterSpecifier::Cluster(
+            "inbound|5432|default/web-0".into()
+        ))
+    );
+    assert!(!tcp.stat_prefix.is_empty());
+}
+
+#[test]
+fn app_cluster_connects_to_loopback_from_inside_the_pod() {
+    let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
+    let c: Cluster = decode(find(&rs, CLUSTER, "inbound|8080|default/web-0"));
+    assert_eq!(
+        c.cluster_discovery_type,
+        Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32))
+    );
+    let cla = c.load_assignment.as_ref().unwrap();
+    let lb = &cla.endpoints[0].lb_endpoints[0];
+    let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &lb.host_identifier else {
+        panic!()
+    };
+    let a = sock(&ep.address);
+    assert_eq!((a.address.as_str(), port(a)), ("127.0.0.1", 8080));
+    assert_eq!(
+        a.network_namespace_filepath, "",
+        "an endpoint may not carry a namespace"
+    );
+    let bind = c
+        .upstream_bind_config
+        .as_ref()
+        .unwrap()
+        .source_address
+        .as_ref()
+        .unwrap();
+    assert_eq!((bind.address.as_str(), port(bind)), ("127.0.0.1", 0));
+    assert_eq!(bind.network_namespace_filepath, "/var/run/netns/web-0");
+    assert!(!is_http2(&c));
+    let grpc: Cluster = decode(find(&rs, CLUSTER, "inbound|50051|default/web-0"));
+    assert!(is_http2(&grpc), "a grpc app port gets HTTP/2 to the app");
+}
+
+#[test]
+fn outbound_listener_uses_rds_over_ads_in_the_pod_netns() {
+    let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
+    let l: Listener = decode(find(&rs, LISTENER, "outbound|default/web-0"));
+    let a = sock(&l.address);
+    assert_eq!((a.address.as_str(), port(a)), ("127.0.0.1", 15001));
+    assert_eq!(a.network_namespace_filepath, "/var/run/netns/web-0");
+    let hcm = listener_hcm(&l);
+    assert_router_last(&hcm);
+    let Some(RouteSpecifier::Rds(rds)) = &hcm.route_specifier else {
+        panic!()
+    };
+    assert_eq!(rds.route_config_name, "outbound|http");
+    assert_ads(&rds.config_source);
+    // outbound_port 0: no outbound listener.
+    assert!(!rs.iter().any(|r| r.name == "outbound|apps/host-pod"));
+}
+
+#[test]
+fn outbound_routes_have_one_vhost_per_http_port_and_unique_domains() {
+    let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
+    let rc: RouteConfiguration = decode(find(&rs, ROUTE, "outbound|http"));
+    let names: Vec<&str> = rc.virtual_hosts.iter().map(|v| v.name.as_str()).collect();
+    // Sorted by namespace then name; port order within a service; no tcp port.
+    assert_eq!(
+        names,
+        vec!["greeter.apps:50051", "web.default:8080", "web.default:9090"]
+    );
+    let web = &rc.virtual_hosts[1];
+    assert_eq!(
+        web.domains,
+        vec![
+            "web:8080",
+            "web.default:8080",
+            "web.default.svc:8080",
+            "web.default.svc.cluster.local:8080",
+            "web",
+            "web.default",
+            "web.default.svc",
+            "web.default.svc.cluster.local"
+        ]
+    );
+    assert!(
+        rc.virtual_hosts[2]
+            .domains
+            .iter()
+            .all(|d| d.ends_with(":9090")),
+        "only the first port gets bare names"
+    );
+    assert_eq!(route_prefix(&web.routes[0]), "/");
+    assert_eq!(route_cluster(&web.routes[0]), "outbound|8080|web.default");
+    let mut seen = HashSet::new();
+    for d in rc.virtual_hosts.iter().flat_map(|v| &v.domains) {
+        assert!(seen.insert(d), "duplicate domain {d}");
+    }
+}
+
+#[test]
+fn same_service_name_in_two_namespaces_drops_the_ambiguous_short_names() {
+    let svc = |ns: &str| Service {
+        name: "api".into(),
+        namespace: ns.into(),
+        ports: vec![ServicePort {
+            name: None,
+            port: 80,
+            protocol: Protocol::Http,
+        }],
+        endpoints: vec![],
+    };
+    let services = vec![svc("a"), svc("b")];
+    let r = translate::outbound_routes(&services, &EnvoyOptions::default());
+    let rc: RouteConfiguration = decode(&r);
+    let all: Vec<&String> = rc.virtual_hosts.iter().flat_map(|v| &v.domains).collect();
+    assert_eq!(
+        all.len(),
+        all.iter().collect::<HashSet<_>>().len(),
+        "{all:?}"
+    );
+    assert!(!all.iter().any(|d| *d == "api" || *d == "api:80"));
+    assert!(all.iter().any(|d| *d == "api.a:80") && all.iter().any(|d| *d == "api.b"));
+}
+
+#[test]
+fn outbound_clusters_use_eds_over_ads() {
+    let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
+    for (name, h2) in [
+        ("outbound|8080|web.default", false),
+        ("outbound|5432|web.default", false),
+        ("outbound|50051|greeter.apps", true),
+    ] {
+        let c: Cluster = decode(find(&rs, CLUSTER, name));
+        assert_eq!(c.name, name);
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32))
+        );
+        assert_ads(&c.eds_cluster_config.as_ref().unwrap().eds_config);
+        let t = c.connect_timeout.unwrap();
+        assert_eq!((t.seconds, t.nanos), (1, 0));
+        assert_eq!(c.lb_policy, 0, "ROUND_ROBIN");
+        assert_eq!(is_http2(&c), h2, "{name}");
+    }
+}
+
+#[test]
+fn endpoints_are_grouped_by_locality_with_weights_and_health() {
+    let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
+    let cla: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|8080|web.default"));
+    assert_eq!(cla.cluster_name, "outbound|8080|web.default");
+    type Group = (String, u32, Vec<(String, u32, i32)>);
+    let groups: Vec<Group> = cla
+        .endpoints
+        .iter()
+        .map(|g| {
+            let loc = g.locality.as_ref().expect("locality is always set");
+            (
+                format!("{}/{}/{}", loc.region, loc.zone, loc.sub_zone),
+                g.load_balancing_weight.unwrap().value,
+                g.lb_endpoints
+                    .iter()
+                    .map(|e| {
+                        let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier
+                        else {
+                            panic!()
+                        };
+                        (
+                            sock(&ep.address).address.clone(),
+                            e.load_balancing_weight.unwrap().value,
+                            e.health_status,
+                        )
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        groups,
+        vec![
+            (
+                "eu/a/".into(),
+                1,
+                vec![("10.0.0.8".into(), 1, HealthStatus::Draining as i32)]
+            ),
+            (
+                "eu/b/".into(),
+                6,
+                vec![
+                    ("10.0.0.6".into(), 1, HealthStatus::Unknown as i32),
+                    ("10.0.0.7".into(), 3, HealthStatus::Healthy as i32),
+                    ("10.0.0.9".into(), 2, HealthStatus::Unhealthy as i32),
+                ]
+            ),
+        ]
+    );
+    // 10.0.0.6 serves only 8080.
+    let cla: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|9090|web.default"));
+    let n: usize = cla.endpoints.iter().map(|g| g.lb_endpoints.len()).sum();
+    assert_eq!(n, 3);
+    assert_eq!(cla.endpoints[1].load_balancing_weight.unwrap().value, 5);
+    // Default locality: still set (empty), weight ≥ 1; IPv6 addresses.
+    let cla: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|50051|greeter.apps"));
+    assert_eq!(cla.endpoints.len(), 1);
+    assert!(cla.endpoints[0].locality.is_some());
+    assert_eq!(cla.endpoints[0].load_balancing_weight.unwrap().value, 2);
+    let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) =
+        &cla.endpoints[0].lb_endpoints[1].host_identifier
+    else {
+        panic!()
+    };
+    assert_eq!(sock(&ep.address).address, "fd00::1");
+}
+
+#[test]
+fn secrets_are_inline() {
+    let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
+    let s: PbSecret = decode(find(&rs, SECRET, "web-cert"));
+    let Some(secret::Type::TlsCertificate(tls)) = s.r#type else {
+        panic!()
+    };
+    let inline = |d: Option<envoy_types::pb::envoy::config::core::v3::DataSource>| match d
+        .and_then(|d| d.specifier)
+    {
+        Some(data_source::Specifier::InlineString(s)) => s,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(inline(tls.certificate_chain), "CERT");
+    assert_eq!(inline(tls.private_key), KEY_PEM);
+    let s: PbSecret = decode(find(&rs, SECRET, "root-ca"));
+    let Some(secret::Type::ValidationContext(vc)) = s.r#type else {
+        panic!()
+    };
+    assert_eq!(inline(vc.trusted_ca), "CA");
+}
+
+#[test]
+fn grpc_resources_are_api_listeners_with_rds_and_the_router_last() {
+    let m = mesh();
+    let rs = translate::grpc_resources(&m);
+    let names: Vec<(&str, &str)> = rs
+        .iter()
+        .map(|r| (flock_xds::types::short_name(r.type_url), r.name.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("cds", "outbound|50051|greeter.apps"),
+            ("eds", "outbound|50051|greeter.apps"),
+            ("lds", "greeter.apps:50051"),
+            ("rds", "grpc|greeter.apps:50051"),
+        ]
+    );
+    let l: Listener = decode(find(&rs, LISTENER, "greeter.apps:50051"));
+    assert!(l.address.is_none() && l.filter_chains.is_empty());
+    let hcm: HttpConnectionManager = decode_any(
+        l.api_listener
+            .as_ref()
+            .unwrap()
+            .api_listener
+            .as_ref()
+            .unwrap(),
+        type_urls::HCM,
+    );
+    assert_router_last(&hcm);
+    assert_eq!(hcm.http_filters.len(), 1);
+    let Some(RouteSpecifier::Rds(rds)) = &hcm.route_specifier else {
+        panic!()
+    };
+    assert_eq!(rds.route_config_name, "grpc|greeter.apps:50051");
+    assert_ads(&rds.config_source);
+
+    let rc: RouteConfiguration = decode(find(&rs, ROUTE, "grpc|greeter.apps:50051"));
+    assert_eq!(rc.virtual_hosts.len(), 1);
+    assert!(rc.virtual_hosts[0].domains.contains(&"*".to_string()));
+    assert_eq!(route_prefix(&rc.virtual_hosts[0].routes[0]), "");
+    assert_eq!(
+        route_cluster(&rc.virtual_hosts[0].routes[0]),
+        "outbound|50051|greeter.apps"
+    );
+
+    // Cluster and endpoints are byte-identical to Envoy's.
+    let envoy = translate::envoy_resources(&m, &EnvoyOptions::default());
+    for (t, n) in [
+        (CLUSTER, "outbound|50051|greeter.apps"),
+        (ENDPOINT, "outbound|50051|greeter.apps"),
+    ] {
+        assert_eq!(find(&rs, t, n).any, find(&envoy, t, n).any);
+    }
+    let cla: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|50051|greeter.apps"));
+    for g in &cla.endpoints {
+        assert!(g.locality.is_some() && g.load_balancing_weight.unwrap().value >= 1);
+    }
+}
+
+#[test]
+fn translation_is_deterministic_and_independent_of_input_order() {
+    let m = mesh();
+    let a = translate::envoy_resources(&m, &EnvoyOptions::default());
+    let b = translate::envoy_resources(&m.clone(), &EnvoyOptions::default());
+    assert_eq!(a, b);
+    let mut r = m.clone();
+    r.services.reverse();
+    r.pods.reverse();
+    r.secrets.reverse();
+    for s in &mut r.services {
+        s.endpoints.reverse();
+    }
+    assert_eq!(a, translate::envoy_resources(&r, &EnvoyOptions::default()));
+    assert_eq!(translate::grpc_resources(&m), translate::grpc_resources(&r));
+    // Sorted by (type, name), unique.
+    let keys: Vec<(&str, &str)> = a.iter().map(|r| (r.type_url, r.name.as_str())).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(keys, sorted);
+}
+
+#[test]
+fn output_is_consistent_and_a_missing_load_assignment_is_caught() {
+    let m = mesh();
+    for rs in [
+        translate::envoy_resources(&m, &EnvoyOptions::default()),
+        translate::grpc_resources(&m),
+    ] {
+        let set = translate::into_set(rs.clone());
+        check_consistency(&set, &EnvoyReferences).unwrap();
+        let without = set
+            .edit()
+            .remove(ENDPOINT, "outbound|50051|greeter.apps")
+            .build();
+        let err = check_consistency(&without, &EnvoyReferences).unwrap_err();
+        assert_eq!(err.missing.len(), 1);
+        assert_eq!(&*err.missing[0].to_name, "outbound|50051|greeter.apps");
+        assert_eq!(&*err.missing[0].from_type, CLUSTER);
+    }
+    let set = translate::into_set(translate::envoy_resources(&m, &EnvoyOptions::default()));
+    let err = check_consistency(
+        &set.edit().remove(ROUTE, "outbound|http").build(),
+        &EnvoyReferences,
+    )
+    .unwrap_err();
+    assert!(
+        err.missing
+            .iter()
+            .all(|m| &*m.from_type == LISTENER && &*m.to_name == "outbound|http")
+    );
+    assert_eq!(err.missing.len(), 1, "one pod has an outbound listener");
+    let err = check_consistency(
+        &set.edit()
+            .remove(CLUSTER, "inbound|5432|default/web-0")
+            .build(),
+        &EnvoyReferences,
+    )
+    .unwrap_err();
+    assert_eq!(
+        &*err.missing[0].from_name, "inbound|default/web-0|5432",
+        "tcp proxy reference"
+    );
+    let err = check_consistency(
+        &set.edit()
+            .remove(CLUSTER, "outbound|9090|web.default")
+            .build(),
+        &EnvoyReferences,
+    )
+    .unwrap_err();
+    assert_eq!(
+        &*err.missing[0].from_name, "outbound|http",
+        "route reference"
+    );
+}
+
+#[test]
+fn references_ignore_undecodable_and_mistyped_values() {
+    let mut refs = Vec::new();
+    let garbage = Any {
+        type_url: CLUSTER.into(),
+        value: vec![0xff, 0xff, 0xff],
+    };
+    use flock_xds::cache::References;
+    EnvoyReferences.references(CLUSTER, &garbage, &mut |t, n| {
+        refs.push((t.to_string(), n.to_string()))
+    });
+    let m = mesh();
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    let listener = find(&rs, LISTENER, "outbound|default/web-0");
+    // A listener's bytes presented as a cluster: the type URLs differ, no references.
+    EnvoyReferences.references(CLUSTER, &listener.any, &mut |t, n| {
+        refs.push((t.to_string(), n.to_string()))
+    });
+    assert!(refs.is_empty(), "{refs:?}");
+    EnvoyReferences.references(LISTENER, &listener.any, &mut |t, n| {
+        refs.push((t.to_string(), n.to_string()))
+    });
+    assert_eq!(refs, vec![(ROUTE.to_string(), "outbound|http".to_string())]);
+}
+
+#[test]
+fn replace_all_keeps_unchanged_resources_and_diffs_only_changes() {
+    let m = mesh();
+    let opts = EnvoyOptions::default();
+    let mut b = ResourceSet::new().edit();
+    translate::replace_all(&mut b, translate::envoy_resources(&m, &opts));
+    let v1 = b.build();
+
+    // Same mesh again: no change at all.
+    let mut b = v1.edit();
+    translate::replace_all(&mut b, translate::envoy_resources(&m, &opts));
+    let v2 = b.build();
+    assert!(diff(&v1, &v2).is_empty());
+
+    // One endpoint's weight changes: exactly the load assignments of that service's
+    // ports it serves change.
+    let mut m2 = m.clone();
+    m2.services[1].endpoints[0].weight = 7;
+    let mut b = v2.edit();
+    translate::replace_all(&mut b, translate::envoy_resources(&m2, &opts));
+    let v3 = b.build();
+    let d = diff(&v2, &v3);
+    assert_eq!(d.types.len(), 1);
+    assert_eq!(
+        d.types[ENDPOINT].changed,
+        vec!["outbound|50051|greeter.apps".into()]
+    );
+
+    // A pod goes away: its listeners and clusters are removed.
+    let mut m3 = m2.clone();
+    m3.pods.retain(|p| p.name != "host-pod");
+    let mut b = v3.edit();
+    translate::replace_all(&mut b, translate::envoy_resources(&m3, &opts));
+    let v4 = b.build();
+    let d = diff(&v3, &v4);
+    assert_eq!(
+        d.types[LISTENER].removed,
+        vec!["inbound|apps/host-pod|80".into()]
+    );
+    assert_eq!(
+        d.types[CLUSTER].removed,
+        vec!["inbound|80|apps/host-pod".into()]
+    );
+    assert_eq!(d.types.len(), 2);
+
+    // Incremental: re-translating one service with upsert_all gives the same set.
+    let mut b = v2.edit();
+    translate::upsert_all(&mut b, translate::service_resources(&m2.services[1]));
+    let v3b = b.build();
+    assert!(v3.same_content(&v3b));
+    assert_eq!(diff(&v2, &v3b), diff(&v2, &v3));
+}
+
+#[test]
+fn per_entity_functions_compose_to_the_whole_mesh() {
+    let m = mesh();
+    let opts = EnvoyOptions::default();
+    let mut parts = Vec::new();
+    for p in &m.pods {
+        parts.extend(translate::pod_resources(p, &opts));
+    }
+    for s in &m.services {
+        parts.extend(translate::service_resources(s));
+    }
+    parts.push(translate::outbound_routes(&m.services, &opts));
+    parts.extend(m.secrets.iter().map(translate::secret_resource));
+    let whole: BTreeSet<(&str, String, ContentHash)> = translate::envoy_resources(&m, &opts)
+        .into_iter()
+        .map(|r| (r.type_url, r.name, r.hash))
+        .collect();
+    let parts: BTreeSet<(&str, String, ContentHash)> = parts
+        .into_iter()
+        .map(|r| (r.type_url, r.name, r.hash))
+        .collect();
+    assert_eq!(whole, parts);
+    let mut grpc = Vec::new();
+    for s in &m.services {
+        grpc.extend(translate::grpc_service_resources(s));
+    }
+    assert_eq!(grpc.len(), translate::grpc_resources(&m).len());
+}
+
+#[test]
+fn cluster_domain_option_changes_the_long_host_name() {
+    let opts = EnvoyOptions {
+        cluster_domain: "mesh.example".into(),
+        ..EnvoyOptions::default()
+    };
+    let rc: RouteConfiguration = decode(&translate::outbound_routes(&mesh().services, &opts));
+    assert!(
+        rc.virtual_hosts
+            .iter()
+            .flat_map(|v| &v.domains)
+            .any(|d| d == "web.default.svc.mesh.example:8080")
+    );
+}
+
+// ---- model: JSON, validation, redaction ----
+
+fn invalid(json: &str) -> Vec<String> {
+    match Mesh::from_json(json.as_bytes()) {
+        Err(MeshError::Invalid(errors)) => errors.iter().map(|e| e.to_string()).collect(),
+        other => panic!("expected validation errors, got {other:?}"),
+    }
+}
+
+#[test]
+fn validation_reports_every_problem_with_its_path() {
+    let errors = invalid(
+        r#"{
+      "services": [
+        {"name": "Web_1", "ports": [{"port": 80}, {"port": 80}, {"port": 0}],
+         "endpoints": [{"address": "10.0.0.1", "port": 1, "weight": 0},
+                       {"address": "10.0.0.2", "port": 1, "service_port": 81},
+                       {"address": "0.0.0.0", "port": 0}]},
+        {"name": "db", "ports": []},
+        {"name": "db", "ports": [{"port": 5432, "name": "pg"}, {"port": 5433, "name": "pg"}],
+         "endpoints": [{"address": "10.0.0.3", "port": 5432}, {"address": "10.0.0.3", "port": 5432, "service_port": 5432}]},
+        {"name": "a.b", "namespace": "x|y", "ports": [{"port": 1}]}
+      ],
+      "pods": [
+        {"name": "p/1", "ip": "10.0.0.9", "netns": "relative/path", "identity": "http://x",
+         "inbound": [{"app_port": 80, "listen_port": 15006}, {"app_port": 80, "listen_port": 15006}]},
+        {"name": "p2", "ip": "10.0.0.9", "inbound": [], "outbound_port": 15001},
+        {"name": "p2", "ip": "10.0.0.10", "inbound": []}
+      ],
+      "secrets": [
+        {"name": "s", "kind": {"validation_context": {"trusted_ca_pem": ""}}},
+        {"name": "s", "kind": {"validation_context": {"trusted_ca_pem": "x"}}},
+        {"name": "bad name", "kind": {"validation_context": {"trusted_ca_pem": "x"}}}
+      ]
+    }"#,
+    );
+    let expect = [
+        "services[0].name: service name \"Web_1\" contains 'W'",
+        "services[0].ports[1].port: duplicate port 80",
+        "services[0].ports[2].port: port must be 1-65535",
+        "services[0].endpoints[0].weight: weight must be at least 1",
+        "services[0].endpoints[1].service_port: service Web_1.default has no port 81",
+        "services[0].endpoints[2].address: 0.0.0.0 is not a unicast address",
+        "services[0].endpoints[2].port: port must be 1-65535",
+        "services[1].ports: a service needs at least one port",
+        "services[2].name: duplicate service db.default (also services[1])",
+        "services[2].ports[1].name: duplicate port name \"pg\"",
+        "services[2].endpoints[1]: duplicate endpoint 10.0.0.3:5432 for port 5432",
+        "services[3].name: service name \"a.b\" contains '.'",
+        "services[3].namespace: namespace \"x|y\" contains '|'",
+        "pods[0].name: pod name \"p/1\" contains '/'",
+        "pods[0].netns: netns must be an absolute path",
+        "pods[0].inbound[1].app_port: duplicate app_port 80",
+        "pods[0].identity: identity must be a SPIFFE ID",
+        "pods[0].inbound[1].listen_port: listener address 10.0.0.9:15006 in network namespace relative/path is also bound by pods[0].inbound[0].listen_port",
+        "pods[2].name: duplicate pod default/p2 (also pods[1])",
+        "pods[2].outbound_port: listener address 127.0.0.1:15001 in network namespace (host) is also bound by pods[1].outbound_port",
+        "secrets[0].kind.validation_context.trusted_ca_pem: must not be empty",
+        "secrets[1].name: duplicate secret \"s\" (also secrets[0])",
+        "secrets[2].name: secret name \"bad name\" contains ' '",
+    ];
+    for e in expect {
+        assert!(
+            errors.iter().any(|x| x.starts_with(e)),
+            "missing {e:?} in:\n{}",
+            errors.join("\n")
+        );
+    }
+    assert_eq!(
+        errors.len(),
+        expect.len(),
+        "unexpected extra errors:\n{}",
+        errors.join("\n")
+    );
+}
+
+#[test]
+fn validation_enforces_limits() {
+    let long = "a".repeat(64);
+    let errors = invalid(&format!(
+        r#"{{"services": [{{"name": "{long}", "ports": [{{"port": 1}}]}}]}}"#
+    ));
+    assert!(errors[0].contains("is 64 characters long"), "{errors:?}");
+    let pod_name = format!("{}.b", "a".repeat(252));
+    let errors = invalid(&format!(
+        r#"{{"pods": [{{"name": "{pod_name}", "ip": "10.0.0.1"}}]}}"#
+    ));
+    assert!(errors[0].contains("is 254 characters long"), "{errors:?}");
+
+    let ep = Endpoint {
+        address: "10.0.0.1".parse().unwrap(),
+        port: 1,
+        locality: Locality::default(),
+        health: Health::Healthy,
+        weight: u32::MAX,
+        service_port: None,
+    };
+    let mut eps: Vec<Endpoint> = (0..2)
+        .map(|i| Endpoint {
+            port: 1 + i,
+            ..ep.clone()
+        })
+        .collect();
+    let svc = Service {
+        name: "big".into(),
+        namespace: "default".into(),
+        ports: vec![ServicePort {
+            name: None,
+            port: 80,
+            protocol: Protocol::Http,
+        }],
+        endpoints: eps.clone(),
+    };
+    let m = Mesh {
+        services: vec![svc.clone()],
+        ..Mesh::default()
+    };
+    let errors = m.validate().unwrap_err();
+    assert!(
+        errors[0].message.contains("sum to 8589934590"),
+        "{errors:?}"
+    );
+
+    eps = (0..=translate::model::MAX_ENDPOINTS as u32)
+        .map(|i| Endpoint {
+            address: std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
+            weight: 1,
+            ..ep.clone()
+        })
+        .collect();
+    let m = Mesh {
+        services: vec![Service {
+            endpoints: eps,
+            ..svc
+        }],
+        ..Mesh::default()
+    };
+    let errors = m.validate().unwrap_err();
+    assert_eq!(errors.len(), 1, "{:?}", &errors[..errors.len().min(3)]);
+    assert!(errors[0].message.contains("100001 endpoints in all"));
+}
+
+#[test]
+fn json_errors_carry_line_and_column() {
+    let doc = "{\n  \"services\": [\n    {\"name\": \"web\", \"ports\": [], \"typo\": 1}\n  ]\n}";
+    match Mesh::from_json(doc.as_bytes()) {
+        Err(MeshError::Json {
+            line,
+            column,
+            message,
+        }) => {
+            assert_eq!(line, 3);
+            assert!(column > 0);
+            assert!(message.contains("unknown field `typo`"), "{message}");
+            assert!(
+                !message.contains(" at line "),
+                "position is in the fields: {message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let doc = "{\"pods\": [\n{\"name\": \"p\",\n \"ip\": \"10.0.0.300\"}]}";
+    match Mesh::from_json(doc.as_bytes()) {
+        Err(e @ MeshError::Json { line: 3, .. }) => {
+            assert!(e.to_string().contains("line 3 column"), "{e}")
+        }
+        other => panic!("a bad IP is an error at its line: {other:?}"),
+    }
+    match Mesh::from_json(
+        b"{\"services\": [{\"name\": \"x\", \"ports\": [{\"port\": 1, \"protocol\": \"udp\"}]}]}",
+    ) {
+        Err(MeshError::Json { message, .. }) => {
+            assert!(message.contains("unknown variant `udp`"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        Mesh::from_json(b"not json"),
+        Err(MeshError::Json { line: 1, .. })
+    ));
+}
+
+#[test]
+fn json_size_is_limited() {
+    let mut doc = b"{\"services\": []}".to_vec();
+    doc.resize(translate::model::MAX_JSON_BYTES + 1, b' ');
+    match Mesh::from_json(&doc) {
+        Err(MeshError::TooLarge { len, limit }) => {
+            assert_eq!((len, limit), (16 * 1024 * 1024 + 1, 16 * 1024 * 1024))
+        }
+        other => panic!("{other:?}"),
+    }
+    doc.truncate(translate::model::MAX_JSON_BYTES);
+    assert_eq!(Mesh::from_json(&doc).unwrap(), Mesh::default());
+}
+
+#[test]
+fn defaults_apply() {
+    let m = Mesh::from_json(
+        br#"{"services": [{"name": "s", "ports": [{"port": 1}], "endpoints": [{"address": "10.1.1.1", "port": 2}]}],
+             "pods": [{"name": "p", "ip": "10.1.1.1"}]}"#,
+    )
+    .unwrap();
+    let s = &m.services[0];
+    assert_eq!(s.namespace, "default");
+    assert_eq!(s.ports[0].protocol, Protocol::Http);
+    let e = &s.endpoints[0];
+    assert_eq!(
+        (e.weight, e.health, &e.locality, e.service_port),
+        (1, Health::Healthy, &Locality::default(), None)
+    );
+    let p = &m.pods[0];
+    assert_eq!(
+        (p.namespace.as_str(), p.outbound_port, &p.netns),
+        ("default", 15001, &None)
+    );
+    assert_eq!(p.inbound, Vec::<InboundPort>::new());
+}
+
+#[test]
+fn debug_never_shows_the_private_key() {
+    let m = mesh();
+    let shown = format!("{m:?} {m:#?}");
+    assert!(shown.contains("web-cert"));
+    assert!(!shown.contains("TOPSECRETKEYMATERIAL"), "{shown}");
+    let direct = Secret {
+        name: "x".into(),
+        kind: SecretKind::TlsCertificate {
+            certificate_chain_pem: "c".into(),
+            private_key_pem: PrivateKeyPem(KEY_PEM.into()),
+        },
+    };
+    assert!(!format!("{direct:?}").contains("TOPSECRET"));
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    let shown = format!("{rs:?}");
+    assert!(!shown.contains("TOPSECRETKEYMATERIAL") && shown.contains("web-cert"));
+    // Errors do not quote it either.
+    let err = Mesh::from_json(
+        br#"{"secrets": [{"name": "bad name", "kind": {"tls_certificate": {"certificate_chain_pem": "c", "private_key_pem": "TOPSECRETKEYMATERIAL"}}}]}"#,
+    )
+    .unwrap_err();
+    assert!(!format!("{err} {err:?}").contains("TOPSECRET"));
+}
+
+#[test]
+fn example_mesh_json_loads_and_translates() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mesh.json");
+    let m = Mesh::from_json(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(m.services.len(), 2);
+    assert_eq!(m.pods[0].netns, None);
+    let envoy = translate::envoy_resources(&m, &EnvoyOptions::default());
+    check_consistency(&translate::into_set(envoy), &EnvoyReferences).unwrap();
+    let grpc = translate::grpc_resources(&m);
+    assert!(grpc.iter().any(|r| r.name == "greeter.default:50051"));
+    check_consistency(&translate::into_set(grpc), &EnvoyReferences).unwrap();
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn protocol() -> impl Strategy<Value = Protocol> {
+        prop_oneof![
+            Just(Protocol::Http),
+            Just(Protocol::Grpc),
+            Just(Protocol::Tcp)
+        ]
+    }
+
+    fn health() -> impl Strategy<Value = Health> {
+        prop_oneof![
+            Just(Health::Healthy),
+            Just(Health::Unhealthy),
+            Just(Health::Draining),
+            Just(Health::Unknown)
+        ]
+    }
+
+    /// Services unique by (name, namespace) and ports unique, so most generated
+    /// meshes are valid; endpoints may still collide (then `validate` says so).
+    fn services() -> impl Strategy<Value = Vec<Service>> {
+        let service = (
+            prop::collection::btree_map(1u16..6, protocol(), 1..4),
+            prop::collection::vec(
+                (
+                    0u8..4,
+                    1u16..4,
+                    prop::sample::select(vec!["", "z1", "z2"]),
+                    health(),
+                    1u32..4,
+                    prop::option::of(0usize..4),
+                ),
+                0..6,
+            ),
+        );
+        prop::collection::btree_map(
+            (
+                prop::sample::select(vec!["a", "b", "web"]),
+                prop::sample::select(vec!["default", "x"]),
+            ),
+            service,
+            0..4,
+        )
+        .prop_map(|services| {
+            services
+                .into_iter()
+                .map(|((name, ns), (ports, eps))| {
+                    let ports: Vec<ServicePort> = ports
+                        .into_iter()
+                        .map(|(port, protocol)| ServicePort {
+                            name: None,
+                            port,
+                            protocol,
+                        })
+                        .collect();
+                    let mut endpoints: Vec<Endpoint> = eps
+                        .into_iter()
+                        .map(|(ip, port, zone, health, weight, sp)| Endpoint {
+                            address: std::net::Ipv4Addr::new(10, 0, 0, ip).into(),
+                            port,
+                            locality: Locality {
+                                region: "r".into(),
+                                zone: zone.into(),
+                                sub_zone: String::new(),
+                            },
+                            health,
+                            weight,
+                            service_port: sp.map(|i| ports[i % ports.len()].port),
+                        })
+                        .collect();
+                    let mut seen = HashSet::new();
+                    endpoints.retain(|e| seen.insert((e.address, e.port)));
+                    Service {
+                        name: name.into(),
+                        namespace: ns.into(),
+                        ports,
+                        endpoints,
+                    }
+                })
+                .collect()
+        })
+    }
+
+    fn pods() -> impl Strategy<Value = Vec<Pod>> {
+        let pod = (
+            prop::option::of(prop::sample::select(vec![
+                "/var/run/netns/a",
+                "/var/run/netns/b",
+            ])),
+            prop::collection::btree_map(1u16..5, protocol(), 0..3),
+            prop::sample::select(vec![0u16, 15001, 15002]),
+        );
+        prop::collection::btree_map(
+            (
+                prop::sample::select(vec!["p0", "p1", "p.2"]),
+                prop::sample::select(vec!["default", "x"]),
+            ),
+            pod,
+            0..3,
+        )
+        .prop_map(|pods| {
+            pods.into_iter()
+                .enumerate()
+                .map(|(i, ((name, ns), (netns, inbound, outbound_port)))| Pod {
+                    name: name.into(),
+                    namespace: ns.into(),
+                    uid: None,
+                    ip: std::net::Ipv4Addr::new(10, 0, 1, i as u8 + 1).into(),
+                    netns: netns.map(String::from),
+                    inbound: inbound
+                        .into_iter()
+                        .map(|(app_port, protocol)| InboundPort {
+                            app_port,
+                            listen_port: 15000 + app_port,
+                            protocol,
+                        })
+                        .collect(),
+                    outbound_port,
+                    identity: None,
+                })
+                .collect()
+        })
+    }
+
+    fn mesh() -> impl Strategy<Value = Mesh> {
+        (
+            services(),
+            pods(),
+            prop::collection::btree_set(prop::sample::select(vec!["s1", "s2"]), 0..2),
+        )
+            .prop_map(|(services, pods, secrets)| Mesh {
+                services,
+                pods,
+                secrets: secrets
+                    .into_iter()
+                    .map(|n| Secret {
+                        name: n.into(),
+                        kind: SecretKind::ValidationContext {
+                            trusted_ca_pem: "ca".into(),
+                        },
+                    })
+                    .collect(),
+            })
+    }
+
+    fn unique_keys(rs: &[Resource]) -> bool {
+        let mut seen = HashSet::new();
+        rs.iter().all(|r| seen.insert((r.type_url, r.name.clone())))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn valid_meshes_translate_to_consistent_deterministic_sets(m in mesh()) {
+            prop_assume!(m.validate().is_ok());
+            let opts = EnvoyOptions::default();
+            let envoy = translate::envoy_resources(&m, &opts);
+            prop_assert!(unique_keys(&envoy));
+            prop_assert_eq!(&envoy, &translate::envoy_resources(&m.clone(), &opts));
+            let set = translate::into_set(envoy.clone());
+            prop_assert!(check_consistency(&set, &EnvoyReferences).is_ok(), "{:?}", check_consistency(&set, &EnvoyReferences));
+            prop_assert_eq!(set.len(), envoy.len());
+
+            let grpc = translate::grpc_resources(&m);
+            prop_assert!(unique_keys(&grpc));
+            prop_assert_eq!(&grpc, &translate::grpc_resources(&m.clone()));
+            prop_assert!(check_consistency(&translate::into_set(grpc), &EnvoyReferences).is_ok());
+
+            // Outbound domains are unique.
+            let rc: RouteConfiguration = decode(find(&envoy, ROUTE, "outbound|http"));
+            let mut seen = HashSet::new();
+            for d in rc.virtual_hosts.iter().flat_map(|v| &v.domains) {
+                prop_assert!(seen.insert(d.clone()), "duplicate domain {}", d);
+            }
+            // Every locality group is set and weighted ≥ 1.
+            for r in envoy.iter().filter(|r| r.type_url == ENDPOINT) {
+                let cla: ClusterLoadAssignment = decode(r);
+                for g in &cla.endpoints {
+                    prop_assert!(g.locality.is_some());
+                    prop_assert!(g.load_balancing_weight.unwrap().value >= 1);
+                }
+            }
+            // The JSON form round-trips.
+            let json = serde_json::to_vec(&m).unwrap();
+            prop_assert_eq!(Mesh::from_json(&json).unwrap(), m);
+        }
+
+        #[test]
+        fn translation_never_panics_on_unvalidated_meshes(m in mesh()) {
+            let envoy = translate::envoy_resources(&m, &EnvoyOptions::default());
+            prop_assert!(unique_keys(&envoy));
+            let _ = translate::grpc_resources(&m);
+        }
+    }
+}
