@@ -1,0 +1,197 @@
+//! flock-xds against a real proxyless gRPC client: Python `grpcio` (gRPC C-core's xDS
+//! resolver, SotW ADS) dials `xds:///greeter.default:50051`, resolves it through the
+//! proxyless translation served by flock-xds, and calls real gRPC backends (Python
+//! servers); it follows endpoint additions and removals. The peers are
+//! `tests/peers/grpc_peer.py`.
+
+mod common;
+
+use common::{ChildGuard, TempDir, free_port, grpc_python, repo};
+use envoy_types::pb::google::protobuf::Any;
+use flock_xds::cache::Cache;
+use flock_xds::server::Server;
+use flock_xds::translate::{self, EnvoyReferences, Mesh};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NODE: &str = "grpc-client";
+
+fn peer(
+    dir: &TempDir,
+    args: &[&str],
+    bootstrap: Option<&std::path::Path>,
+) -> (ChildGuard, ChildStdin, BufReader<ChildStdout>) {
+    let log = dir.0.join(format!("peer-{}.log", args[0]));
+    let mut cmd = Command::new(grpc_python());
+    cmd.arg(repo().join("flock-xds/tests/peers/grpc_peer.py"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if let Some(b) = bootstrap {
+        cmd.env("GRPC_XDS_BOOTSTRAP", b);
+    }
+    let mut child = cmd.spawn().expect("spawn grpc_peer.py");
+    let stdin = child.stdin.take().unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    (ChildGuard { child, log }, stdin, stdout)
+}
+
+fn read_line(out: &mut BufReader<ChildStdout>, guard: &ChildGuard) -> String {
+    let mut line = String::new();
+    let n = out.read_line(&mut line).unwrap();
+    assert!(n > 0, "peer exited; its log:\n{}", guard.log_tail());
+    line.trim().to_string()
+}
+
+fn mesh(endpoints: &[u16]) -> Mesh {
+    let eps: Vec<String> = endpoints
+        .iter()
+        .map(|p| {
+            format!(
+                r#"{{"address": "127.0.0.1", "port": {p}, "locality": {{"region": "r1", "zone": "z{}"}}}}"#,
+                p % 2
+            )
+        })
+        .collect();
+    let json = format!(
+        r#"{{"services": [{{"name": "greeter", "ports": [{{"port": 50051, "protocol": "grpc"}}],
+             "endpoints": [{}]}}]}}"#,
+        eps.join(",")
+    );
+    let mesh = Mesh::from_json(json.as_bytes()).unwrap();
+    mesh.validate().unwrap();
+    mesh
+}
+
+fn publish(cache: &Cache<Any>, mesh: &Mesh) {
+    let resources = translate::grpc_resources(mesh);
+    cache
+        .update_checked(NODE, &EnvoyReferences, |prev| {
+            let mut b = prev.edit();
+            translate::replace_all(&mut b, resources);
+            b.build()
+        })
+        .unwrap();
+}
+
+/// The proxyless client, driven one call at a time.
+struct Client {
+    guard: ChildGuard,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Client {
+    fn call(&mut self) -> String {
+        writeln!(self.stdin, "call").unwrap();
+        self.stdin.flush().unwrap();
+        read_line(&mut self.stdout, &self.guard)
+    }
+
+    /// Calls until the last `window` answers all came from `want` (each of them at
+    /// least once), or panics after `timeout`. Returns the answers seen.
+    fn until_serving(&mut self, want: &[&str], window: usize, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        let want: BTreeSet<String> = want.iter().map(|w| format!("ok {w}")).collect();
+        let mut seen = Vec::new();
+        loop {
+            seen.push(self.call());
+            if seen.len() >= window {
+                let last: BTreeSet<String> = seen[seen.len() - window..].iter().cloned().collect();
+                if last == want {
+                    return seen;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "client never settled on {want:?}; last answers: {:?}\nclient log:\n{}",
+                &seen[seen.len().saturating_sub(8)..],
+                self.guard.log_tail()
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_resolves_through_flock_xds_and_follows_endpoints() {
+    let dir = TempDir::new("grpc");
+    let (p1, p2) = (free_port(), free_port());
+    let (backends, _backends_in, mut backends_out) = peer(
+        &dir,
+        &[
+            "serve",
+            &format!("backend-1:{p1}"),
+            &format!("backend-2:{p2}"),
+        ],
+        None,
+    );
+    assert_eq!(read_line(&mut backends_out, &backends), "ready");
+
+    let cache = Arc::new(Cache::by_node_id());
+    publish(&cache, &mesh(&[p1]));
+    let server = Server::new(Arc::clone(&cache));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let xds = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let s = server.clone();
+    let serving = tokio::spawn(async move {
+        s.serve_tcp(listener, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+
+    let bootstrap = dir.0.join("bootstrap.json");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            r#"{{"xds_servers": [{{"server_uri": "{xds}", "channel_creds": [{{"type": "insecure"}}],
+                 "server_features": ["xds_v3"]}}],
+                "node": {{"id": "{NODE}", "locality": {{"region": "r1"}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let (guard, stdin, stdout) = peer(
+        &dir,
+        &["client", "xds:///greeter.default:50051"],
+        Some(&bootstrap),
+    );
+    let mut client = Client {
+        guard,
+        stdin,
+        stdout,
+    };
+
+    // The blocking peer I/O runs off the async runtime, which keeps serving xDS.
+    let (client, cache) = tokio::task::spawn_blocking(move || {
+        let first = client.call();
+        assert_eq!(
+            first,
+            "ok backend-1",
+            "client log:\n{}",
+            client.guard.log_tail()
+        );
+
+        // An added endpoint: round robin reaches both.
+        publish(&cache, &mesh(&[p1, p2]));
+        client.until_serving(&["backend-1", "backend-2"], 4, Duration::from_secs(20));
+
+        // A removed endpoint: only backend 2 answers.
+        publish(&cache, &mesh(&[p2]));
+        client.until_serving(&["backend-2"], 6, Duration::from_secs(20));
+        (client, cache)
+    })
+    .await
+    .unwrap();
+    let acked = server.metrics().counter("flock_xds_acks_total", "eds");
+    assert!(acked >= 3, "grpcio ACKed every EDS version it got: {acked}");
+    assert_eq!(server.metrics().counter("flock_xds_nacks_total", "lds"), 0);
+    assert_eq!(server.metrics().counter("flock_xds_nacks_total", "cds"), 0);
+    drop((client, cache));
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}
