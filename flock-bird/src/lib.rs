@@ -1,5 +1,8 @@
-//! The node-agent runtime ("one bird of the flock"): pod store, CNI server, registry, identity, liveness, orphan GC and xDS wiring.
+//! The node-agent runtime ("one bird of the flock"): pod store, CNI server, registry, liveness, orphan GC and xDS wiring.
 //!
-//! **Status: skeleton.** This crate's contents land with issue 6 (flock-agent); until then it only
-//! documents its place in the workspace (see the repository's `ARCHITECTURE.md`).
+//! The rules (step order, merge-on-load, register-then-recheck, GC planning) come from
+//! `flock_core::lifecycle` and `flock_core::gc`; this crate runs them against real I/O.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod model;
