@@ -5,4 +5,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
+pub mod agent;
+pub mod cni_server;
 pub mod model;
+pub mod probe;
+pub mod registry;
+pub mod runtime;
+pub mod store;

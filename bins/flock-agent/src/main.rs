@@ -1,20 +1,151 @@
 //! `flock-agent`: the flock node agent (pod store, CNI server, registry, liveness, orphan GC, xDS).
-//!
-//! Status: placeholder until issue 6. It parses no arguments beyond `--help`/`--version`
-//! and exits with status 2 and a message saying what is missing, so nothing can mistake
-//! it for a working binary.
 
+use anyhow::Context as _;
 use clap::Parser;
+use flock_bird::agent::AgentConfig;
+use flock_bird::runtime::{self, Options};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
-/// the flock node agent (pod store, CNI server, registry, liveness, orphan GC, xDS).
+/// The flock node agent: runs beside a node-local Envoy on every node.
 ///
-/// NOT IMPLEMENTED YET: this binary lands with issue 6.
-#[derive(Parser)]
-#[command(version, about, long_about = None)]
-struct Args {}
+/// The chained CNI plugin (flock-cni) reports pod sandboxes on --cni-socket; pods with
+/// a `flock.io/service` annotation are stored durably in --state-dir, registered in the
+/// shared --registry, probed for liveness, and served to Envoy (and proxyless gRPC
+/// clients) over xDS on --xds-address / --xds-socket. Pods without the annotation are
+/// ignored. An orphan GC removes what crashed operations or missed CNI DELs leave.
+///
+/// Try it: `flock-agent --dev` (everything in a temporary directory, on loopback,
+/// with the embedded registry), then `flockctl snapshot`.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Args {
+    /// This node's name: owner of its registry endpoints [default: the host name].
+    #[arg(long, env = "FLOCK_NODE_NAME", value_name = "NAME")]
+    node_name: Option<String>,
+    /// Pod store directory (one 0600 file per pod).
+    #[arg(long, default_value = "/var/lib/flock", value_name = "DIR")]
+    state_dir: PathBuf,
+    /// The CNI plugin's socket (created 0600; flock-cni's `agentSocket`).
+    #[arg(long, default_value = "/run/flock/cni.sock", value_name = "PATH")]
+    cni_socket: PathBuf,
+    /// Serve xDS (ADS, SotW and Delta) on this TCP address.
+    #[arg(long, default_value = "127.0.0.1:18000", value_name = "HOST:PORT")]
+    xds_address: SocketAddr,
+    /// Also serve xDS on this unix socket (created 0600).
+    #[arg(long, value_name = "PATH")]
+    xds_socket: Option<PathBuf>,
+    /// Admin endpoint: /healthz /readyz /metrics /debug/pods /debug/snapshot /debug/registry.
+    #[arg(long, default_value = "127.0.0.1:18090", value_name = "HOST:PORT")]
+    admin_address: SocketAddr,
+    /// Where endpoints are shared: `memory` (embedded, single node), `file:PATH`
+    /// (embedded, persisted), or `etcd://HOST:PORT[,HOST:PORT]` (multi-node; each
+    /// agent's endpoints live on its lease and expire if it dies).
+    #[arg(long, default_value = "memory", value_name = "SPEC")]
+    registry: String,
+    /// Lease TTL of this agent's etcd registrations, seconds.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    registry_ttl: i64,
+    /// Zone of this node's endpoints (EDS locality).
+    #[arg(long, default_value = "", value_name = "ZONE")]
+    zone: String,
+    /// Region of this node's endpoints (EDS locality).
+    #[arg(long, default_value = "", value_name = "REGION")]
+    region: String,
+    /// Liveness probe interval per pod, milliseconds.
+    #[arg(long, default_value_t = 5000, value_name = "MS")]
+    probe_interval_ms: u64,
+    /// Orphan GC period, seconds.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    gc_interval: u64,
+    /// Try-it-out mode: state, CNI socket and registry in a fresh temporary directory,
+    /// everything on loopback. Explicit flags still win for addresses.
+    #[arg(long)]
+    dev: bool,
+    /// Log format.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
 
-fn main() {
-    let _args = Args::parse();
-    eprintln!("flock-agent: not implemented yet (lands with issue 6); see README.md");
-    std::process::exit(2);
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "node".into())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if args.log_format == "json" {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_env_filter(filter)
+            .init();
+    }
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("flock-agent: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let mut agent = AgentConfig::new(args.node_name.clone().unwrap_or_else(hostname));
+    agent.zone = args.zone.clone();
+    agent.region = args.region.clone();
+    agent.liveness.interval_ms = args.probe_interval_ms.max(100);
+    agent.gc_interval = Duration::from_secs(args.gc_interval.max(1));
+    let mut opts = Options {
+        agent,
+        state_dir: args.state_dir.clone(),
+        cni_socket: args.cni_socket.clone(),
+        xds_address: Some(args.xds_address),
+        xds_socket: args.xds_socket.clone(),
+        admin_address: args.admin_address,
+        registry: args.registry.clone(),
+        registry_ttl_secs: args.registry_ttl,
+    };
+    // Kept alive until exit: the --dev directory is removed when the agent stops.
+    let _dev_dir = if args.dev {
+        let dir = tempfile::Builder::new()
+            .prefix("flock-dev-")
+            .tempdir()
+            .context("creating the --dev directory")?;
+        opts.state_dir = dir.path().join("pods");
+        opts.cni_socket = dir.path().join("cni.sock");
+        tracing::info!(
+            dir = %dir.path().display(),
+            cni_socket = %opts.cni_socket.display(),
+            xds = %args.xds_address,
+            admin = %args.admin_address,
+            "--dev: state and CNI socket in a temporary directory; registry {}",
+            opts.registry
+        );
+        Some(dir)
+    } else {
+        None
+    };
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    runtime::run(opts, shutdown, |bound| {
+        tracing::info!(admin = %bound.admin, xds = ?bound.xds, "flock-agent listening");
+    })
+    .await
 }

@@ -1,0 +1,164 @@
+//! The agent's side of `flock.cni.v1.CniService`, served on a root-only unix socket.
+
+use crate::agent::{AddPodInput, Agent, PodError, PodOutcome};
+use flock_cni::proto::v1::cni_service_server::{CniService, CniServiceServer};
+use flock_cni::proto::v1::{
+    AddPodRequest, Availability, CheckRequest, GarbageCollectRequest, GarbageCollectResponse,
+    Outcome, PodResponse, RemovePodRequest, StatusRequest, StatusResponse,
+};
+use flock_core::gc::PodKey;
+use std::path::Path;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+/// Largest CNI request accepted (prevResult and annotations included).
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+/// The service over an [`Agent`].
+#[derive(Clone)]
+pub struct CniServer {
+    agent: Arc<Agent>,
+}
+
+fn pod(outcome: Outcome, message: impl Into<String>) -> Response<PodResponse> {
+    Response::new(PodResponse {
+        outcome: outcome as i32,
+        message: message.into(),
+    })
+}
+
+fn key_of(container_id: &str, ifname: &str) -> Result<PodKey, Status> {
+    if container_id.is_empty() || container_id.len() > 256 || ifname.len() > 64 {
+        return Err(Status::invalid_argument(
+            "container_id must be 1 to 256 bytes and ifname at most 64",
+        ));
+    }
+    Ok(PodKey::new(container_id, ifname))
+}
+
+impl CniServer {
+    /// A service over `agent`.
+    pub fn new(agent: Arc<Agent>) -> Self {
+        Self { agent }
+    }
+
+    /// Serves on the unix socket `path` (mode 0600) until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        path: &Path,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let listener = flock_xds::server::bind_unix(path)?;
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let result = tonic::transport::Server::builder()
+            .add_service(CniServiceServer::new(self).max_decoding_message_size(MAX_REQUEST_BYTES))
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+            .map_err(std::io::Error::other);
+        let _ = std::fs::remove_file(path);
+        result
+    }
+}
+
+#[tonic::async_trait]
+impl CniService for CniServer {
+    async fn add_pod(&self, req: Request<AddPodRequest>) -> Result<Response<PodResponse>, Status> {
+        let req = req.into_inner();
+        let pod_ref = req.pod.clone().unwrap_or_default();
+        if req.annotations.len() > 256 {
+            return Ok(pod(Outcome::Error, "more than 256 annotations"));
+        }
+        let input = AddPodInput {
+            container_id: req.container_id,
+            ifname: req.ifname,
+            netns: req.netns,
+            name: pod_ref.name,
+            namespace: pod_ref.namespace,
+            uid: pod_ref.uid,
+            ips: req.ips.into_iter().map(|ip| ip.address).collect(),
+            annotations: req.annotations.into_iter().collect(),
+            network_name: req.network_name,
+        };
+        Ok(match self.agent.add_pod(&input).await {
+            Ok(PodOutcome::Done(m)) => pod(Outcome::Success, m),
+            Ok(PodOutcome::Ignored(m)) => pod(Outcome::Ignored, m),
+            Err(e @ PodError::Invalid(_)) => {
+                tracing::warn!(container = %input.container_id.chars().take(64).collect::<String>(), "AddPod refused: {e}");
+                pod(Outcome::Error, e.to_string())
+            }
+            Err(e) => pod(Outcome::Error, e.to_string()),
+        })
+    }
+
+    async fn remove_pod(
+        &self,
+        req: Request<RemovePodRequest>,
+    ) -> Result<Response<PodResponse>, Status> {
+        let req = req.into_inner();
+        let key = key_of(&req.container_id, &req.ifname)?;
+        Ok(match self.agent.remove_pod(&key).await {
+            PodOutcome::Done(m) => pod(Outcome::Success, m),
+            PodOutcome::Ignored(m) => pod(Outcome::Ignored, m),
+        })
+    }
+
+    async fn check(&self, req: Request<CheckRequest>) -> Result<Response<PodResponse>, Status> {
+        let req = req.into_inner();
+        let key = key_of(&req.container_id, &req.ifname)?;
+        Ok(match self.agent.check_pod(&key) {
+            Ok(()) => pod(Outcome::Success, format!("pod {key} is meshed")),
+            Err(m) => pod(Outcome::Error, m),
+        })
+    }
+
+    async fn garbage_collect(
+        &self,
+        req: Request<GarbageCollectRequest>,
+    ) -> Result<Response<GarbageCollectResponse>, Status> {
+        let req = req.into_inner();
+        if req.valid_attachments.len() > 100_000 {
+            return Err(Status::invalid_argument(
+                "more than 100,000 valid attachments",
+            ));
+        }
+        let mut valid: Vec<PodKey> = req
+            .valid_attachments
+            .iter()
+            .map(|a| PodKey::new(&a.container_id, &a.ifname))
+            .collect();
+        // The runtime speaks for one network: pods of other networks stay valid.
+        valid.extend(
+            self.agent
+                .pods()
+                .into_values()
+                .filter(|p| p.network_name != req.network_name)
+                .map(|p| p.key),
+        );
+        let removed = self.agent.gc_sweep(Some(valid)).await;
+        Ok(Response::new(GarbageCollectResponse {
+            outcome: Outcome::Success as i32,
+            message: format!("GC sweep done; removed {removed}"),
+            removed: u32::try_from(removed).unwrap_or(u32::MAX),
+            errors: Vec::new(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(match self.agent.not_ready() {
+            None => StatusResponse {
+                availability: Availability::Available as i32,
+                message: "flock-agent ready".into(),
+            },
+            Some(why) => StatusResponse {
+                availability: Availability::NotAvailable as i32,
+                message: format!("flock-agent not ready: {why}"),
+            },
+        }))
+    }
+}

@@ -1,0 +1,232 @@
+//! Wires an [`Agent`] to real I/O: the pod store, the registry, the xDS server, the
+//! CNI socket, the admin endpoint, and the refresher, liveness and GC loops.
+
+use crate::admin;
+use crate::agent::{Agent, AgentConfig, group_of};
+use crate::cni_server::CniServer;
+use crate::registry::{self, RegistryOptions};
+use crate::store::PodStore;
+use anyhow::Context as _;
+use flock_xds::cache::Cache;
+use flock_xds::server::Server;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Where the agent keeps state and listens.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The agent's settings.
+    pub agent: AgentConfig,
+    /// The pod store directory.
+    pub state_dir: PathBuf,
+    /// The CNI socket (created 0600).
+    pub cni_socket: PathBuf,
+    /// xDS over TCP, if any.
+    pub xds_address: Option<SocketAddr>,
+    /// xDS over a unix socket (0600), if any.
+    pub xds_socket: Option<PathBuf>,
+    /// The admin endpoint.
+    pub admin_address: SocketAddr,
+    /// `memory`, `file:PATH` or `etcd://HOST:PORT[,…]`.
+    pub registry: String,
+    /// Lease TTL of etcd registrations, seconds.
+    pub registry_ttl_secs: i64,
+}
+
+/// The addresses a running agent actually bound (ports may have been 0).
+#[derive(Debug, Clone)]
+pub struct Bound {
+    /// xDS TCP address.
+    pub xds: Option<SocketAddr>,
+    /// Admin address.
+    pub admin: SocketAddr,
+}
+
+/// Runs the agent until `shutdown` resolves. `on_bound` is called once every
+/// listener is bound (tests use it to learn ephemeral ports).
+pub async fn run(
+    opts: Options,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(Bound) + Send,
+) -> anyhow::Result<()> {
+    let store = Arc::new(
+        PodStore::open(&opts.state_dir)
+            .with_context(|| format!("opening the pod store in {}", opts.state_dir.display()))?,
+    );
+    let spec =
+        registry::parse_spec(&opts.registry).map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
+    let reg = registry::connect(
+        &spec,
+        RegistryOptions {
+            node: opts.agent.node_name.clone(),
+            lease_ttl_secs: opts.registry_ttl_secs,
+            ..RegistryOptions::default()
+        },
+    )
+    .await
+    .with_context(|| format!("connecting to the registry {}", opts.registry))?;
+    let cache = Arc::new(Cache::new(group_of));
+    let agent = Arc::new(Agent::new(
+        opts.agent.clone(),
+        store,
+        Arc::clone(&reg),
+        Arc::clone(&cache),
+    ));
+    let xds = Server::builder(Arc::clone(&cache))
+        .identifier(format!("flock-agent/{}", opts.agent.node_name))
+        .build();
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    // Listeners first: a bind error is reported before anything else starts.
+    let admin_listener = tokio::net::TcpListener::bind(opts.admin_address)
+        .await
+        .with_context(|| format!("binding the admin address {}", opts.admin_address))?;
+    let xds_listener = match opts.xds_address {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the xDS address {addr}"))?,
+        ),
+        None => None,
+    };
+    let bound = Bound {
+        xds: xds_listener.as_ref().and_then(|l| l.local_addr().ok()),
+        admin: admin_listener.local_addr()?,
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(admin::serve(
+        admin_listener,
+        Arc::clone(&agent),
+        xds.clone(),
+        stopped(stop_rx.clone()),
+    ));
+    if let Some(listener) = xds_listener {
+        let xds = xds.clone();
+        let stop = stopped(stop_rx.clone());
+        tasks.spawn(async move {
+            if let Err(e) = xds.serve_tcp(listener, stop).await {
+                tracing::error!("xDS server (TCP) failed: {e}");
+            }
+        });
+    }
+    if let Some(path) = opts.xds_socket.clone() {
+        let xds = xds.clone();
+        let stop = stopped(stop_rx.clone());
+        tasks.spawn(async move {
+            if let Err(e) = xds.serve_unix(&path, stop).await {
+                tracing::error!(path = %path.display(), "xDS server (unix) failed: {e}");
+            }
+        });
+    }
+
+    // Load the store (merging, R3) before serving CNI: a DEL for a stored pod then
+    // finds it.
+    let (loaded, quarantined) = agent.load().await.map_err(|e| anyhow::anyhow!(e))?;
+    tracing::info!(loaded, quarantined, registry = %reg.describe(), "agent started");
+
+    let cni = CniServer::new(Arc::clone(&agent));
+    let socket = opts.cni_socket.clone();
+    let stop = stopped(stop_rx.clone());
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    tasks.spawn(async move {
+        if let Err(e) = cni.serve(&socket, stop).await {
+            tracing::error!(socket = %socket.display(), "CNI server failed: {e}");
+        }
+    });
+
+    tasks.spawn(refresher(Arc::clone(&agent), stop_rx.clone()));
+    tasks.spawn(liveness_loop(Arc::clone(&agent), stop_rx.clone()));
+    tasks.spawn(gc_loop(Arc::clone(&agent), stop_rx.clone()));
+    on_bound(bound);
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    xds.shutdown();
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Republishes when the registry view changes, with a trailing debounce (a burst of
+/// changes becomes one publish; a steady stream still publishes every 10 debounces).
+async fn refresher(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    let mut view = agent.registry().view();
+    let debounce = agent.config().refresh_debounce;
+    loop {
+        tokio::select! {
+            _ = until_stopped(&mut stop) => return,
+            changed = view.changed() => if changed.is_err() { return },
+        }
+        let deadline = tokio::time::Instant::now() + debounce * 10;
+        loop {
+            let quiet = tokio::time::sleep(debounce);
+            tokio::select! {
+                _ = quiet => break,
+                changed = view.changed() => if changed.is_err() { return },
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+        view.borrow_and_update();
+        let version = agent.publish();
+        tracing::debug!(version, "registry changed; published");
+    }
+}
+
+async fn liveness_loop(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    // Each pod has its own schedule (flock-core's tracker); the loop only wakes often
+    // enough to honour the shortest interval.
+    let tick = Duration::from_millis(agent.config().liveness.interval_ms.clamp(100, 1000));
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = until_stopped(&mut stop) => return,
+            _ = interval.tick() => agent.liveness_round().await,
+        }
+    }
+}
+
+/// Orphan GC: on start, on every registry (re)connect, and every `gc_interval`.
+async fn gc_loop(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    let mut view = agent.registry().view();
+    let mut generation = 0;
+    let mut interval = tokio::time::interval(agent.config().gc_interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = until_stopped(&mut stop) => return,
+            _ = interval.tick() => {}
+            changed = view.changed() => {
+                if changed.is_err() { return }
+                let g = view.borrow_and_update().generation;
+                if g == generation { continue }
+                generation = g;
+                // A reconnect: endpoints may have expired with an old lease.
+                for key in agent.pods().into_keys() {
+                    agent.reregister(&key).await;
+                }
+            }
+        }
+        let removed = agent.gc_sweep(None).await;
+        if removed > 0 {
+            tracing::info!(removed, "orphan GC sweep removed items");
+        }
+    }
+}
+
+/// Resolves once `stop` says so (the borrow of the value ends inside, so the
+/// future stays `Send`).
+async fn until_stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

@@ -1,0 +1,371 @@
+//! The agent in process over a real pod store (tempdir) and the embedded registry:
+//! AddPod/RemovePod steps and answers, bad input, restart merge, and the R4 guard
+//! under a forced interleaving.
+
+use envoy_types::pb::google::protobuf::Any;
+use flock_bird::agent::{
+    AddPodInput, Agent, AgentConfig, ENVOY_GROUP, PodError, PodOutcome, group_of,
+};
+use flock_bird::model::Endpoint;
+use flock_bird::registry::{self, Registry, RegistryError, RegistryOptions, RegistrySpec, View};
+use flock_bird::store::PodStore;
+use flock_core::gc::PodKey;
+use flock_xds::cache::Cache;
+use flock_xds::types::{CLUSTER, LISTENER};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::{Notify, watch};
+
+/// A network namespace file that exists on every Linux machine (the agent serves a
+/// pod only if its netns exists; these tests do not start Envoy).
+const NETNS: &str = "/proc/self/ns/net";
+
+async fn memory() -> Arc<dyn Registry> {
+    registry::connect(
+        &RegistrySpec::Memory,
+        RegistryOptions {
+            node: "n1".into(),
+            ..RegistryOptions::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn agent_over(dir: &std::path::Path, reg: Arc<dyn Registry>) -> Arc<Agent> {
+    let store = Arc::new(PodStore::open(dir).unwrap());
+    let cache: Arc<Cache<Any>> = Arc::new(Cache::new(group_of));
+    Arc::new(Agent::new(AgentConfig::new("n1"), store, reg, cache))
+}
+
+fn input(id: &str, service: Option<&str>, ports: &str) -> AddPodInput {
+    let mut annotations = BTreeMap::new();
+    if let Some(s) = service {
+        annotations.insert("flock.io/service".to_string(), s.to_string());
+    }
+    if !ports.is_empty() {
+        annotations.insert("flock.io/ports".to_string(), ports.to_string());
+    }
+    AddPodInput {
+        container_id: id.into(),
+        ifname: "eth0".into(),
+        netns: NETNS.into(),
+        name: format!("pod-{id}"),
+        namespace: "default".into(),
+        uid: "u-1".into(),
+        ips: vec!["10.1.0.5/24".into()],
+        annotations,
+        network_name: "net".into(),
+    }
+}
+
+fn names(agent: &Agent, type_url: &str) -> Vec<String> {
+    let snap = agent.cache().snapshot(ENVOY_GROUP).unwrap();
+    snap.state()
+        .iter_type(type_url)
+        .map(|(n, _)| n.to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn add_then_remove_runs_every_step_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent_over(dir.path(), memory().await);
+    agent.load().await.unwrap();
+    assert_eq!(agent.not_ready(), None);
+
+    let out = agent
+        .add_pod(&input("c1", Some("web"), "8080/http"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, PodOutcome::Done(m) if m.contains("web.default")),
+        "{out:?}"
+    );
+    // Store, registry and snapshot all have the pod.
+    let reopened = PodStore::open(dir.path()).unwrap().load_all().unwrap();
+    assert_eq!(reopened.pods.len(), 1);
+    let view = agent.registry().view().borrow().clone();
+    let ep: Vec<&Endpoint> = view.endpoints.values().collect();
+    assert_eq!(ep.len(), 1);
+    assert_eq!(
+        (
+            ep[0].port,
+            ep[0].service_port,
+            ep[0].address.to_string().as_str()
+        ),
+        (15006, 8080, "10.1.0.5")
+    );
+    agent.publish(); // the refresher's job, done synchronously here
+    assert!(names(&agent, LISTENER).contains(&"inbound|default/pod-c1|8080".to_string()));
+    assert!(names(&agent, CLUSTER).contains(&"outbound|8080|web.default".to_string()));
+
+    let out = agent.remove_pod(&PodKey::new("c1", "eth0")).await;
+    assert!(matches!(out, PodOutcome::Done(_)), "{out:?}");
+    assert!(
+        PodStore::open(dir.path())
+            .unwrap()
+            .load_all()
+            .unwrap()
+            .pods
+            .is_empty()
+    );
+    assert!(agent.registry().view().borrow().endpoints.is_empty());
+    agent.publish();
+    assert!(
+        names(&agent, LISTENER).is_empty(),
+        "{:?}",
+        names(&agent, LISTENER)
+    );
+    assert!(names(&agent, CLUSTER).is_empty());
+
+    // DEL is idempotent: a repeat is IGNORED.
+    let again = agent.remove_pod(&PodKey::new("c1", "eth0")).await;
+    assert!(matches!(again, PodOutcome::Ignored(_)), "{again:?}");
+}
+
+#[tokio::test]
+async fn pods_without_the_service_annotation_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent_over(dir.path(), memory().await);
+    agent.load().await.unwrap();
+    let out = agent.add_pod(&input("c1", None, "8080")).await.unwrap();
+    assert!(
+        matches!(&out, PodOutcome::Ignored(m) if m.contains("flock.io/service")),
+        "{out:?}"
+    );
+    assert!(agent.pods().is_empty());
+    assert!(
+        PodStore::open(dir.path())
+            .unwrap()
+            .load_all()
+            .unwrap()
+            .pods
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn bad_add_requests_get_precise_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent_over(dir.path(), memory().await);
+    agent.load().await.unwrap();
+    let cases: Vec<(AddPodInput, &str)> = vec![
+        (
+            input("c1", Some("web"), "80/udp"),
+            "is not http, grpc or tcp",
+        ),
+        (input("c1", Some("web"), "0"), "is not a port"),
+        (input("c1", Some("web"), "8080,8080"), "listed twice"),
+        (input("c1", Some("web"), "15001"), "collides with Envoy"),
+        (input("c1", Some("Web_Service"), ""), "must be lowercase"),
+        (
+            input("", Some("web"), ""),
+            "container id must be 1 to 256 bytes",
+        ),
+        (
+            input(&"x".repeat(300), Some("web"), ""),
+            "container id must be 1 to 256 bytes",
+        ),
+        (input("c/1", Some("web"), ""), "may only hold"),
+        (
+            AddPodInput {
+                ips: vec![],
+                ..input("c1", Some("web"), "")
+            },
+            "has no IP",
+        ),
+        (
+            AddPodInput {
+                ips: vec!["banana".into()],
+                ..input("c1", Some("web"), "")
+            },
+            "is not an address",
+        ),
+        (
+            AddPodInput {
+                netns: "relative/path".into(),
+                ..input("c1", Some("web"), "")
+            },
+            "absolute path",
+        ),
+    ];
+    for (req, want) in cases {
+        match agent.add_pod(&req).await {
+            Err(PodError::Invalid(m)) => assert!(m.contains(want), "{m:?} should contain {want:?}"),
+            other => panic!("{req:?}: expected Invalid({want}), got {other:?}"),
+        }
+    }
+    assert!(agent.pods().is_empty());
+    assert!(agent.registry().view().borrow().endpoints.is_empty());
+}
+
+#[tokio::test]
+async fn a_restart_loads_the_store_and_keeps_a_pod_added_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = memory().await;
+    {
+        let first = agent_over(dir.path(), Arc::clone(&reg));
+        first.load().await.unwrap();
+        first
+            .add_pod(&input("old", Some("web"), "8080"))
+            .await
+            .unwrap();
+    }
+    // The restarted agent takes an AddPod before its load runs: the load merges.
+    let second = agent_over(dir.path(), memory().await);
+    second
+        .add_pod(&input("new", Some("web"), "8080"))
+        .await
+        .unwrap();
+    let (loaded, quarantined) = second.load().await.unwrap();
+    assert_eq!(
+        (loaded, quarantined),
+        (1, 0),
+        "only the stored pod not already live is added"
+    );
+    let keys: Vec<String> = second
+        .pods()
+        .keys()
+        .map(|k| k.container_id.clone())
+        .collect();
+    assert_eq!(keys, vec!["new", "old"]);
+    // The loaded pod's endpoint is registered again (a new registry here).
+    let view = second.registry().view().borrow().clone();
+    assert_eq!(view.endpoints.len(), 2);
+}
+
+/// A registry whose `put` can be held at a gate: the test decides when it lands.
+struct Gated {
+    inner: Arc<dyn Registry>,
+    hold: std::sync::atomic::AtomicBool,
+    arrived: Notify,
+    release: Notify,
+}
+
+#[async_trait::async_trait]
+impl Registry for Gated {
+    async fn put(&self, ep: &Endpoint) -> Result<u64, RegistryError> {
+        if self.hold.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.arrived.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.put(ep).await
+    }
+    async fn delete(&self, key: &str) -> Result<bool, RegistryError> {
+        self.inner.delete(key).await
+    }
+    async fn delete_if_revision(&self, key: &str, revision: u64) -> Result<bool, RegistryError> {
+        self.inner.delete_if_revision(key, revision).await
+    }
+    fn view(&self) -> watch::Receiver<Arc<View>> {
+        self.inner.view()
+    }
+    fn describe(&self) -> String {
+        format!("gated {}", self.inner.describe())
+    }
+}
+
+/// R4 with the audit's interleaving forced: the liveness loop's re-registration is
+/// in flight (its put held at the gate) while RemovePod runs to completion; then the
+/// put lands. The re-check after registering sees the pod gone and undoes it, so no
+/// ghost endpoint survives. Without the re-check (`--cfg flock_reintroduce="r4-agent"`,
+/// checked by scripts/test) this test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_reregistration_racing_remove_pod_leaves_no_ghost() {
+    let dir = tempfile::tempdir().unwrap();
+    let gated = Arc::new(Gated {
+        inner: memory().await,
+        hold: false.into(),
+        arrived: Notify::new(),
+        release: Notify::new(),
+    });
+    let agent = agent_over(dir.path(), Arc::clone(&gated) as Arc<dyn Registry>);
+    agent.load().await.unwrap();
+    agent
+        .add_pod(&input("c1", Some("web"), "8080"))
+        .await
+        .unwrap();
+    let key = PodKey::new("c1", "eth0");
+
+    gated.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let a = Arc::clone(&agent);
+    let k = key.clone();
+    let liveness = tokio::spawn(async move { a.reregister(&k).await });
+    gated.arrived.notified().await; // the re-registration's put is in flight
+    let removed = agent.remove_pod(&key).await;
+    assert!(matches!(removed, PodOutcome::Done(_)));
+    assert!(
+        agent.registry().view().borrow().endpoints.is_empty(),
+        "RemovePod unregistered"
+    );
+    gated.release.notify_one(); // the late put lands now
+    liveness.await.unwrap();
+    let ghosts: Vec<String> = agent
+        .registry()
+        .view()
+        .borrow()
+        .endpoints
+        .keys()
+        .cloned()
+        .collect();
+    assert!(
+        ghosts.is_empty(),
+        "ghost endpoint(s) after RemovePod: {ghosts:?}"
+    );
+    assert_eq!(
+        agent
+            .metrics
+            .guard_undos
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn orphan_endpoints_of_this_node_are_collected_after_k_sweeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = memory().await;
+    let agent = agent_over(dir.path(), Arc::clone(&reg));
+    agent.load().await.unwrap();
+    agent
+        .add_pod(&input("live", Some("web"), "8080"))
+        .await
+        .unwrap();
+    // An endpoint of this node whose pod is not in the store (a crash between the
+    // store delete and the unregister), and one of another node (never ours to GC).
+    let mut orphan = reg
+        .view()
+        .borrow()
+        .endpoints
+        .values()
+        .next()
+        .unwrap()
+        .clone();
+    orphan.pod_key = PodKey::new("crashed", "eth0");
+    reg.put(&orphan).await.unwrap();
+    let mut foreign = orphan.clone();
+    foreign.node = "n2".into();
+    reg.put(&foreign).await.unwrap();
+    let sweeps = flock_core::gc::GcPolicy::default().confirm_sweeps;
+    for i in 1..sweeps {
+        assert_eq!(
+            agent.gc_sweep(None).await,
+            0,
+            "sweep {i}: not confirmed yet"
+        );
+    }
+    assert_eq!(agent.gc_sweep(None).await, 1);
+    let left: Vec<String> = reg
+        .view()
+        .borrow()
+        .endpoints
+        .values()
+        .map(|e| format!("{}/{}", e.node, e.pod_key))
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(
+        left.contains(&"n1/live/eth0".to_string()) && left.contains(&"n2/crashed/eth0".to_string()),
+        "{left:?}"
+    );
+}
