@@ -69,6 +69,10 @@ impl CniService for CniServer {
         let req = req.into_inner();
         let pod_ref = req.pod.clone().unwrap_or_default();
         if req.annotations.len() > 256 {
+            self.agent
+                .metrics
+                .pod_errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(pod(Outcome::Error, "more than 256 annotations"));
         }
         let input = AddPodInput {
