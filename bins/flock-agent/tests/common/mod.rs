@@ -13,7 +13,8 @@
 //! * ports and HTTP: [`free_port`], [`http_get`] (one HTTP/1.1 GET, `Connection: close`);
 //! * binaries: [`AGENT_BIN`], [`sibling_bin`], [`required_env`], [`envoy_bin`];
 //! * processes: [`Agent`] (the agent process guard, admin GETs, `/readyz` wait),
-//!   [`ChildGuard`] (any child, SIGKILLed on drop), [`Installer`], [`SupervisedEnvoy`];
+//!   [`ChildGuard`] (any child, SIGKILLed on drop), [`Installer`], [`SupervisedEnvoy`],
+//!   [`Etcd`] (a real single-member etcd, `FLOCK_ETCD_BIN`);
 //! * CNI: [`Bridge`], [`NetNs`], [`bridge_conflist`], [`Cni`] (the libcni driver).
 #![allow(dead_code)]
 
@@ -300,6 +301,159 @@ impl Agent {
             .args(args)
             .output()
             .unwrap()
+    }
+}
+
+/// Several agents on one machine playing several nodes, and crash/restart.
+impl Agent {
+    /// Like [`Agent::start`] with this `--node-name` and `--registry` spec (each agent
+    /// on its own temp dir and free ports); waits for `/readyz` 200.
+    pub fn start_node(node: &str, registry: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("flock-agent-test-")
+            .tempdir()
+            .unwrap();
+        let state_dir = dir.path().join("state");
+        let cni_socket = dir.path().join("cni.sock");
+        let xds_port = free_port();
+        let admin = format!("127.0.0.1:{}", free_port());
+        let cmd = node_command(
+            node,
+            registry,
+            extra,
+            &state_dir,
+            &cni_socket,
+            xds_port,
+            &admin,
+        );
+        let proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
+        let mut agent = Self {
+            dir,
+            state_dir,
+            cni_socket,
+            xds_port,
+            admin,
+            proc,
+        };
+        agent.wait_ready(WAIT);
+        agent
+    }
+
+    /// SIGKILLs the agent (a crash: no shutdown, no cleanup) and reaps it.
+    pub fn kill9(&mut self) {
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
+    }
+
+    /// Starts the agent again (SIGKILLing it first if it runs) on the same state dir,
+    /// CNI socket and ports, with `node`, `registry` and `extra` as given to
+    /// [`Agent::start_node`]. Does NOT wait for `/readyz` ([`Agent::wait_ready`]); logs
+    /// to `agent.restart-<pid>.log`.
+    pub fn respawn(&mut self, node: &str, registry: &str, extra: &[&str]) {
+        self.kill9();
+        let cmd = node_command(
+            node,
+            registry,
+            extra,
+            &self.state_dir,
+            &self.cni_socket,
+            self.xds_port,
+            &self.admin,
+        );
+        let log = format!("agent.restart-{}.log", self.proc.pid());
+        self.proc = ChildGuard::spawn(cmd, self.dir.path().join(log));
+    }
+}
+
+/// The command line of [`Agent::start_node`] and [`Agent::respawn`].
+fn node_command(
+    node: &str,
+    registry: &str,
+    extra: &[&str],
+    state_dir: &Path,
+    cni_socket: &Path,
+    xds_port: u16,
+    admin: &str,
+) -> Command {
+    let mut cmd = Command::new(AGENT_BIN);
+    cmd.arg("--node-name")
+        .arg(node)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .arg("--cni-socket")
+        .arg(cni_socket)
+        .arg("--xds-address")
+        .arg(format!("127.0.0.1:{xds_port}"))
+        .arg("--admin-address")
+        .arg(admin)
+        .args(["--registry", registry, "--probe-interval-ms", "1000"])
+        .args(extra)
+        .env("RUST_LOG", "info,flock_bird=debug");
+    cmd
+}
+
+/// The etcd binary (`FLOCK_ETCD_BIN`), or fails with how to get it.
+pub fn etcd_bin() -> PathBuf {
+    match std::env::var_os("FLOCK_ETCD_BIN") {
+        Some(v) if Path::new(&v).exists() => PathBuf::from(v),
+        other => panic!(
+            "FLOCK_ETCD_BIN is {}: run this test through scripts/test, or `ROOT=$PWD; \
+             die(){{ echo \"$*\"; return 1; }}; source scripts/prereqs/40-etcd.sh` (installs \
+             Debian's etcd-server and exports FLOCK_ETCD_BIN)",
+            match other {
+                Some(v) => format!("{} (missing)", PathBuf::from(v).display()),
+                None => "not set".into(),
+            }
+        ),
+    }
+}
+
+/// One real single-member etcd ([`etcd_bin`]) on free ports with its data in a temp
+/// dir and a fast election (50 ms heartbeat, 250 ms election timeout). SIGKILLed on
+/// drop (its log is printed when the test panics).
+pub struct Etcd {
+    /// First field: dropped (killed) before `dir` is removed.
+    pub proc: ChildGuard,
+    pub dir: tempfile::TempDir,
+    pub client_port: u16,
+}
+
+impl Etcd {
+    /// Starts etcd and waits until its `/health` says `true` (a leader is elected).
+    pub fn start() -> Self {
+        let bin = etcd_bin();
+        let dir = tempfile::Builder::new()
+            .prefix("flock-etcd-test-")
+            .tempdir()
+            .unwrap();
+        let client_port = free_port();
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(bin);
+        cmd.args(["--name", "e1", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("e1={peer}")])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "250"]);
+        let mut proc = ChildGuard::spawn(cmd, dir.path().join("etcd.log"));
+        let addr = format!("127.0.0.1:{client_port}");
+        wait_for("etcd /health true", WAIT, || {
+            assert!(proc.running(), "etcd exited:\n{}", proc.log_text());
+            matches!(http_get(&addr, "/health"), Ok((200, body)) if body.contains("true"))
+        });
+        Self {
+            proc,
+            dir,
+            client_port,
+        }
+    }
+
+    /// The agent's `--registry` spec: `etcd://127.0.0.1:<port>`.
+    pub fn registry_spec(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.client_port)
     }
 }
 
