@@ -1,0 +1,288 @@
+//! Benchmarks of issue 6, printed as plain numbers (each sample is a real process run):
+//!
+//! 1. AddPod latency through the real plugin: `flock-cni` exec'd as the runtime does
+//!    (CNI env, config with `prevResult` on stdin) against the real `flock-agent`,
+//!    from exec to exit, with 0, 100 and 1,000 pods already present. p50/p99.
+//! 2. Snapshot publish cost per pod change at 1,000 pods (in process: one endpoint
+//!    changes in the registry, then `Agent::publish`), beside the cost of a publish
+//!    with nothing changed (the re-translation alone).
+//! 3. The agent's resident memory with 0 and 1,000 pods.
+//!
+//! ```sh
+//! cargo build --release -p flock-agent -p flock-cni-plugin && cargo bench -p flock-agent --bench agent
+//! ```
+
+use flock_bird::agent::{AddPodInput, Agent, AgentConfig, group_of};
+use flock_bird::registry::{self, RegistryOptions, RegistrySpec};
+use flock_bird::store::PodStore;
+use flock_cni::proto::v1::{AddPodRequest, IpConfig, Outcome, PodRef};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn bin(name: &str) -> PathBuf {
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_flock-agent"));
+    let p = agent.with_file_name(name);
+    assert!(
+        p.is_file(),
+        "{} missing: cargo build --release -p flock-agent -p flock-cni-plugin",
+        p.display()
+    );
+    p
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn ip_of(i: usize) -> String {
+    format!("10.{}.{}.{}/8", 100 + i / 65536, (i / 256) % 256, i % 256)
+}
+
+/// One ADD through the real plugin binary; returns the wall time.
+fn plugin_add(plugin: &Path, socket: &Path, i: usize) -> Duration {
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "net", "type": "flock-cni",
+        "agent_socket": socket, "timeout_ms": 5000,
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {
+            "flock.io/service": format!("svc-{}", i % 16), "flock.io/ports": "8080"}},
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": ip_of(i)}]}
+    })
+    .to_string();
+    let start = Instant::now();
+    let mut child = Command::new(plugin)
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", format!("bench-{i}"))
+        .env("CNI_NETNS", "/proc/1/ns/net")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .env(
+            "CNI_ARGS",
+            format!("K8S_POD_NAME=bench-{i};K8S_POD_NAMESPACE=default"),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn flock-cni");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let took = start.elapsed();
+    assert!(
+        out.status.success(),
+        "plugin ADD {i}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+async fn grpc_add(socket: &Path, i: usize) {
+    let req = AddPodRequest {
+        container_id: format!("fill-{i}"),
+        netns: "/proc/1/ns/net".into(),
+        ifname: "eth0".into(),
+        pod: Some(PodRef {
+            name: format!("fill-{i}"),
+            namespace: "default".into(),
+            uid: String::new(),
+        }),
+        ips: vec![IpConfig {
+            address: ip_of(10_000 + i),
+            ..IpConfig::default()
+        }],
+        annotations: HashMap::from([
+            ("flock.io/service".to_string(), format!("svc-{}", i % 16)),
+            ("flock.io/ports".to_string(), "8080".to_string()),
+        ]),
+        network_name: "net".into(),
+        ..AddPodRequest::default()
+    };
+    let resp = flock_cni::client::call(socket, Duration::from_secs(10), |mut c| async move {
+        c.add_pod(req).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(resp.outcome, Outcome::Success as i32, "{}", resp.message);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn add_latency() {
+    let plugin = bin("flock-cni");
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("cni.sock");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut agent = Command::new(bin("flock-agent"))
+        .args([
+            "--node-name",
+            "bench",
+            "--registry",
+            "memory",
+            "--probe-interval-ms",
+            "60000",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--cni-socket")
+        .arg(&socket)
+        .args(["--xds-address", &format!("127.0.0.1:{}", free_port())])
+        .args(["--admin-address", &admin])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "agent did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("AddPod through the real plugin (exec → exit), 100 samples each:");
+    println!("{:>14} {:>10} {:>10}", "pods present", "p50 ms", "p99 ms");
+    let rss0 = rss_kib(agent.id());
+    let mut present = 0;
+    let mut next_sample = 0;
+    for target in [0usize, 100, 1000] {
+        while present < target {
+            grpc_add(&socket, present).await;
+            present += 1;
+        }
+        let mut samples = Vec::new();
+        for _ in 0..100 {
+            let s = next_sample;
+            next_sample += 1;
+            let took = tokio::task::spawn_blocking({
+                let plugin = plugin.clone();
+                let socket = socket.clone();
+                move || plugin_add(&plugin, &socket, s)
+            })
+            .await
+            .unwrap();
+            samples.push(took.as_secs_f64() * 1e3);
+            // Keep the population at `target`: remove the sampled pod again.
+            let req = flock_cni::proto::v1::RemovePodRequest {
+                container_id: format!("bench-{s}"),
+                ifname: "eth0".into(),
+                ..Default::default()
+            };
+            flock_cni::client::call(&socket, Duration::from_secs(10), |mut c| async move {
+                c.remove_pod(req).await
+            })
+            .await
+            .unwrap();
+        }
+        samples.sort_by(f64::total_cmp);
+        println!(
+            "{:>14} {:>10.2} {:>10.2}",
+            target,
+            pct(&samples, 0.5),
+            pct(&samples, 0.99)
+        );
+    }
+    let rss1000 = rss_kib(agent.id());
+    println!(
+        "agent resident memory: {:.1} MiB with 0 pods, {:.1} MiB with 1,000 pods ({:.1} KiB per pod)",
+        rss0 as f64 / 1024.0,
+        rss1000 as f64 / 1024.0,
+        (rss1000.saturating_sub(rss0)) as f64 / 1000.0
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
+async fn publish_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry::connect(
+        &RegistrySpec::Memory,
+        RegistryOptions {
+            node: "bench".into(),
+            ..RegistryOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let store = Arc::new(PodStore::open(dir.path()).unwrap());
+    let cache = Arc::new(flock_xds::cache::Cache::new(group_of));
+    let agent = Arc::new(Agent::new(
+        AgentConfig::new("bench"),
+        store,
+        Arc::clone(&reg),
+        cache,
+    ));
+    agent.load().await.unwrap();
+    for i in 0..1000 {
+        let input = AddPodInput {
+            container_id: format!("p{i}"),
+            ifname: "eth0".into(),
+            netns: "/proc/1/ns/net".into(),
+            name: format!("p{i}"),
+            namespace: "default".into(),
+            uid: String::new(),
+            ips: vec![ip_of(i)],
+            annotations: BTreeMap::from([
+                ("flock.io/service".to_string(), format!("svc-{}", i % 16)),
+                ("flock.io/ports".to_string(), "8080".to_string()),
+            ]),
+            network_name: "net".into(),
+        };
+        agent.add_pod(&input).await.unwrap();
+    }
+    agent.publish();
+    let eps: Vec<_> = reg.view().borrow().endpoints.values().cloned().collect();
+    let mut changed = Vec::new();
+    let mut unchanged = Vec::new();
+    for round in 0..50 {
+        let mut ep = eps[round % eps.len()].clone();
+        ep.health = if round % 2 == 0 {
+            flock_bird::model::Health::Unhealthy
+        } else {
+            flock_bird::model::Health::Healthy
+        };
+        reg.put(&ep).await.unwrap();
+        let t = Instant::now();
+        agent.publish();
+        changed.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        agent.publish();
+        unchanged.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    changed.sort_by(f64::total_cmp);
+    unchanged.sort_by(f64::total_cmp);
+    println!("snapshot publish at 1,000 pods (50 samples):");
+    println!(
+        "  one endpoint changed: p50 {:.2} ms, p99 {:.2} ms; nothing changed (re-translation only): p50 {:.2} ms",
+        pct(&changed, 0.5),
+        pct(&changed, 0.99),
+        pct(&unchanged, 0.5)
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    // `cargo bench` passes --bench; nothing else is accepted.
+    publish_cost().await;
+    add_latency().await;
+}
