@@ -79,7 +79,11 @@ impl<V> Clone for Entry<V> {
     }
 }
 
-type TypeMap<V> = BTreeMap<Name, Entry<V>>;
+/// One type's resources: a persistent (structurally shared) ordered map, so a set
+/// derived from another shares every node but the O(log n) ones on the paths to the
+/// changed names. Deriving a set and dropping its predecessor therefore cost
+/// O(changes × log n), not a copy of the type's whole map.
+type TypeMap<V> = imbl::OrdMap<Name, Entry<V>>;
 
 /// Identity of one built set, so a later set can say which set it was derived from.
 /// Held by `Arc`: while any set or journal refers to it, its address is unique.
@@ -95,7 +99,7 @@ struct Journal {
 
 /// An immutable set of typed resources. See the module docs.
 pub struct ResourceSet<V> {
-    types: BTreeMap<Name, Arc<TypeMap<V>>>,
+    types: BTreeMap<Name, TypeMap<V>>,
     stamp: Arc<Stamp>,
     journal: Option<Journal>,
 }
@@ -188,7 +192,7 @@ impl<V> ResourceSet<V> {
 
 /// Builds a [`ResourceSet`] from a previous one, recording what it touches.
 pub struct ResourceSetBuilder<V> {
-    types: BTreeMap<Name, Arc<TypeMap<V>>>,
+    types: BTreeMap<Name, TypeMap<V>>,
     parent: Arc<Stamp>,
     touched: BTreeMap<Name, BTreeSet<Name>>,
 }
@@ -236,7 +240,7 @@ impl<V> ResourceSetBuilder<V> {
             return self;
         }
         let (type_key, map) = self.type_map_mut(type_url);
-        if let Some((name, _)) = map.remove_entry(name) {
+        if let Some((name, _)) = map.remove_with_key(name) {
             self.touched.entry(type_key).or_default().insert(name);
         }
         self
@@ -267,7 +271,7 @@ impl<V> ResourceSetBuilder<V> {
     /// Finishes the set. The builder stays usable: building again (after more edits)
     /// gives another set derived from the same parent.
     pub fn build(&mut self) -> ResourceSet<V> {
-        // Cloning copies one `Arc` per type, not the resources.
+        // Cloning a persistent map copies one root pointer per type, not the resources.
         let mut types = self.types.clone();
         types.retain(|_, m| !m.is_empty());
         ResourceSet {
@@ -286,9 +290,10 @@ impl<V> ResourceSetBuilder<V> {
             Some((k, _)) => Arc::clone(k),
             None => Name::from(type_url),
         };
+        // Writing to a shared map copies only the nodes on the path to the written
+        // name (`Entry` clones by `Arc` for any `V`: pointers, not resources).
         let map = self.types.entry(Arc::clone(&key)).or_default();
-        // `Entry` clones by `Arc` for any `V`, so this copies pointers, not resources.
-        (key, Arc::make_mut(map))
+        (key, map)
     }
 }
 
@@ -347,12 +352,12 @@ pub fn diff_full<V>(prev: &ResourceSet<V>, next: &ResourceSet<V>) -> Diff {
         let before = prev.types.get(type_url);
         let after = next.types.get(type_url);
         if let (Some(b), Some(a)) = (before, after)
-            && Arc::ptr_eq(b, a)
+            && b.ptr_eq(a)
         {
             continue;
         }
-        let before = before.map_or(&empty, |m| m.as_ref());
-        let after = after.map_or(&empty, |m| m.as_ref());
+        let before = before.unwrap_or(&empty);
+        let after = after.unwrap_or(&empty);
         let mut td = TypeDiff::default();
         let mut b = before.iter().peekable();
         let mut a = after.iter().peekable();

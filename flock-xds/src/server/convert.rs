@@ -256,7 +256,7 @@ mod tests {
     fn oversized_requests_are_refused_with_the_limit_in_the_message() {
         let limits = Limits {
             max_names_per_request: 2,
-            max_name_len: 8,
+            max_name_len: 64,
             ..Limits::default()
         };
         let many = DeltaDiscoveryRequest {
@@ -268,11 +268,11 @@ mod tests {
         assert!(err.message().contains("limit of 2"), "{}", err.message());
         let long = DiscoveryRequest {
             type_url: "t".into(),
-            resource_names: vec!["é".repeat(10)],
+            resource_names: vec!["é".repeat(40)],
             ..DiscoveryRequest::default()
         };
         let err = sotw_request(&long, None, &limits).unwrap_err();
-        assert!(err.message().contains("20 bytes long"), "{}", err.message());
+        assert!(err.message().contains("80 bytes long"), "{}", err.message());
     }
 
     #[test]
