@@ -48,10 +48,27 @@ impl CniServer {
         path: &Path,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> std::io::Result<()> {
+        let listener = Self::bind(path)?;
+        self.serve_bound(listener, path, shutdown).await
+    }
+
+    /// Binds the unix socket `path` (mode 0600), creating its directory. Connections
+    /// wait in the backlog until [`serve_bound`](Self::serve_bound) runs.
+    pub fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let listener = flock_xds::server::bind_unix(path)?;
+        flock_xds::server::bind_unix(path)
+    }
+
+    /// Serves on `listener` (bound at `path` by [`bind`](Self::bind)) until `shutdown`
+    /// resolves, then removes `path`.
+    pub async fn serve_bound(
+        self,
+        listener: tokio::net::UnixListener,
+        path: &Path,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let result = tonic::transport::Server::builder()
             .add_service(CniServiceServer::new(self).max_decoding_message_size(MAX_REQUEST_BYTES))

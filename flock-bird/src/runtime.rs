@@ -126,19 +126,23 @@ pub async fn run(
         });
     }
 
+    // The CNI socket is bound before the load (which makes /readyz ready), so a
+    // ready agent never refuses a CNI call (a stale socket file of a crashed agent
+    // answered ECONNREFUSED until the bind) and a bind error stops the start; requests
+    // wait in the backlog until the load is done.
+    let socket = opts.cni_socket.clone();
+    let cni_listener = CniServer::bind(&socket)
+        .with_context(|| format!("binding the CNI socket {}", socket.display()))?;
+
     // Load the store (merging, R3) before serving CNI: a DEL for a stored pod then
     // finds it.
     let (loaded, quarantined) = agent.load().await.map_err(|e| anyhow::anyhow!(e))?;
     tracing::info!(loaded, quarantined, registry = %reg.describe(), "agent started");
 
     let cni = CniServer::new(Arc::clone(&agent));
-    let socket = opts.cni_socket.clone();
     let stop = stopped(stop_rx.clone());
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
     tasks.spawn(async move {
-        if let Err(e) = cni.serve(&socket, stop).await {
+        if let Err(e) = cni.serve_bound(cni_listener, &socket, stop).await {
             tracing::error!(socket = %socket.display(), "CNI server failed: {e}");
         }
     });
