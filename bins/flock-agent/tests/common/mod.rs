@@ -307,7 +307,8 @@ impl Agent {
 /// Several agents on one machine playing several nodes, and crash/restart.
 impl Agent {
     /// Like [`Agent::start`] with this `--node-name` and `--registry` spec (each agent
-    /// on its own temp dir and free ports); waits for `/readyz` 200.
+    /// on its own temp dir and free ports; `extra` may set `--probe-interval-ms`);
+    /// waits for `/readyz` 200.
     pub fn start_node(node: &str, registry: &str, extra: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("flock-agent-test-")
@@ -386,9 +387,12 @@ fn node_command(
         .arg(format!("127.0.0.1:{xds_port}"))
         .arg("--admin-address")
         .arg(admin)
-        .args(["--registry", registry, "--probe-interval-ms", "1000"])
-        .args(extra)
-        .env("RUST_LOG", "info,flock_bird=debug");
+        .args(["--registry", registry]);
+    // The default probe interval, unless `extra` sets one (clap refuses a repeat).
+    if !extra.contains(&"--probe-interval-ms") {
+        cmd.args(["--probe-interval-ms", "1000"]);
+    }
+    cmd.args(extra).env("RUST_LOG", "info,flock_bird=debug");
     cmd
 }
 
