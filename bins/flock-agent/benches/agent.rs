@@ -65,7 +65,7 @@ fn plugin_add(plugin: &Path, socket: &Path, i: usize) -> Duration {
     let mut child = Command::new(plugin)
         .env("CNI_COMMAND", "ADD")
         .env("CNI_CONTAINERID", format!("bench-{i}"))
-        .env("CNI_NETNS", "/proc/1/ns/net")
+        .env("CNI_NETNS", "/proc/self/ns/net")
         .env("CNI_IFNAME", "eth0")
         .env("CNI_PATH", "/usr/lib/cni")
         .env(
@@ -96,7 +96,7 @@ fn plugin_add(plugin: &Path, socket: &Path, i: usize) -> Duration {
 async fn grpc_add(socket: &Path, i: usize) {
     let req = AddPodRequest {
         container_id: format!("fill-{i}"),
-        netns: "/proc/1/ns/net".into(),
+        netns: "/proc/self/ns/net".into(),
         ifname: "eth0".into(),
         pod: Some(PodRef {
             name: format!("fill-{i}"),
@@ -237,7 +237,7 @@ async fn publish_cost() {
         let input = AddPodInput {
             container_id: format!("p{i}"),
             ifname: "eth0".into(),
-            netns: "/proc/1/ns/net".into(),
+            netns: "/proc/self/ns/net".into(),
             name: format!("p{i}"),
             namespace: "default".into(),
             uid: String::new(),
