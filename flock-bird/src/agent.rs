@@ -824,6 +824,7 @@ impl Agent {
                 },
                 weight: 1,
                 service_port: Some(ep.service_port),
+                identity: None,
             });
         }
         let mut mesh = Mesh::default();

@@ -37,6 +37,9 @@ use std::collections::{BTreeSet, HashSet};
 const KEY_PEM: &str =
     "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n";
 
+/// The fixture pod's SPIFFE ID (also its certificate secret's name).
+const WEB_ID: &str = "spiffe://cluster.local/ns/default/sa/web";
+
 fn mesh() -> Mesh {
     Mesh::from_json(
         br#"{
@@ -62,8 +65,8 @@ fn mesh() -> Mesh {
          "inbound": [{"app_port": 80, "listen_port": 8081}]}
       ],
       "secrets": [
-        {"name": "web-cert", "kind": {"tls_certificate": {"certificate_chain_pem": "CERT", "private_key_pem": "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n"}}},
-        {"name": "root-ca", "kind": {"validation_context": {"trusted_ca_pem": "CA"}}}
+        {"name": "spiffe://cluster.local/ns/default/sa/web", "kind": {"tls_certificate": {"certificate_chain_pem": "CERT", "private_key_pem": "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n"}}},
+        {"name": "cluster.local", "kind": {"validation_context": {"trusted_ca_pem": "CA"}}}
       ]
     }"#,
     )
@@ -264,7 +267,8 @@ fn outbound_listener_uses_rds_over_ads_in_the_pod_netns() {
     let Some(RouteSpecifier::Rds(rds)) = &hcm.route_specifier else {
         panic!()
     };
-    assert_eq!(rds.route_config_name, "outbound|http");
+    // A pod with an identity uses the routes of its identity (mTLS clusters).
+    assert_eq!(rds.route_config_name, format!("outbound|http|{WEB_ID}"));
     assert_ads(&rds.config_source);
     // outbound_port 0: no outbound listener.
     assert!(!rs.iter().any(|r| r.name == "outbound|apps/host-pod"));
@@ -427,7 +431,7 @@ fn endpoints_are_grouped_by_locality_with_weights_and_health() {
 #[test]
 fn secrets_are_inline() {
     let rs = translate::envoy_resources(&mesh(), &EnvoyOptions::default());
-    let s: PbSecret = decode(find(&rs, SECRET, "web-cert"));
+    let s: PbSecret = decode(find(&rs, SECRET, WEB_ID));
     let Some(secret::Type::TlsCertificate(tls)) = s.r#type else {
         panic!()
     };
@@ -439,7 +443,7 @@ fn secrets_are_inline() {
     };
     assert_eq!(inline(tls.certificate_chain), "CERT");
     assert_eq!(inline(tls.private_key), KEY_PEM);
-    let s: PbSecret = decode(find(&rs, SECRET, "root-ca"));
+    let s: PbSecret = decode(find(&rs, SECRET, "cluster.local"));
     let Some(secret::Type::ValidationContext(vc)) = s.r#type else {
         panic!()
     };
@@ -547,15 +551,13 @@ fn output_is_consistent_and_a_missing_load_assignment_is_caught() {
         assert_eq!(&*err.missing[0].from_type, CLUSTER);
     }
     let set = translate::into_set(translate::envoy_resources(&m, &EnvoyOptions::default()));
-    let err = check_consistency(
-        &set.edit().remove(ROUTE, "outbound|http").build(),
-        &EnvoyReferences,
-    )
-    .unwrap_err();
+    let routes = format!("outbound|http|{WEB_ID}");
+    let err = check_consistency(&set.edit().remove(ROUTE, &routes).build(), &EnvoyReferences)
+        .unwrap_err();
     assert!(
         err.missing
             .iter()
-            .all(|m| &*m.from_type == LISTENER && &*m.to_name == "outbound|http")
+            .all(|m| &*m.from_type == LISTENER && *m.to_name == *routes)
     );
     assert_eq!(err.missing.len(), 1, "one pod has an outbound listener");
     let err = check_consistency(
@@ -604,7 +606,10 @@ fn references_ignore_undecodable_and_mistyped_values() {
     EnvoyReferences.references(LISTENER, &listener.any, &mut |t, n| {
         refs.push((t.to_string(), n.to_string()))
     });
-    assert_eq!(refs, vec![(ROUTE.to_string(), "outbound|http".to_string())]);
+    assert_eq!(
+        refs,
+        vec![(ROUTE.to_string(), format!("outbound|http|{WEB_ID}"))]
+    );
 }
 
 #[test]
@@ -672,6 +677,7 @@ fn per_entity_functions_compose_to_the_whole_mesh() {
         parts.extend(translate::service_resources(s));
     }
     parts.push(translate::outbound_routes(&m.services, &opts));
+    parts.extend(translate::caller_resources(WEB_ID, &m.services, &opts));
     parts.extend(m.secrets.iter().map(translate::secret_resource));
     let whole: BTreeSet<(&str, String, ContentHash)> = translate::envoy_resources(&m, &opts)
         .into_iter()
@@ -800,6 +806,7 @@ fn validation_enforces_limits() {
         health: Health::Healthy,
         weight: u32::MAX,
         service_port: None,
+        identity: None,
     };
     let mut eps: Vec<Endpoint> = (0..2)
         .map(|i| Endpoint {
@@ -927,7 +934,7 @@ fn defaults_apply() {
 fn debug_never_shows_the_private_key() {
     let m = mesh();
     let shown = format!("{m:?} {m:#?}");
-    assert!(shown.contains("web-cert"));
+    assert!(shown.contains(WEB_ID));
     assert!(!shown.contains("TOPSECRETKEYMATERIAL"), "{shown}");
     let direct = Secret {
         name: "x".into(),
@@ -939,7 +946,7 @@ fn debug_never_shows_the_private_key() {
     assert!(!format!("{direct:?}").contains("TOPSECRET"));
     let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
     let shown = format!("{rs:?}");
-    assert!(!shown.contains("TOPSECRETKEYMATERIAL") && shown.contains("web-cert"));
+    assert!(!shown.contains("TOPSECRETKEYMATERIAL") && shown.contains(WEB_ID));
     // Errors do not quote it either.
     let err = Mesh::from_json(
         br#"{"secrets": [{"name": "bad name", "kind": {"tls_certificate": {"certificate_chain_pem": "c", "private_key_pem": "TOPSECRETKEYMATERIAL"}}}]}"#,
@@ -1032,6 +1039,7 @@ mod props {
                             health,
                             weight,
                             service_port: sp.map(|i| ports[i % ports.len()].port),
+                            identity: None,
                         })
                         .collect();
                     let mut seen = HashSet::new();
@@ -1808,4 +1816,126 @@ sys.stdout.write(out.decode())
     // The host itself has nothing on 127.0.0.1:15001 from us (the outbound listener
     // is in the pod): not asserted, another process may use that port.
     envoy.assert_no_nacks();
+}
+
+/// mTLS: a pod with an identity gets TLS on its inbound listener (its certificate,
+/// client certificate required, peers from its trust domain); callers with an
+/// identity reach service ports whose endpoints all have identities through an mTLS
+/// cluster that presents the caller's certificate and accepts only those IDs, and
+/// ports with a plaintext endpoint through the plain cluster.
+#[test]
+fn identities_turn_on_mtls_inbound_and_outbound() {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        DownstreamTlsContext, UpstreamTlsContext, common_tls_context::ValidationContextType,
+    };
+    use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+    const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
+    const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
+    let m = Mesh::from_json(
+        format!(
+            r#"{{"services": [
+                {{"name": "server", "ports": [{{"port": 8080}}],
+                  "endpoints": [{{"address": "10.0.0.2", "port": 15006, "identity": "{SERVER}"}}]}},
+                {{"name": "legacy", "ports": [{{"port": 80}}],
+                  "endpoints": [{{"address": "10.0.0.3", "port": 80}}]}}],
+              "pods": [
+                {{"name": "client-0", "ip": "10.0.0.1", "netns": "/run/netns/c", "identity": "{CLIENT}"}},
+                {{"name": "server-0", "ip": "10.0.0.2", "netns": "/run/netns/s", "identity": "{SERVER}",
+                  "inbound": [{{"app_port": 8080, "listen_port": 15006}}]}}],
+              "secrets": [
+                {{"name": "{CLIENT}", "kind": {{"tls_certificate": {{"certificate_chain_pem": "C", "private_key_pem": "K"}}}}}},
+                {{"name": "{SERVER}", "kind": {{"tls_certificate": {{"certificate_chain_pem": "C", "private_key_pem": "K"}}}}}},
+                {{"name": "cluster.local", "kind": {{"validation_context": {{"trusted_ca_pem": "CA"}}}}}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    m.validate().unwrap();
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    check_consistency(&translate::into_set(rs.clone()), &EnvoyReferences).unwrap();
+
+    let tls_of = |ts: &Option<envoy_types::pb::envoy::config::core::v3::TransportSocket>| -> Any {
+        match ts.as_ref().and_then(|t| t.config_type.clone()) {
+            Some(transport_socket::ConfigType::TypedConfig(any)) => any,
+            other => panic!("no TLS transport socket: {other:?}"),
+        }
+    };
+    // Inbound: the server's certificate, client certificates required from the domain.
+    let l: Listener = decode(find(&rs, LISTENER, "inbound|default/server-0|8080"));
+    let down = DownstreamTlsContext::decode(
+        tls_of(&l.filter_chains[0].transport_socket)
+            .value
+            .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(down.require_client_certificate.map(|b| b.value), Some(true));
+    let common = down.common_tls_context.unwrap();
+    assert_eq!(common.tls_certificate_sds_secret_configs[0].name, SERVER);
+    let Some(ValidationContextType::CombinedValidationContext(v)) = common.validation_context_type
+    else {
+        panic!("no combined validation context")
+    };
+    assert_eq!(
+        v.validation_context_sds_secret_config.unwrap().name,
+        "cluster.local"
+    );
+    let sans = v
+        .default_validation_context
+        .unwrap()
+        .match_typed_subject_alt_names;
+    assert_eq!(
+        sans[0].matcher.as_ref().unwrap().match_pattern,
+        Some(MatchPattern::Prefix("spiffe://cluster.local/".into()))
+    );
+
+    // Outbound: the client's routes send `server` through its mTLS cluster, `legacy`
+    // through the plain one.
+    let rc: RouteConfiguration = decode(find(&rs, ROUTE, &format!("outbound|http|{CLIENT}")));
+    let target = |vh: &str| -> String {
+        let v = rc.virtual_hosts.iter().find(|v| v.name == vh).unwrap();
+        match &v.routes[0].action {
+            Some(route::Action::Route(
+                envoy_types::pb::envoy::config::route::v3::RouteAction {
+                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(c)),
+                    ..
+                },
+            )) => c.clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let mtls_name = format!("outbound|8080|server.default|{CLIENT}");
+    assert_eq!(target("server.default:8080"), mtls_name);
+    assert_eq!(target("legacy.default:80"), "outbound|80|legacy.default");
+    let c: Cluster = decode(find(&rs, CLUSTER, &mtls_name));
+    assert_eq!(
+        c.eds_cluster_config.unwrap().service_name,
+        "outbound|8080|server.default",
+        "shares the service port's endpoints"
+    );
+    let up = UpstreamTlsContext::decode(tls_of(&c.transport_socket).value.as_slice()).unwrap();
+    let common = up.common_tls_context.unwrap();
+    assert_eq!(
+        common.tls_certificate_sds_secret_configs[0].name, CLIENT,
+        "presents the caller's SVID"
+    );
+    let Some(ValidationContextType::CombinedValidationContext(v)) = common.validation_context_type
+    else {
+        panic!()
+    };
+    let sans = v
+        .default_validation_context
+        .unwrap()
+        .match_typed_subject_alt_names;
+    assert_eq!(sans.len(), 1);
+    assert_eq!(
+        sans[0].matcher.as_ref().unwrap().match_pattern,
+        Some(MatchPattern::Exact(SERVER.into())),
+        "verifies the callee's SPIFFE ID"
+    );
+    assert!(
+        !rs.iter()
+            .any(|r| r.name == format!("outbound|80|legacy.default|{CLIENT}")),
+        "no mTLS cluster for a plaintext service"
+    );
 }

@@ -4,7 +4,7 @@
 
 use super::model::{
     Endpoint, Health, Locality, Mesh, Pod, Protocol, Secret, SecretKind, Service,
-    ambiguous_service_names, endpoint_serves,
+    ambiguous_service_names, endpoint_serves, trust_domain,
 };
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
@@ -17,6 +17,7 @@ use envoy_types::pb::envoy::config::core::v3::{
     HealthStatus, Http2ProtocolOptions, Locality as PbLocality, SocketAddress, TrafficDirection,
     address, config_source::ConfigSourceSpecifier, data_source, socket_address,
 };
+use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
@@ -31,12 +32,17 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CertificateValidationContext, Secret as PbSecret, TlsCertificate, secret,
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
+    Secret as PbSecret, SubjectAltNameMatcher, TlsCertificate, UpstreamTlsContext,
+    common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
+    secret,
+    subject_alt_name_matcher::SanType,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions, http_protocol_options,
 };
-use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value};
+use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
+use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, UInt32Value};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -249,6 +255,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
             address: Some(address_of(socket_address(pod.ip, ib.listen_port, netns))),
             filter_chains: vec![FilterChain {
                 filters: vec![filter],
+                transport_socket: pod.identity.as_deref().and_then(server_tls),
                 ..Default::default()
             }],
             traffic_direction: TrafficDirection::Inbound as i32,
@@ -297,7 +304,10 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                 stat_safe(&pod.namespace),
                 stat_safe(&pod.name)
             ),
-            names::OUTBOUND_ROUTE,
+            &match &pod.identity {
+                Some(id) => names::outbound_route_for(id),
+                None => names::OUTBOUND_ROUTE.to_string(),
+            },
         );
         let listener = Listener {
             name: name.clone(),
@@ -458,6 +468,19 @@ fn domains(
 /// not depend on the order of `services`. Domains are unique: the bare `<svc>`
 /// names are only used for a service name that exists in one namespace only.
 pub fn outbound_routes(services: &[Service], opts: &EnvoyOptions) -> Resource {
+    routes(names::OUTBOUND_ROUTE, services, opts, &|s, port| {
+        names::outbound_cluster(s, port)
+    })
+}
+
+/// The outbound route configuration `name`, routing each service port to the cluster
+/// `cluster_for` names.
+fn routes(
+    name: &str,
+    services: &[Service],
+    opts: &EnvoyOptions,
+    cluster_for: &dyn Fn(&Service, u16) -> String,
+) -> Resource {
     let ambiguous = ambiguous_service_names(services);
     let mut sorted: Vec<&Service> = services.iter().collect();
     sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -471,7 +494,7 @@ pub fn outbound_routes(services: &[Service], opts: &EnvoyOptions) -> Resource {
             if !seen.insert(p.port) {
                 continue; // an invalid mesh; never emit a duplicate domain
             }
-            let cluster = names::outbound_cluster(s, p.port);
+            let cluster = cluster_for(s, p.port);
             virtual_hosts.push(VirtualHost {
                 name: names::service_authority(s, p.port),
                 domains: domains(s, p.port, first, short, &opts.cluster_domain),
@@ -482,11 +505,160 @@ pub fn outbound_routes(services: &[Service], opts: &EnvoyOptions) -> Resource {
         }
     }
     let rc = RouteConfiguration {
-        name: names::OUTBOUND_ROUTE.to_string(),
+        name: name.to_string(),
         virtual_hosts,
         ..Default::default()
     };
-    resource(ROUTE, names::OUTBOUND_ROUTE.to_string(), any(ROUTE, &rc))
+    resource(ROUTE, name.to_string(), any(ROUTE, &rc))
+}
+
+/// An SDS reference to the secret `name`, served over ADS.
+fn sds(name: &str) -> SdsSecretConfig {
+    SdsSecretConfig {
+        name: name.to_string(),
+        sds_config: Some(ads()),
+    }
+}
+
+fn uri_san(pattern: MatchPattern) -> SubjectAltNameMatcher {
+    SubjectAltNameMatcher {
+        san_type: SanType::Uri as i32,
+        matcher: Some(StringMatcher {
+            match_pattern: Some(pattern),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// TLS with `identity`'s certificate, verifying the peer against `trust_domain`'s
+/// bundle and the given SAN matchers.
+fn common_tls(
+    identity: &str,
+    trust_domain: &str,
+    sans: Vec<SubjectAltNameMatcher>,
+) -> CommonTlsContext {
+    CommonTlsContext {
+        tls_certificate_sds_secret_configs: vec![sds(identity)],
+        validation_context_type: Some(ValidationContextType::CombinedValidationContext(
+            CombinedCertificateValidationContext {
+                default_validation_context: Some(CertificateValidationContext {
+                    match_typed_subject_alt_names: sans,
+                    ..Default::default()
+                }),
+                validation_context_sds_secret_config: Some(sds(trust_domain)),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+fn tls_socket(type_url: &str, value: Vec<u8>) -> TransportSocket {
+    TransportSocket {
+        name: "envoy.transport_sockets.tls".to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(Any {
+            type_url: type_url.to_string(),
+            value,
+        })),
+    }
+}
+
+/// The inbound side of mTLS: present `identity`'s certificate, require a client
+/// certificate whose URI SAN is in the same trust domain.
+fn server_tls(identity: &str) -> Option<TransportSocket> {
+    let td = trust_domain(identity)?;
+    let ctx = DownstreamTlsContext {
+        common_tls_context: Some(common_tls(
+            identity,
+            td,
+            vec![uri_san(MatchPattern::Prefix(format!("spiffe://{td}/")))],
+        )),
+        require_client_certificate: Some(BoolValue { value: true }),
+        ..Default::default()
+    };
+    Some(tls_socket(type_urls::DOWNSTREAM_TLS, ctx.encode_to_vec()))
+}
+
+/// The SPIFFE IDs of a service port's endpoints if every one has an identity in
+/// the caller's trust domain (so mTLS can be used), else `None`.
+fn mtls_peers(service: &Service, port: u16, caller_td: &str) -> Option<Vec<String>> {
+    let mut ids = std::collections::BTreeSet::new();
+    let mut any = false;
+    for e in service
+        .endpoints
+        .iter()
+        .filter(|e| endpoint_serves(e, port))
+    {
+        any = true;
+        let id = e.identity.as_deref()?;
+        (trust_domain(id)? == caller_td).then_some(())?;
+        ids.insert(id.to_string());
+    }
+    any.then(|| ids.into_iter().collect())
+}
+
+/// The outbound resources of the pods with SPIFFE ID `identity`: the route
+/// configuration `outbound|http|<identity>` and, per HTTP/gRPC service port whose
+/// endpoints all have an identity in the caller's trust domain, an mTLS cluster that
+/// presents the caller's certificate and accepts only those endpoints' IDs. Ports
+/// with plaintext endpoints route to the plain cluster. Empty if `identity` is not a
+/// SPIFFE ID.
+pub fn caller_resources(
+    identity: &str,
+    services: &[Service],
+    opts: &EnvoyOptions,
+) -> Vec<Resource> {
+    let Some(td) = trust_domain(identity) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut mtls = std::collections::BTreeSet::new();
+    for s in services {
+        for p in s.ports.iter().filter(|p| p.protocol.is_http()) {
+            let Some(peers) = mtls_peers(s, p.port, td) else {
+                continue;
+            };
+            let name = names::mtls_cluster(s, p.port, identity);
+            if !mtls.insert(name.clone()) {
+                continue;
+            }
+            let mut cluster = outbound_cluster(s, p.port, p.protocol);
+            cluster.name = name.clone();
+            if let Some(eds) = cluster.eds_cluster_config.as_mut() {
+                // The endpoints are the service port's, shared by every caller.
+                eds.service_name = names::outbound_cluster(s, p.port);
+            }
+            let ctx = UpstreamTlsContext {
+                common_tls_context: Some(common_tls(
+                    identity,
+                    td,
+                    peers
+                        .into_iter()
+                        .map(|id| uri_san(MatchPattern::Exact(id)))
+                        .collect(),
+                )),
+                ..Default::default()
+            };
+            cluster.transport_socket =
+                Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
+            out.push(resource(CLUSTER, name, any(CLUSTER, &cluster)));
+        }
+    }
+    out.push(routes(
+        &names::outbound_route_for(identity),
+        services,
+        opts,
+        &|s, port| {
+            let name = names::mtls_cluster(s, port, identity);
+            if mtls.contains(&name) {
+                name
+            } else {
+                names::outbound_cluster(s, port)
+            }
+        },
+    ));
+    out
 }
 
 /// An SDS secret: a TLS certificate (chain and key inline) or a validation context
@@ -533,6 +705,15 @@ pub fn envoy_resources(mesh: &Mesh, opts: &EnvoyOptions) -> Vec<Resource> {
         out.extend(service_resources(service));
     }
     out.push(outbound_routes(&mesh.services, opts));
+    let callers: std::collections::BTreeSet<&str> = mesh
+        .pods
+        .iter()
+        .filter(|p| p.outbound_port != 0)
+        .filter_map(|p| p.identity.as_deref())
+        .collect();
+    for identity in callers {
+        out.extend(caller_resources(identity, &mesh.services, opts));
+    }
     out.extend(mesh.secrets.iter().map(secret_resource));
     super::sort_dedup(out)
 }

@@ -25,13 +25,25 @@
 //! | outbound routes of every pod (one virtual host `<svc>.<ns>:<port>` per HTTP/gRPC service port) | RDS | `outbound\|http` | [`outbound_routes`] |
 //! | service port cluster (EDS over ADS) | CDS | `outbound\|<port>\|<svc>.<ns>` | [`service_resources`], [`grpc_service_resources`] |
 //! | service port endpoints | EDS | `outbound\|<port>\|<svc>.<ns>` (the cluster's name) | [`service_resources`], [`grpc_service_resources`] |
-//! | secret | SDS | the secret's `name` | [`secret_resource`] |
+//! | outbound routes of the pods with SPIFFE ID `<id>` | RDS | `outbound\|http\|<id>` | [`caller_resources`] |
+//! | service port cluster over mTLS for callers `<id>` (endpoints by EDS `service_name` `outbound\|<port>\|<svc>.<ns>`) | CDS | `outbound\|<port>\|<svc>.<ns>\|<id>` | [`caller_resources`] |
+//! | secret: a pod's certificate (`TlsCertificate`), named by its SPIFFE ID; a trust bundle (`ValidationContext`), named by its trust domain | SDS | the secret's `name` | [`secret_resource`] |
 //! | proxyless gRPC listener (`ApiListener`; the client dials `xds:///<svc>.<ns>:<port>`) | LDS | `<svc>.<ns>:<port>` | [`grpc_service_resources`] |
 //! | proxyless gRPC route configuration | RDS | `grpc\|<svc>.<ns>:<port>` | [`grpc_service_resources`] |
 //!
 //! The inbound listener of an HTTP or gRPC port holds an HTTP connection manager with
 //! an inline route configuration (also named `inbound|<app_port>|<ns>/<pod>`, one
 //! virtual host `*`); a TCP port holds a TCP proxy to the app cluster.
+//!
+//! **mTLS.** A pod with an `identity` (SPIFFE ID) gets TLS on its inbound listeners:
+//! Envoy presents the SDS certificate named by that ID and requires a client
+//! certificate from the same trust domain (validation context secret named by the
+//! trust domain). Its outbound listener uses the routes `outbound|http|<id>`, whose
+//! clusters for service ports where every endpoint has an `identity` connect over
+//! mTLS, present the caller's certificate and accept only a server certificate
+//! naming one of those endpoints' IDs; service ports with plaintext endpoints keep the
+//! plain cluster. The secrets must be in the mesh (the consistency check says which
+//! is missing). Pods without an identity stay plaintext.
 //!
 //! **Host names.** A pod's app reaches a service through its outbound listener with
 //! `Host`/`:authority` set to `<svc>`, `<svc>.<ns>`, `<svc>.<ns>.svc` or
@@ -92,8 +104,8 @@ pub mod model;
 pub mod refs;
 
 pub use envoy::{
-    EnvoyOptions, envoy_resources, outbound_routes, pod_resources, secret_resource,
-    service_resources,
+    EnvoyOptions, caller_resources, envoy_resources, outbound_routes, pod_resources,
+    secret_resource, service_resources,
 };
 pub use grpc::{grpc_resources, grpc_service_resources};
 pub use model::{
@@ -233,6 +245,19 @@ pub mod names {
     /// proxyless clients.
     pub fn grpc_route(service: &Service, port: u16) -> String {
         format!("grpc|{}.{}:{port}", service.name, service.namespace)
+    }
+
+    /// `outbound|http|<spiffe-id>`: the outbound routes of the pods with this
+    /// identity (their clusters present its certificate).
+    pub fn outbound_route_for(identity: &str) -> String {
+        format!("{OUTBOUND_ROUTE}|{identity}")
+    }
+
+    /// `outbound|<port>|<svc>.<ns>|<spiffe-id>`: a service port's mTLS cluster for
+    /// callers with this identity (its endpoints are the service port's, by EDS
+    /// `service_name`).
+    pub fn mtls_cluster(service: &Service, port: u16, identity: &str) -> String {
+        format!("{}|{identity}", outbound_cluster(service, port))
     }
 }
 

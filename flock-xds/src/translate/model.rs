@@ -148,6 +148,11 @@ pub struct Endpoint {
     /// of the service.
     #[serde(default)]
     pub service_port: Option<u16>,
+    /// The endpoint's SPIFFE ID, when it serves mTLS. When every endpoint of a
+    /// service port has one, callers with an identity reach it over mTLS and verify
+    /// the server's certificate names one of these IDs; otherwise plaintext.
+    #[serde(default)]
+    pub identity: Option<String>,
 }
 
 /// A failure domain, as in Envoy's `Locality`.
@@ -550,6 +555,9 @@ impl Validator {
             if e.port == 0 {
                 self.err(format!("{ep}.port"), "port must be 1-65535");
             }
+            if let Some(id) = &e.identity {
+                self.spiffe_id(format!("{ep}.identity"), id);
+            }
             if e.weight == 0 {
                 self.err(format!("{ep}.weight"), "weight must be at least 1");
             }
@@ -642,20 +650,20 @@ impl Validator {
             }
         }
         if let Some(id) = &p.identity {
-            let at = format!("{path}.identity");
-            match id.strip_prefix("spiffe://") {
-                Some(rest)
-                    if !rest.is_empty()
-                        && !rest.starts_with('/')
-                        && id.len() <= 2048
-                        && !id.chars().any(|c| c.is_control() || c.is_whitespace()) => {}
-                _ => self.err(
-                    at,
-                    format!(
-                        "identity must be a SPIFFE ID (spiffe://trust-domain/path), not {id:?}"
-                    ),
-                ),
-            }
+            self.spiffe_id(format!("{path}.identity"), id);
+        }
+    }
+
+    fn spiffe_id(&mut self, at: String, id: &str) {
+        if trust_domain(id).is_none()
+            || id
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace() || c == '|')
+        {
+            self.err(
+                at,
+                format!("identity must be a SPIFFE ID (spiffe://trust-domain/path), not {id:?}"),
+            );
         }
     }
 
@@ -796,4 +804,12 @@ pub(crate) fn ambiguous_service_names(services: &[Service]) -> BTreeSet<&str> {
         }
     }
     out
+}
+
+/// The trust domain of a SPIFFE ID (`spiffe://<trust-domain>/<path>`), if `id` is one:
+/// the name of the bundle (validation context) secret that verifies it.
+pub fn trust_domain(id: &str) -> Option<&str> {
+    let rest = id.strip_prefix("spiffe://")?;
+    let (td, path) = rest.split_once('/')?;
+    (!td.is_empty() && !path.is_empty() && id.len() <= 2048).then_some(td)
 }
