@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod agent;
 pub mod cni_server;
+pub mod identity;
 pub mod model;
 pub mod probe;
 pub mod registry;

@@ -1,0 +1,284 @@
+//! Workload identity (issue 7): pods subscribe to X.509-SVIDs and trust bundles.
+//!
+//! An [`IdentityProvider`] maps each subscribed pod (by its [`PodKey`]) to a SPIFFE ID
+//! and keeps exactly one SVID per SPIFFE ID that has at least one subscriber: pods
+//! sharing a service account share one secret, so Envoy gets one SDS secret per
+//! identity rather than per pod. The current state is an [`IdentityView`] published
+//! through a `tokio::sync::watch` channel; the agent republishes SDS whenever it changes
+//! (a new subscriber's identity, a rotation, the last subscriber leaving).
+//!
+//! The subscribe/unsubscribe calls are the `IdentitySubscribe` / `IdentityUnsubscribe`
+//! steps of `flock_core::lifecycle::steps`: subscribe returns only once the SVID is in
+//! the view, so the xDS config that references it is never published before it.
+//!
+//! # Secrets
+//! Private keys live only in memory, wrapped in [`SecretPem`], whose `Debug` and
+//! `Display` print `<redacted N bytes>` and which has no `Serialize`: deriving `Debug`
+//! or logging any identity type (for `/debug/*` output, say) cannot leak key material.
+//! Error messages carry names and reasons, never PEM.
+//!
+//! Providers: [`BuiltinCa`] (a node-local CA). A SPIRE bridge will use
+//! [`PodIdentity::selectors`].
+
+mod builtin;
+
+pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, MAX_TTL, MIN_TTL, system_clock_ms};
+
+use crate::model::PodRecord;
+use flock_core::gc::PodKey;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// The service account a pod runs as when its record names none (Kubernetes' default).
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+
+/// What the agent knows of a pod for identity (from its [`PodRecord`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodIdentity {
+    /// The CNI attachment the subscription is keyed on.
+    pub key: PodKey,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Kubernetes service account ([`DEFAULT_SERVICE_ACCOUNT`] if the record has none).
+    pub service_account: String,
+    /// Kubernetes pod name.
+    pub pod_name: String,
+    /// Kubernetes pod UID (may be empty).
+    pub pod_uid: String,
+}
+
+impl PodIdentity {
+    /// SPIRE-style workload selectors of the pod (for a future SPIRE bridge).
+    pub fn selectors(&self) -> Vec<(String, String)> {
+        [
+            format!("ns:{}", self.namespace),
+            format!("sa:{}", self.service_account),
+            format!("pod-name:{}", self.pod_name),
+            format!("pod-uid:{}", self.pod_uid),
+        ]
+        .into_iter()
+        .map(|v| ("k8s".to_string(), v))
+        .collect()
+    }
+}
+
+impl From<&PodRecord> for PodIdentity {
+    fn from(r: &PodRecord) -> Self {
+        // An empty service account means the annotation was absent, and Kubernetes runs
+        // such a pod as "default": the identity must say what the pod really is.
+        let service_account = if r.service_account.is_empty() {
+            DEFAULT_SERVICE_ACCOUNT.to_string()
+        } else {
+            r.service_account.clone()
+        };
+        Self {
+            key: r.key.clone(),
+            namespace: r.namespace.clone(),
+            service_account,
+            pod_name: r.name.clone(),
+            pod_uid: r.uid.clone(),
+        }
+    }
+}
+
+/// A PEM-encoded private key. `Debug` and `Display` print only its length, and it has
+/// no `Serialize`, so it cannot reach logs or `/debug/*` output by accident; read it
+/// with [`SecretPem::expose`] where it is really needed (the SDS response).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretPem(String);
+
+impl SecretPem {
+    /// Wraps a PEM string.
+    pub fn new(pem: String) -> Self {
+        Self(pem)
+    }
+
+    /// The PEM text. The name is loud on purpose: every call site is a place the key
+    /// leaves the wrapper.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Length of the PEM in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the PEM is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for SecretPem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<redacted {} bytes>", self.0.len())
+    }
+}
+
+impl fmt::Display for SecretPem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+impl Drop for SecretPem {
+    fn drop(&mut self) {
+        // Best effort: overwrite the key before its memory is freed, so a later heap
+        // dump or reuse of the allocation does not hold it.
+        let mut bytes = std::mem::take(&mut self.0).into_bytes();
+        bytes.fill(0);
+        std::hint::black_box(&bytes);
+    }
+}
+
+/// An X.509-SVID: a leaf certificate whose only URI SAN is the SPIFFE ID, and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Svid {
+    /// The SPIFFE ID (`spiffe://<trust-domain>/ns/<ns>/sa/<sa>`).
+    pub spiffe_id: String,
+    /// The certificate chain in PEM, leaf first (the root is in the [`Bundle`]).
+    pub cert_chain_pem: String,
+    /// The leaf's private key (PKCS#8 PEM), redacted when formatted.
+    pub private_key_pem: SecretPem,
+    /// When the leaf expires (ms since the Unix epoch).
+    pub not_after_ms: u64,
+    /// When it was issued (ms since the Unix epoch); rotation is due at half-life.
+    pub issued_ms: u64,
+    /// The leaf's serial number, lowercase hex.
+    pub serial: String,
+}
+
+/// The roots of one trust domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bundle {
+    /// The trust domain (no `spiffe://`).
+    pub trust_domain: String,
+    /// Its CA certificates in PEM.
+    pub ca_pem: String,
+}
+
+/// The current identity state, published through a `tokio::sync::watch` channel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdentityView {
+    /// One SVID per SPIFFE ID that has at least one subscriber.
+    pub svids: BTreeMap<String, Arc<Svid>>,
+    /// Trust bundles by trust domain.
+    pub bundles: BTreeMap<String, Bundle>,
+    /// Which SPIFFE ID each subscribed pod has.
+    pub subscriptions: BTreeMap<PodKey, String>,
+    /// Increases on every change of the view, so consumers can tell views apart cheaply.
+    pub generation: u64,
+}
+
+impl IdentityView {
+    /// The SVID of a subscribed pod.
+    pub fn svid_of(&self, key: &PodKey) -> Option<&Arc<Svid>> {
+        self.subscriptions
+            .get(key)
+            .and_then(|id| self.svids.get(id))
+    }
+}
+
+/// Why an identity operation failed. Messages name what was wrong, never key material.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// The trust domain is not a valid SPIFFE trust domain.
+    #[error("invalid trust domain {domain:?}: {reason}")]
+    InvalidTrustDomain {
+        /// The rejected trust domain.
+        domain: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A namespace or service account cannot be a SPIFFE ID path segment.
+    #[error("invalid {field} {value:?} for a SPIFFE ID: {reason}")]
+    InvalidName {
+        /// `namespace` or `service account`.
+        field: &'static str,
+        /// The rejected value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The SVID lifetime is out of range.
+    #[error("invalid SVID ttl: {0}")]
+    InvalidTtl(String),
+    /// Generating a key or signing a certificate failed.
+    #[error("certificate issuance failed: {0}")]
+    Issue(String),
+}
+
+/// A source of workload identities for subscribed pods.
+#[async_trait::async_trait]
+pub trait IdentityProvider: Send + Sync + 'static {
+    /// Subscribes the pod; returns its SPIFFE ID once an SVID for it is in the view.
+    /// Subscribing a pod again with a different SPIFFE ID moves its subscription.
+    async fn subscribe(&self, pod: &PodIdentity) -> Result<String, IdentityError>;
+    /// Drops the pod's subscription; the SVID is dropped when no pod uses it any more.
+    /// Idempotent.
+    async fn unsubscribe(&self, key: &PodKey);
+    /// The current view and its changes.
+    fn view(&self) -> tokio::sync::watch::Receiver<Arc<IdentityView>>;
+    /// One line for logs and `/debug`, e.g. `builtin (trust domain X, ttl Ys)`.
+    fn describe(&self) -> String;
+}
+
+/// `spiffe://<trust_domain>/ns/<namespace>/sa/<service_account>`.
+pub fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> String {
+    format!("spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}")
+}
+
+/// Checks a trust domain against the SPIFFE spec: lowercase letters, digits, `.`, `-`,
+/// `_`; not empty; at most 255 bytes.
+pub fn validate_trust_domain(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("empty".to_string());
+    }
+    if s.len() > 255 {
+        return Err(format!("{} bytes long, at most 255 allowed", s.len()));
+    }
+    match s
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')))
+    {
+        Some(c) => Err(format!(
+            "character {c:?} not allowed (lowercase letters, digits, '.', '-', '_')"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Checks one SPIFFE ID path segment (SPIFFE spec: letters, digits, `.`, `-`, `_`; not
+/// empty, `.` or `..`), so a bad name is an error here rather than a bad certificate.
+pub fn validate_path_segment(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("empty".to_string());
+    }
+    if s == "." || s == ".." {
+        return Err("a dot segment".to_string());
+    }
+    match s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+    {
+        Some(c) => Err(format!(
+            "character {c:?} not allowed (letters, digits, '.', '-', '_')"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Whether an SVID issued at `issued_ms` and expiring at `not_after_ms` is due for
+/// rotation at `now_ms`: at or past half its lifetime. Pure, so it can be proptested;
+/// rotating at half-life leaves the other half as margin for a failed or late
+/// rotation and for proxies to pick the new secret up.
+pub fn due(issued_ms: u64, not_after_ms: u64, now_ms: u64) -> bool {
+    now_ms >= rotation_at(issued_ms, not_after_ms)
+}
+
+/// When an SVID is due for rotation (see [`due`]).
+pub fn rotation_at(issued_ms: u64, not_after_ms: u64) -> u64 {
+    issued_ms + not_after_ms.saturating_sub(issued_ms) / 2
+}
