@@ -15,6 +15,7 @@
 //! * Operations on one pod are serialized by a per-pod lock; different pods proceed
 //!   in parallel.
 
+use crate::identity::{IdentityProvider, IdentityView, PodIdentity};
 use crate::model::{
     Endpoint, Health, INBOUND_BASE_PORT, OUTBOUND_PORT, PORTS_ANNOTATION, PodPort, PodRecord,
     Protocol, SERVICE_ANNOTATION,
@@ -153,6 +154,7 @@ pub struct Agent {
     pods: PodTable<PodKey, PodRecord>,
     registry: Arc<dyn Registry>,
     cache: Arc<Cache<Any>>,
+    identity: Option<Arc<dyn IdentityProvider>>,
     /// Registry keys this agent wrote → the revision of its last write.
     own: Mutex<BTreeMap<String, u64>>,
     liveness: Mutex<BTreeMap<PodKey, Liveness>>,
@@ -319,6 +321,7 @@ impl Agent {
             pods: PodTable::new(),
             registry,
             cache,
+            identity: None,
             own: Mutex::new(BTreeMap::new()),
             liveness: Mutex::new(BTreeMap::new()),
             locks: Mutex::new(HashMap::new()),
@@ -331,6 +334,42 @@ impl Agent {
             netns_missing: Mutex::new(BTreeSet::new()),
             metrics: AgentMetrics::default(),
         }
+    }
+
+    /// Gives every meshed pod a workload identity from `provider` (mTLS between pods);
+    /// without one, pods talk plaintext.
+    pub fn with_identity(mut self, provider: Arc<dyn IdentityProvider>) -> Self {
+        self.identity = Some(provider);
+        self
+    }
+
+    /// The identity provider, if any.
+    pub fn identity(&self) -> Option<&Arc<dyn IdentityProvider>> {
+        self.identity.as_ref()
+    }
+
+    fn identity_view(&self) -> Option<Arc<IdentityView>> {
+        self.identity.as_ref().map(|p| p.view().borrow().clone())
+    }
+
+    /// Subscribes a pod's identity, guarded (R6): if the pod was removed while the
+    /// subscription was being made, it is withdrawn again.
+    async fn subscribe_identity(&self, rec: &PodRecord) -> Result<(), String> {
+        let Some(provider) = &self.identity else {
+            return Ok(());
+        };
+        provider
+            .subscribe(&PodIdentity::from(rec))
+            .await
+            .map_err(|e| e.to_string())?;
+        // The re-check: RemovePod deletes the store record before it unsubscribes, so
+        // a pod gone now may have had its unsubscribe run before this subscribe.
+        #[cfg(not(flock_reintroduce = "r6-agent"))]
+        if !self.pods.contains(&rec.key) {
+            self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
+            provider.unsubscribe(&rec.key).await;
+        }
+        Ok(())
     }
 
     /// The configuration.
@@ -417,6 +456,13 @@ impl Agent {
             quarantined,
             "pod store loaded (merged into the live table)"
         );
+        for key in &merge.added {
+            if let Some(rec) = self.pods.get(key)
+                && let Err(e) = self.subscribe_identity(&rec).await
+            {
+                tracing::warn!(pod = %rec.pod_ref(), "identity resubscription failed (the GC retries): {e}");
+            }
+        }
         self.publish();
         for key in &merge.added {
             self.reregister(key).await;
@@ -511,6 +557,9 @@ impl Agent {
 
     /// The endpoints a pod registers (one per app port).
     fn endpoints_of(&self, rec: &PodRecord, health: Health) -> Vec<Endpoint> {
+        let identity = self
+            .identity_view()
+            .and_then(|v| v.svid_of(&rec.key).map(|s| s.spiffe_id.clone()));
         rec.ports
             .iter()
             .map(|p| Endpoint {
@@ -526,6 +575,7 @@ impl Agent {
                 region: self.cfg.region.clone(),
                 zone: self.cfg.zone.clone(),
                 health,
+                identity: identity.clone(),
             })
             .collect()
     }
@@ -581,8 +631,14 @@ impl Agent {
                         Err(e) => Err(e.to_string()),
                     }
                 }
-                // Identity lands with the identity issue: nothing to subscribe yet.
-                Step::IdentitySubscribe => Ok(()),
+                Step::IdentitySubscribe => match &self.identity {
+                    Some(provider) => provider
+                        .subscribe(&PodIdentity::from(rec))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    None => Ok(()),
+                },
                 Step::XdsPublish => {
                     version = self.publish();
                     Ok(())
@@ -691,7 +747,12 @@ impl Agent {
                         }
                     }
                 }
-                Step::IdentityUnsubscribe => {}
+                Step::IdentityUnsubscribe => {
+                    if let Some(provider) = &self.identity {
+                        existed |= provider.view().borrow().subscriptions.contains_key(key);
+                        provider.unsubscribe(key).await;
+                    }
+                }
                 other => unreachable!("{other} is not a RemovePod step"),
             }
         }
@@ -824,7 +885,7 @@ impl Agent {
                 },
                 weight: 1,
                 service_port: Some(ep.service_port),
-                identity: None,
+                identity: ep.identity.clone(),
             });
         }
         let mut mesh = Mesh::default();
@@ -846,6 +907,30 @@ impl Agent {
                     "registry entries of this service are inconsistent; not served: {}",
                     errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
                 ),
+            }
+        }
+        let identity = self.identity_view();
+        if let Some(view) = &identity {
+            // Certificates named by SPIFFE ID, bundles by trust domain (the names the
+            // translation's TLS contexts refer to).
+            for svid in view.svids.values() {
+                mesh.secrets.push(translate::Secret {
+                    name: svid.spiffe_id.clone(),
+                    kind: translate::SecretKind::TlsCertificate {
+                        certificate_chain_pem: svid.cert_chain_pem.clone(),
+                        private_key_pem: translate::PrivateKeyPem(
+                            svid.private_key_pem.expose().to_string(),
+                        ),
+                    },
+                });
+            }
+            for bundle in view.bundles.values() {
+                mesh.secrets.push(translate::Secret {
+                    name: bundle.trust_domain.clone(),
+                    kind: translate::SecretKind::ValidationContext {
+                        trusted_ca_pem: bundle.ca_pem.clone(),
+                    },
+                });
             }
         }
         for rec in self.pods.snapshot().into_values() {
@@ -871,7 +956,10 @@ impl Agent {
                     })
                     .collect(),
                 outbound_port: OUTBOUND_PORT,
-                identity: None,
+                identity: identity
+                    .as_ref()
+                    .and_then(|v| v.svid_of(&rec.key))
+                    .map(|s| s.spiffe_id.clone()),
             };
             let one = Mesh {
                 pods: vec![pod],
@@ -949,11 +1037,21 @@ impl Agent {
             .filter(|(_, e)| e.node == self.cfg.node_name)
             .map(|(k, e)| Owned::new(k.clone(), e.pod_key.clone()))
             .collect();
+        let subscriptions: Vec<Owned> = self
+            .identity_view()
+            .map(|v| {
+                v.subscriptions
+                    .keys()
+                    .map(|k| Owned::new(k.to_string(), k.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         let pods: Vec<PodKey> = self.pods.snapshot().into_keys().collect();
         let inputs = GcInputs {
             pods,
             valid_attachments: valid,
             endpoints,
+            subscriptions,
             ..GcInputs::default()
         };
         let (plan, next) = {
@@ -991,6 +1089,15 @@ impl Agent {
                 Ok(false) => {}
                 Err(e) => {
                     tracing::warn!(endpoint = %ep, "GC could not remove an orphan endpoint: {e}")
+                }
+            }
+        }
+        if let (Some(provider), Some(view)) = (&self.identity, self.identity_view()) {
+            for id in &plan.subscriptions {
+                if let Some(key) = view.subscriptions.keys().find(|k| &k.to_string() == id) {
+                    provider.unsubscribe(key).await;
+                    removed += 1;
+                    tracing::warn!(pod = %key, "GC removed a leaked identity subscription");
                 }
             }
         }
@@ -1090,6 +1197,25 @@ impl Memo {
                 &mesh.services,
                 opts,
             )]));
+            let callers: BTreeSet<&str> = mesh
+                .pods
+                .iter()
+                .filter(|p| p.outbound_port != 0)
+                .filter_map(|p| p.identity.as_deref())
+                .collect();
+            for identity in callers {
+                push(&share(translate::caller_resources(
+                    identity,
+                    &mesh.services,
+                    opts,
+                )));
+            }
+            push(&share(
+                mesh.secrets
+                    .iter()
+                    .map(translate::secret_resource)
+                    .collect(),
+            ));
         }
         self.pods = pods;
         self.services = services;

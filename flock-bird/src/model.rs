@@ -113,6 +113,9 @@ pub struct Endpoint {
     pub zone: String,
     /// Health as probed by the owning agent.
     pub health: Health,
+    /// The pod's SPIFFE ID when it serves mTLS (its inbound listeners require it).
+    #[serde(default)]
+    pub identity: Option<String>,
 }
 
 impl Endpoint {

@@ -4,6 +4,8 @@
 use crate::admin;
 use crate::agent::{Agent, AgentConfig, group_of};
 use crate::cni_server::CniServer;
+use crate::identity::IdentityProvider as _;
+use crate::identity::{BuiltinCa, system_clock_ms};
 use crate::registry::{self, RegistryOptions};
 use crate::store::PodStore;
 use anyhow::Context as _;
@@ -34,6 +36,42 @@ pub struct Options {
     pub registry: String,
     /// Lease TTL of etcd registrations, seconds.
     pub registry_ttl_secs: i64,
+    /// Where pods' workload identities come from.
+    pub identity: IdentitySource,
+}
+
+/// `--identity`: where workload identities (X.509-SVIDs) come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentitySource {
+    /// No identities: pods talk plaintext.
+    None,
+    /// The node-local CA: SVIDs `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`, keys only
+    /// in memory, rotated at half their lifetime.
+    Builtin {
+        /// The trust domain.
+        trust_domain: String,
+        /// SVID lifetime.
+        svid_ttl: Duration,
+    },
+}
+
+impl IdentitySource {
+    /// Parses `builtin` or `none` (with the trust domain and TTL for `builtin`).
+    pub fn parse(spec: &str, trust_domain: &str, svid_ttl: Duration) -> Result<Self, String> {
+        match spec {
+            "none" => Ok(Self::None),
+            "builtin" => Ok(Self::Builtin {
+                trust_domain: trust_domain.to_string(),
+                svid_ttl,
+            }),
+            s if s.starts_with("spire:") => Err(format!(
+                "--identity {s}: the SPIRE bridge is not in this build yet; use builtin or none"
+            )),
+            s => Err(format!(
+                "--identity {s:?}: expected builtin, none (or spire:PATH, not yet available)"
+            )),
+        }
+    }
 }
 
 /// The addresses a running agent actually bound (ports may have been 0).
@@ -69,12 +107,25 @@ pub async fn run(
     .await
     .with_context(|| format!("connecting to the registry {}", opts.registry))?;
     let cache = Arc::new(Cache::new(group_of));
-    let agent = Arc::new(Agent::new(
+    let mut agent = Agent::new(
         opts.agent.clone(),
         store,
         Arc::clone(&reg),
         Arc::clone(&cache),
-    ));
+    );
+    let mut rotation = None;
+    if let IdentitySource::Builtin {
+        trust_domain,
+        svid_ttl,
+    } = &opts.identity
+    {
+        let ca = BuiltinCa::new(trust_domain, *svid_ttl, system_clock_ms)
+            .map_err(|e| anyhow::anyhow!("--identity builtin: {e}"))?;
+        tracing::info!(identity = %ca.describe(), "workload identity: node-local CA (keys in memory only)");
+        rotation = Some(Arc::clone(&ca));
+        agent = agent.with_identity(ca);
+    }
+    let agent = Arc::new(agent);
     let xds = Server::builder(Arc::clone(&cache))
         .identifier(format!("flock-agent/{}", opts.agent.node_name))
         .build();
@@ -148,6 +199,15 @@ pub async fn run(
     });
 
     tasks.spawn(refresher(Arc::clone(&agent), stop_rx.clone()));
+    if let Some(ca) = rotation {
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = until_stopped(&mut stop) => {}
+                _ = ca.run_rotation(Duration::from_secs(5)) => {}
+            }
+        });
+    }
     tasks.spawn(liveness_loop(Arc::clone(&agent), stop_rx.clone()));
     tasks.spawn(gc_loop(Arc::clone(&agent), stop_rx.clone()));
     on_bound(bound);
@@ -164,11 +224,22 @@ pub async fn run(
 /// changes becomes one publish; a steady stream still publishes every 10 debounces).
 async fn refresher(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     let mut view = agent.registry().view();
+    // Identity changes (new SVIDs, rotations, bundles) republish SDS the same way.
+    let mut ids = agent.identity().map(|p| p.view());
     let debounce = agent.config().refresh_debounce;
     loop {
         tokio::select! {
             _ = until_stopped(&mut stop) => return,
             changed = view.changed() => if changed.is_err() { return },
+            changed = async {
+                match ids.as_mut() {
+                    Some(rx) => rx.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => if changed.is_err() { return },
+        }
+        if let Some(rx) = ids.as_mut() {
+            rx.borrow_and_update();
         }
         let deadline = tokio::time::Instant::now() + debounce * 10;
         loop {

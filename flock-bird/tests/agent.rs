@@ -369,3 +369,100 @@ async fn orphan_endpoints_of_this_node_are_collected_after_k_sweeps() {
         "{left:?}"
     );
 }
+
+/// An identity provider whose `subscribe` can be held at a gate.
+struct GatedIdentity {
+    inner: Arc<dyn flock_bird::identity::IdentityProvider>,
+    hold: std::sync::atomic::AtomicBool,
+    arrived: Notify,
+    release: Notify,
+}
+
+#[async_trait::async_trait]
+impl flock_bird::identity::IdentityProvider for GatedIdentity {
+    async fn subscribe(
+        &self,
+        pod: &flock_bird::identity::PodIdentity,
+    ) -> Result<String, flock_bird::identity::IdentityError> {
+        if self.hold.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.arrived.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.subscribe(pod).await
+    }
+    async fn unsubscribe(&self, key: &PodKey) {
+        self.inner.unsubscribe(key).await
+    }
+    fn view(&self) -> watch::Receiver<Arc<flock_bird::identity::IdentityView>> {
+        self.inner.view()
+    }
+    fn describe(&self) -> String {
+        format!("gated {}", self.inner.describe())
+    }
+}
+
+/// R6 with the audit's interleaving forced: after a restart, the agent resubscribes
+/// the identities of its stored pods; one resubscription is in flight (held at the
+/// gate) while RemovePod of that pod runs to completion, then it lands. The re-check
+/// after subscribing sees the pod gone and withdraws it: no leaked subscription, no
+/// SVID kept alive. Without the re-check (`--cfg flock_reintroduce="r6-agent"`,
+/// checked by scripts/test) this test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_a_resubscription_racing_remove_pod_leaks_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = flock_bird::identity::BuiltinCa::new(
+        "cluster.local",
+        std::time::Duration::from_secs(3600),
+        flock_bird::identity::system_clock_ms,
+    )
+    .unwrap();
+    {
+        let first = Arc::new(
+            Arc::into_inner(agent_over(dir.path(), memory().await))
+                .unwrap()
+                .with_identity(ca.clone()),
+        );
+        first.load().await.unwrap();
+        first
+            .add_pod(&input("c1", Some("web"), "8080"))
+            .await
+            .unwrap();
+    }
+    // The restarted agent's provider starts empty (keys live in memory only).
+    let fresh = flock_bird::identity::BuiltinCa::new(
+        "cluster.local",
+        std::time::Duration::from_secs(3600),
+        flock_bird::identity::system_clock_ms,
+    )
+    .unwrap();
+    let gated = Arc::new(GatedIdentity {
+        inner: fresh,
+        hold: true.into(),
+        arrived: Notify::new(),
+        release: Notify::new(),
+    });
+    let agent = Arc::new(
+        Arc::into_inner(agent_over(dir.path(), memory().await))
+            .unwrap()
+            .with_identity(Arc::clone(&gated) as Arc<dyn flock_bird::identity::IdentityProvider>),
+    );
+    let a = Arc::clone(&agent);
+    let loading = tokio::spawn(async move { a.load().await });
+    gated.arrived.notified().await; // the resubscription is in flight
+    let key = PodKey::new("c1", "eth0");
+    assert!(matches!(agent.remove_pod(&key).await, PodOutcome::Done(_)));
+    gated.release.notify_one();
+    loading.await.unwrap().unwrap();
+    let view = flock_bird::identity::IdentityProvider::view(&*gated)
+        .borrow()
+        .clone();
+    assert!(
+        view.subscriptions.is_empty(),
+        "leaked subscription(s): {:?}",
+        view.subscriptions.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        view.svids.is_empty(),
+        "an SVID kept alive for a removed pod"
+    );
+}

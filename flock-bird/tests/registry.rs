@@ -25,6 +25,7 @@ fn ep(pod: &str, port: u16) -> Endpoint {
         region: "r".into(),
         zone: "z".into(),
         health: Health::Healthy,
+        identity: None,
     }
 }
 

@@ -170,6 +170,7 @@ fn ep(node: &str, pod: &str) -> Endpoint {
         region: "r".into(),
         zone: "z".into(),
         health: Health::Healthy,
+        identity: None,
     }
 }
 
