@@ -118,28 +118,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
     // a pod's app would be soon after; the agent probes it).
     let ns_a = NetNs::new("a");
     let ns_b = NetNs::new("b");
-    let server_src = format!(
-        "import http.server\n\
-         class H(http.server.BaseHTTPRequestHandler):\n\
-         \x20   def do_GET(self):\n\
-         \x20       b = b'{BODY}'\n\
-         \x20       self.send_response(200)\n\
-         \x20       self.send_header('content-length', str(len(b)))\n\
-         \x20       self.end_headers()\n\
-         \x20       self.wfile.write(b)\n\
-         \x20   def log_message(self, *a): pass\n\
-         http.server.ThreadingHTTPServer(('0.0.0.0', 8080), H).serve_forever()\n"
-    );
-    let mut server_cmd = ns_b.command("python3");
-    server_cmd.args(["-c", &server_src]);
-    let mut server = ChildGuard::spawn(server_cmd, work.path().join("web-0.log"));
-    wait_for("B's server on its loopback", WAIT, || {
-        assert!(server.running(), "server exited: {}", server.log_text());
-        ns_b.command("curl")
-            .args(["-sf", "-m", "2", "http://127.0.0.1:8080/"])
-            .output()
-            .is_ok_and(|o| o.stdout == BODY.as_bytes())
-    });
+    let mut server = http_server_in(&ns_b, 8080, BODY, work.path().join("web-0.log"));
 
     // ADD both through libcni.
     let pod_a = PodSpec {

@@ -70,29 +70,7 @@ fn pods_talk_mtls_with_rotating_svids_and_plaintext_is_refused() {
 
     let ns_a = NetNs::new("ma");
     let ns_b = NetNs::new("mb");
-    let server_src = format!(
-        "import http.server\n\
-         class H(http.server.BaseHTTPRequestHandler):\n\
-         \x20   protocol_version = 'HTTP/1.1'\n\
-         \x20   def do_GET(self):\n\
-         \x20       b = b'{BODY}'\n\
-         \x20       self.send_response(200)\n\
-         \x20       self.send_header('content-length', str(len(b)))\n\
-         \x20       self.end_headers()\n\
-         \x20       self.wfile.write(b)\n\
-         \x20   def log_message(self, *a): pass\n\
-         http.server.ThreadingHTTPServer(('0.0.0.0', 8080), H).serve_forever()\n"
-    );
-    let mut server_cmd = ns_b.command("python3");
-    server_cmd.args(["-c", &server_src]);
-    let mut server = ChildGuard::spawn(server_cmd, work.path().join("web.log"));
-    wait_for("B's server", WAIT, || {
-        assert!(server.running(), "{}", server.log_text());
-        ns_b.command("curl")
-            .args(["-sf", "-m", "2", "http://127.0.0.1:8080/"])
-            .output()
-            .is_ok_and(|o| o.stdout == BODY.as_bytes())
-    });
+    let _server = http_server_in(&ns_b, 8080, BODY, work.path().join("web.log"));
     let pod_a = PodSpec {
         namespace: "default",
         name: "client-0",

@@ -808,3 +808,33 @@ fn kill_envoys_with_base_id(id: u32) {
         }
     }
 }
+
+/// A real HTTP/1.1 server (Python) inside `ns` on `0.0.0.0:port` answering every GET
+/// with `body`; returns once it answers on the namespace's loopback.
+pub fn http_server_in(ns: &NetNs, port: u16, body: &str, log: PathBuf) -> ChildGuard {
+    let src = format!(
+        "import http.server\n\
+         class H(http.server.BaseHTTPRequestHandler):\n\
+         \x20   protocol_version = 'HTTP/1.1'\n\
+         \x20   def do_GET(self):\n\
+         \x20       b = b'{body}'\n\
+         \x20       self.send_response(200)\n\
+         \x20       self.send_header('content-length', str(len(b)))\n\
+         \x20       self.end_headers()\n\
+         \x20       self.wfile.write(b)\n\
+         \x20   def log_message(self, *a): pass\n\
+         http.server.ThreadingHTTPServer(('0.0.0.0', {port}), H).serve_forever()\n"
+    );
+    let mut cmd = ns.command("python3");
+    cmd.args(["-c", &src]);
+    let mut server = ChildGuard::spawn(cmd, log);
+    let url = format!("http://127.0.0.1:{port}/");
+    wait_for("the pod's HTTP server on its loopback", WAIT, || {
+        assert!(server.running(), "server exited: {}", server.log_text());
+        ns.command("curl")
+            .args(["-sf", "-m", "2", &url])
+            .output()
+            .is_ok_and(|o| o.stdout == body.as_bytes())
+    });
+    server
+}
