@@ -5,7 +5,7 @@ use crate::admin;
 use crate::agent::{Agent, AgentConfig, group_of};
 use crate::cni_server::CniServer;
 use crate::identity::IdentityProvider as _;
-use crate::identity::{BuiltinCa, system_clock_ms};
+use crate::identity::{BuiltinCa, SpireBridge, system_clock_ms};
 use crate::registry::{self, RegistryOptions};
 use crate::store::PodStore;
 use anyhow::Context as _;
@@ -53,10 +53,17 @@ pub enum IdentitySource {
         /// SVID lifetime.
         svid_ttl: Duration,
     },
+    /// A SPIRE agent's Delegated Identity API on its admin socket: SPIRE issues and
+    /// rotates the SVIDs (see [`SpireBridge`]).
+    Spire {
+        /// The SPIRE agent admin socket.
+        socket: PathBuf,
+    },
 }
 
 impl IdentitySource {
-    /// Parses `builtin` or `none` (with the trust domain and TTL for `builtin`).
+    /// Parses `builtin`, `none` or `spire:PATH` (with the trust domain and TTL for
+    /// `builtin`).
     pub fn parse(spec: &str, trust_domain: &str, svid_ttl: Duration) -> Result<Self, String> {
         match spec {
             "none" => Ok(Self::None),
@@ -64,11 +71,16 @@ impl IdentitySource {
                 trust_domain: trust_domain.to_string(),
                 svid_ttl,
             }),
-            s if s.starts_with("spire:") => Err(format!(
-                "--identity {s}: the SPIRE bridge is not in this build yet; use builtin or none"
-            )),
+            s if s.starts_with("spire:") => match &s["spire:".len()..] {
+                "" => Err(format!(
+                    "--identity {s}: expected spire:PATH (the SPIRE agent admin socket)"
+                )),
+                path => Ok(Self::Spire {
+                    socket: PathBuf::from(path),
+                }),
+            },
             s => Err(format!(
-                "--identity {s:?}: expected builtin, none (or spire:PATH, not yet available)"
+                "--identity {s:?}: expected builtin, none or spire:PATH"
             )),
         }
     }
@@ -124,6 +136,12 @@ pub async fn run(
         tracing::info!(identity = %ca.describe(), "workload identity: node-local CA (keys in memory only)");
         rotation = Some(Arc::clone(&ca));
         agent = agent.with_identity(ca);
+    }
+    if let IdentitySource::Spire { socket } = &opts.identity {
+        // Connects (and reconnects) in the background; subscriptions wait for it.
+        let bridge = SpireBridge::connect(socket.clone());
+        tracing::info!(identity = %bridge.describe(), "workload identity: SPIRE Delegated Identity API");
+        agent = agent.with_identity(bridge);
     }
     let agent = Arc::new(agent);
     let xds = Server::builder(Arc::clone(&cache))

@@ -51,8 +51,8 @@ struct Args {
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     registry_ttl: i64,
     /// Where pods' workload identities come from: `builtin` (a node-local CA; mTLS
-    /// between pods), `none` (plaintext). (`spire:PATH`, the SPIRE Delegated Identity
-    /// API, is not in this build yet.)
+    /// between pods), `spire:PATH` (a SPIRE agent's Delegated Identity API on its admin
+    /// socket PATH), `none` (plaintext).
     #[arg(long, default_value = "builtin", value_name = "SOURCE")]
     identity: String,
     /// SPIFFE trust domain of the built-in CA's SVIDs (spiffe://<domain>/ns/<ns>/sa/<sa>).

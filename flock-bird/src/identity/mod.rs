@@ -21,8 +21,10 @@
 //! [`PodIdentity::selectors`].
 
 mod builtin;
+pub mod spire;
 
 pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, MAX_TTL, MIN_TTL, system_clock_ms};
+pub use spire::{SpireBridge, SpireOptions};
 
 use crate::model::PodRecord;
 use flock_core::gc::PodKey;

@@ -1,0 +1,778 @@
+//! The `spire` provider: a bridge to a SPIRE agent's Delegated Identity API.
+//!
+//! The flock agent is a trusted delegate of the SPIRE agent on its node: over the SPIRE
+//! agent's admin socket it calls `SubscribeToX509SVIDs` with each pod's selectors
+//! ([`PodIdentity::selectors`]: `k8s:ns:…`, `k8s:sa:…`, `k8s:pod-name:…`,
+//! `k8s:pod-uid:…`) and keeps one `SubscribeToX509Bundles` stream for the trust bundles.
+//! SPIRE decides the SPIFFE IDs (its registration entries) and rotates the SVIDs; every
+//! message on a pod's stream replaces the pod's SVID in the [`IdentityView`].
+//!
+//! # Connection (R5)
+//! One supervisor task owns the connection: it connects (retrying with
+//! [`Backoff`] and jitter), then *publishes* the client handle as a whole, with its
+//! connection epoch, in a `watch` slot; every stream reads the handle through that
+//! slot. A reconnect publishes a new handle, it never mutates the published one in
+//! place: a stream holding the old handle keeps a consistent (if dead) client and
+//! reports its failure by epoch, so failures of an old connection never tear down a
+//! new one, and a stream is never opened on a half-replaced client. After every
+//! (re)connect every current subscription is opened again on the new connection (a
+//! restarted SPIRE agent has forgotten all streams).
+//!
+//! # Withdrawal (R6)
+//! Opening a pod's stream is asynchronous (a resubscription after a reconnect, or a
+//! subscribe, waits for SPIRE to answer). A pod may be unsubscribed meanwhile; its
+//! unsubscribe then finds no stream to cancel. So once the stream is open the bridge
+//! re-checks, under the state lock, that the same subscription (its token) is still
+//! wanted, and otherwise drops the stream (which cancels the RPC). The agent's orphan
+//! GC removes any subscription that slips through anyway.
+//!
+//! # Secrets
+//! Keys arrive as PKCS#8 DER and are kept only as [`SecretPem`]; nothing here logs or
+//! formats a response message (they carry keys).
+
+use super::system_clock_ms;
+use super::{Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid};
+use flock_core::backoff::Backoff;
+use flock_core::gc::PodKey;
+use hyper_util::rt::TokioIo;
+use spire_api::pb::spire::api::agent::delegatedidentity::v1 as pb;
+use spire_api::pb::spire::api::types::Selector;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+type Client = pb::delegated_identity_client::DelegatedIdentityClient<Channel>;
+
+/// Settings of a [`SpireBridge`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpireOptions {
+    /// How long [`IdentityProvider::subscribe`] waits for the pod's first SVID.
+    pub subscribe_timeout: Duration,
+    /// First reconnect delay ceiling (the delay is jittered in its upper half).
+    pub backoff_initial: Duration,
+    /// Largest reconnect delay ceiling.
+    pub backoff_max: Duration,
+    /// A connection that stayed up this long resets the backoff.
+    pub stable_after: Duration,
+    /// Timeout of one connection attempt.
+    pub connect_timeout: Duration,
+}
+
+impl Default for SpireOptions {
+    fn default() -> Self {
+        Self {
+            subscribe_timeout: Duration::from_secs(10),
+            backoff_initial: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+            stable_after: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One connection to the admin socket, published as a whole (R5).
+struct Conn {
+    epoch: u64,
+    client: Client,
+}
+
+/// A pod the bridge is asked to keep an SVID for.
+struct Sub {
+    pod: PodIdentity,
+    /// Distinguishes this subscription from an earlier or later one of the same pod.
+    token: u64,
+    /// The reader of the pod's stream, and the connection epoch it was opened on.
+    task: Option<(u64, AbortHandle)>,
+}
+
+struct State {
+    subs: BTreeMap<PodKey, Sub>,
+    subscriptions: BTreeMap<PodKey, String>,
+    svids: BTreeMap<String, Arc<Svid>>,
+    bundles: BTreeMap<String, Bundle>,
+    bundles_task: Option<AbortHandle>,
+    generation: u64,
+    next_token: u64,
+}
+
+struct Inner {
+    socket: PathBuf,
+    opts: SpireOptions,
+    /// The published client (R5): replaced as a whole on reconnect, `None` while down.
+    conn: watch::Sender<Option<Arc<Conn>>>,
+    /// The highest connection epoch a stream failed on.
+    failed: watch::Sender<u64>,
+    /// Set when the bridge is dropped: in-flight opens give up.
+    closed: watch::Sender<bool>,
+    state: Mutex<State>,
+    tx: watch::Sender<Arc<IdentityView>>,
+    withdrawn: AtomicU64,
+}
+
+/// The SPIRE bridge: an [`IdentityProvider`] backed by a SPIRE agent's Delegated
+/// Identity API on a unix socket (see the module docs).
+pub struct SpireBridge {
+    inner: Arc<Inner>,
+    supervisor: AbortHandle,
+}
+
+impl fmt::Debug for SpireBridge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpireBridge")
+            .field("socket", &self.inner.socket)
+            .field("epoch", &self.epoch())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SpireBridge {
+    /// Starts the bridge to the SPIRE agent admin socket at `socket` with default
+    /// options. It returns at once: the connection is made (and remade) in the
+    /// background, and subscriptions wait for it. Needs a Tokio runtime.
+    pub fn connect(socket: impl Into<PathBuf>) -> Arc<Self> {
+        Self::with_options(socket, SpireOptions::default())
+    }
+
+    /// [`SpireBridge::connect`] with explicit options.
+    pub fn with_options(socket: impl Into<PathBuf>, opts: SpireOptions) -> Arc<Self> {
+        let (tx, _) = watch::channel(Arc::new(IdentityView::default()));
+        let inner = Arc::new(Inner {
+            socket: socket.into(),
+            opts,
+            conn: watch::channel(None).0,
+            failed: watch::channel(0).0,
+            closed: watch::channel(false).0,
+            state: Mutex::new(State {
+                subs: BTreeMap::new(),
+                subscriptions: BTreeMap::new(),
+                svids: BTreeMap::new(),
+                bundles: BTreeMap::new(),
+                bundles_task: None,
+                generation: 0,
+                next_token: 0,
+            }),
+            tx,
+            withdrawn: AtomicU64::new(0),
+        });
+        let supervisor = tokio::spawn(Arc::clone(&inner).supervise()).abort_handle();
+        Arc::new(Self { inner, supervisor })
+    }
+
+    /// The admin socket.
+    pub fn socket(&self) -> &Path {
+        &self.inner.socket
+    }
+
+    /// The epoch of the published connection (1 for the first, +1 per reconnect), or
+    /// 0 while disconnected.
+    pub fn epoch(&self) -> u64 {
+        self.inner.conn.borrow().as_ref().map_or(0, |c| c.epoch)
+    }
+
+    /// How many streams were withdrawn because their pod was unsubscribed while they
+    /// were being opened (the R6 re-check).
+    pub fn withdrawn(&self) -> u64 {
+        self.inner.withdrawn.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SpireBridge {
+    fn drop(&mut self) {
+        self.supervisor.abort();
+        self.inner.closed.send_replace(true);
+        let mut st = self.inner.lock();
+        // With no subscription left, any open still in flight is withdrawn (R6).
+        for (_, sub) in std::mem::take(&mut st.subs) {
+            if let Some((_, task)) = sub.task {
+                task.abort();
+            }
+        }
+        if let Some(task) = st.bundles_task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // State is consistent after every statement that mutates it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish(&self, st: &mut State) {
+        st.generation += 1;
+        self.tx.send_replace(Arc::new(IdentityView {
+            svids: st.svids.clone(),
+            bundles: st.bundles.clone(),
+            subscriptions: st.subscriptions.clone(),
+            generation: st.generation,
+        }));
+    }
+
+    fn wanted(st: &State, key: &PodKey, token: u64) -> bool {
+        st.subs.get(key).is_some_and(|s| s.token == token)
+    }
+
+    /// Removes `key` from the view (and its SVID when no other pod uses it).
+    fn drop_from_view(st: &mut State, key: &PodKey) -> bool {
+        let Some(id) = st.subscriptions.remove(key) else {
+            return false;
+        };
+        if !st.subscriptions.values().any(|other| *other == id) {
+            st.svids.remove(&id);
+        }
+        true
+    }
+
+    fn report_failure(&self, epoch: u64) {
+        self.failed.send_if_modified(|f| {
+            if *f < epoch {
+                *f = epoch;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Connects, publishes, resubscribes, waits for a failure, backs off; forever.
+    async fn supervise(self: Arc<Self>) {
+        let mut backoff = Backoff::new(self.opts.backoff_initial, self.opts.backoff_max);
+        let mut epoch = 0;
+        let mut failed = self.failed.subscribe();
+        loop {
+            let client = match connect(&self.socket, self.opts.connect_timeout).await {
+                Ok(client) => client,
+                Err(e) => {
+                    let delay = backoff.next_delay(jitter());
+                    tracing::warn!(socket = %self.socket.display(), retry_in_ms = delay.as_millis() as u64, "cannot connect to the SPIRE agent: {e}");
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+            };
+            epoch += 1;
+            let conn = Arc::new(Conn { epoch, client });
+            // R5: the handle is published whole; readers clone the Arc out of the slot.
+            self.conn.send_replace(Some(Arc::clone(&conn)));
+            let up = tokio::time::Instant::now();
+            tracing::info!(socket = %self.socket.display(), epoch, "connected to the SPIRE agent");
+            self.start_bundles(&conn);
+            self.resubscribe_all(&conn);
+            let _ = failed.wait_for(|f| *f >= epoch).await;
+            self.conn.send_replace(None);
+            if up.elapsed() >= self.opts.stable_after {
+                backoff.reset();
+            }
+            let delay = backoff.next_delay(jitter());
+            tracing::warn!(
+                epoch,
+                retry_in_ms = delay.as_millis() as u64,
+                "SPIRE connection lost; reconnecting"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Opens every current subscription that has no stream on `conn` yet.
+    fn resubscribe_all(self: &Arc<Self>, conn: &Arc<Conn>) {
+        let todo: Vec<(PodIdentity, u64)> = self
+            .lock()
+            .subs
+            .values()
+            .filter(|s| s.task.as_ref().is_none_or(|(e, _)| *e < conn.epoch))
+            .map(|s| (s.pod.clone(), s.token))
+            .collect();
+        if !todo.is_empty() {
+            tracing::info!(
+                pods = todo.len(),
+                epoch = conn.epoch,
+                "resubscribing pods to SPIRE"
+            );
+        }
+        for (pod, token) in todo {
+            tokio::spawn(Arc::clone(self).open(pod, token, Arc::clone(conn)));
+        }
+    }
+
+    /// Opens the pod's `SubscribeToX509SVIDs` stream on `conn` and starts its reader,
+    /// unless the subscription is gone by then (R6).
+    async fn open(self: Arc<Self>, pod: PodIdentity, token: u64, conn: Arc<Conn>) {
+        let request = pb::SubscribeToX509sviDsRequest {
+            selectors: pod
+                .selectors()
+                .into_iter()
+                .map(|(r#type, value)| Selector { r#type, value })
+                .collect(),
+            pid: 0,
+        };
+        let mut client = conn.client.clone();
+        let mut closed = self.closed.subscribe();
+        let response = tokio::select! {
+            r = client.subscribe_to_x509svi_ds(request) => r,
+            _ = closed.wait_for(|c| *c) => return,
+        };
+        let stream = match response {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                tracing::warn!(pod = %pod.key, code = ?status.code(), "SPIRE SubscribeToX509SVIDs failed: {}", status.message());
+                self.report_failure(conn.epoch);
+                return;
+            }
+        };
+        let key = pod.key.clone();
+        let mut st = self.lock();
+        // The re-check (R6): the pod may have been unsubscribed (or subscribed anew)
+        // while the stream was opening, and its unsubscribe found nothing to cancel.
+        #[cfg(not(flock_reintroduce = "r6-spire"))]
+        if !Self::wanted(&st, &key, token) {
+            drop(st);
+            // Dropping the stream cancels the RPC: SPIRE sees it close.
+            drop(stream);
+            self.withdrawn.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(pod = %key, "pod unsubscribed while its SPIRE stream was opening; withdrawn");
+            return;
+        }
+        // The entry exists (just checked); only without the re-check does this put a
+        // removed pod back, the leak the `identity_spire` test catches.
+        let sub = st.subs.entry(key.clone()).or_insert_with(|| Sub {
+            pod: pod.clone(),
+            token,
+            task: None,
+        });
+        if sub.task.as_ref().is_some_and(|(e, _)| *e >= conn.epoch) {
+            // subscribe() and a resubscription raced: one stream per connection.
+            return;
+        }
+        if let Some((_, old)) = sub.task.take() {
+            old.abort();
+        }
+        let reader = tokio::spawn(Arc::clone(&self).read(key, token, conn.epoch, stream));
+        sub.task = Some((conn.epoch, reader.abort_handle()));
+    }
+
+    /// Reads a pod's stream into the view until it ends or fails.
+    async fn read(
+        self: Arc<Self>,
+        key: PodKey,
+        token: u64,
+        epoch: u64,
+        mut stream: tonic::Streaming<pb::SubscribeToX509sviDsResponse>,
+    ) {
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    if !self.accept_svid(&key, token, resp) {
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    tracing::warn!(pod = %key, epoch, "SPIRE closed the SVID stream");
+                    break;
+                }
+                Err(status) => {
+                    tracing::warn!(pod = %key, epoch, code = ?status.code(), "SPIRE SVID stream failed: {}", status.message());
+                    break;
+                }
+            }
+        }
+        self.report_failure(epoch);
+    }
+
+    /// Puts the response's first SVID in the view; false when the subscription is gone.
+    fn accept_svid(
+        &self,
+        key: &PodKey,
+        token: u64,
+        resp: pb::SubscribeToX509sviDsResponse,
+    ) -> bool {
+        let svid = match resp.x509_svids.into_iter().next() {
+            None => None,
+            Some(s) => match convert_svid(s) {
+                Ok(svid) => Some(svid),
+                Err(e) => {
+                    tracing::warn!(pod = %key, "ignoring an SVID from SPIRE: {e}");
+                    return true;
+                }
+            },
+        };
+        let mut st = self.lock();
+        if !Self::wanted(&st, key, token) {
+            return false;
+        }
+        match svid {
+            Some(svid) => {
+                tracing::info!(pod = %key, spiffe_id = %svid.spiffe_id, serial = %svid.serial, not_after_ms = svid.not_after_ms, "SVID from SPIRE");
+                let id = svid.spiffe_id.clone();
+                if st.subscriptions.get(key) != Some(&id) {
+                    Self::drop_from_view(&mut st, key);
+                }
+                st.subscriptions.insert(key.clone(), id.clone());
+                st.svids.insert(id, Arc::new(svid));
+            }
+            None => {
+                // No registration entry matches the pod (any more).
+                tracing::warn!(pod = %key, "SPIRE has no SVID for the pod's selectors");
+                if !Self::drop_from_view(&mut st, key) {
+                    return true;
+                }
+            }
+        }
+        self.publish(&mut st);
+        true
+    }
+
+    fn start_bundles(self: &Arc<Self>, conn: &Arc<Conn>) {
+        let task = tokio::spawn(Arc::clone(self).read_bundles(Arc::clone(conn))).abort_handle();
+        if let Some(old) = self.lock().bundles_task.replace(task) {
+            old.abort();
+        }
+    }
+
+    async fn read_bundles(self: Arc<Self>, conn: Arc<Conn>) {
+        let mut client = conn.client.clone();
+        match client
+            .subscribe_to_x509_bundles(pb::SubscribeToX509BundlesRequest {})
+            .await
+        {
+            Ok(r) => {
+                let mut stream = r.into_inner();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(resp)) => self.accept_bundles(resp),
+                        Ok(None) => {
+                            tracing::warn!(epoch = conn.epoch, "SPIRE closed the bundle stream");
+                            break;
+                        }
+                        Err(status) => {
+                            tracing::warn!(epoch = conn.epoch, code = ?status.code(), "SPIRE bundle stream failed: {}", status.message());
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                tracing::warn!(code = ?status.code(), "SPIRE SubscribeToX509Bundles failed: {}", status.message());
+            }
+        }
+        self.report_failure(conn.epoch);
+    }
+
+    fn accept_bundles(&self, resp: pb::SubscribeToX509BundlesResponse) {
+        let mut bundles = BTreeMap::new();
+        for (name, der) in resp.ca_certificates {
+            // The proto says bare names; released SPIRE agents send `spiffe://<td>`.
+            let td = name.strip_prefix("spiffe://").unwrap_or(&name).to_string();
+            let certs = match split_der(&der) {
+                Ok(certs) => certs,
+                Err(e) => {
+                    tracing::warn!(trust_domain = %td, "ignoring a malformed bundle from SPIRE: {e}");
+                    continue;
+                }
+            };
+            let ca_pem = certs.iter().map(|c| pem("CERTIFICATE", c)).collect();
+            bundles.insert(
+                td.clone(),
+                Bundle {
+                    trust_domain: td,
+                    ca_pem,
+                },
+            );
+        }
+        let mut st = self.lock();
+        if st.bundles != bundles {
+            tracing::info!(trust_domains = bundles.len(), "trust bundles from SPIRE");
+            st.bundles = bundles;
+            self.publish(&mut st);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl IdentityProvider for SpireBridge {
+    async fn subscribe(&self, pod: &PodIdentity) -> Result<String, IdentityError> {
+        let inner = &self.inner;
+        let key = pod.key.clone();
+        let (token, conn) = {
+            let mut st = inner.lock();
+            let existing = st.subs.get(&key).map(|s| (s.pod == *pod, s.token));
+            match existing {
+                Some((true, token)) => (token, None),
+                other => {
+                    if other.is_some() {
+                        // Moved (say, its service account changed): leave the old one.
+                        if let Some((_, task)) = st.subs.remove(&key).and_then(|s| s.task) {
+                            task.abort();
+                        }
+                        if Inner::drop_from_view(&mut st, &key) {
+                            inner.publish(&mut st);
+                        }
+                    }
+                    st.next_token += 1;
+                    let token = st.next_token;
+                    st.subs.insert(
+                        key.clone(),
+                        Sub {
+                            pod: pod.clone(),
+                            token,
+                            task: None,
+                        },
+                    );
+                    // R5: read the published handle; none means the supervisor will
+                    // open the stream when it connects.
+                    (token, inner.conn.borrow().clone())
+                }
+            }
+        };
+        if let Some(conn) = conn {
+            tokio::spawn(Arc::clone(inner).open(pod.clone(), token, conn));
+        }
+        let mut rx = inner.tx.subscribe();
+        let deadline = tokio::time::Instant::now() + inner.opts.subscribe_timeout;
+        loop {
+            // Seen before reading the state: a change after the read wakes `changed`.
+            rx.borrow_and_update();
+            {
+                let st = inner.lock();
+                if !Inner::wanted(&st, &key, token) {
+                    return Err(IdentityError::Issue(format!(
+                        "pod {key} was unsubscribed while waiting for its SVID from SPIRE"
+                    )));
+                }
+                if let Some(id) = st.subscriptions.get(&key) {
+                    return Ok(id.clone());
+                }
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => break,
+            }
+        }
+        // Failed: the caller does not consider the pod subscribed, so neither do we.
+        {
+            let mut st = inner.lock();
+            if Inner::wanted(&st, &key, token) {
+                if let Some((_, task)) = st.subs.remove(&key).and_then(|s| s.task) {
+                    task.abort();
+                }
+                inner.publish(&mut st);
+            }
+        }
+        Err(IdentityError::Issue(format!(
+            "no SVID from SPIRE ({}) for pod {key} within {:?} (is the SPIRE agent up, and is there a registration entry for the pod's selectors?)",
+            inner.socket.display(),
+            inner.opts.subscribe_timeout
+        )))
+    }
+
+    async fn unsubscribe(&self, key: &PodKey) {
+        let mut st = self.inner.lock();
+        if let Some(sub) = st.subs.remove(key) {
+            // Cancels the stream if it is open; one still opening is withdrawn by the
+            // re-check in `open` (R6).
+            if let Some((_, task)) = sub.task {
+                task.abort();
+            }
+            Inner::drop_from_view(&mut st, key);
+            // Published even when the view is unchanged: a subscribe() waiting for
+            // this pod wakes up and sees it is gone.
+            self.inner.publish(&mut st);
+        }
+    }
+
+    fn view(&self) -> watch::Receiver<Arc<IdentityView>> {
+        self.inner.tx.subscribe()
+    }
+
+    fn describe(&self) -> String {
+        let epoch = self.epoch();
+        format!(
+            "spire (admin socket {}, {})",
+            self.inner.socket.display(),
+            if epoch == 0 {
+                "disconnected".to_string()
+            } else {
+                format!("connected, epoch {epoch}")
+            }
+        )
+    }
+}
+
+async fn connect(socket: &Path, timeout: Duration) -> Result<Client, String> {
+    let path = socket.to_owned();
+    // The URI is required by tonic and ignored by the connector.
+    let channel = Endpoint::from_static("http://spire-agent.invalid")
+        .connect_timeout(timeout)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+        }))
+        .await
+        .map_err(|e| {
+            let mut msg = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(": ");
+                msg.push_str(&s.to_string());
+                source = s.source();
+            }
+            msg
+        })?;
+    Ok(Client::new(channel))
+}
+
+/// A uniform sample in `[0, 1)` for the backoff's jitter (std only: a randomly keyed
+/// hash of the time).
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Converts SPIRE's SVID (DER chain, PKCS#8 DER key) into an [`Svid`] (PEM).
+fn convert_svid(s: pb::X509svidWithKey) -> Result<Svid, String> {
+    let x = s.x509_svid.ok_or("response without an SVID")?;
+    let id = x.id.ok_or("SVID without a SPIFFE ID")?;
+    if id.trust_domain.is_empty() {
+        return Err("SVID with an empty trust domain".to_string());
+    }
+    let leaf = x.cert_chain.first().ok_or("SVID with an empty chain")?;
+    if s.x509_svid_key.is_empty() {
+        return Err("SVID without a private key".to_string());
+    }
+    let serial = leaf_serial(leaf)?;
+    let path = if id.path.is_empty() || id.path.starts_with('/') {
+        id.path
+    } else {
+        format!("/{}", id.path)
+    };
+    Ok(Svid {
+        spiffe_id: format!("spiffe://{}{}", id.trust_domain, path),
+        cert_chain_pem: x.cert_chain.iter().map(|c| pem("CERTIFICATE", c)).collect(),
+        private_key_pem: SecretPem::new(pem("PRIVATE KEY", &s.x509_svid_key)),
+        not_after_ms: u64::try_from(x.expires_at)
+            .unwrap_or(0)
+            .saturating_mul(1000),
+        issued_ms: system_clock_ms(),
+        serial,
+    })
+}
+
+/// One DER TLV at the start of `b`: (tag, content, rest).
+fn der_tlv(b: &[u8]) -> Result<(u8, &[u8], &[u8]), String> {
+    let (&tag, rest) = b.split_first().ok_or("truncated DER")?;
+    let (&len0, mut rest) = rest.split_first().ok_or("truncated DER")?;
+    let len = if len0 < 0x80 {
+        usize::from(len0)
+    } else {
+        let n = usize::from(len0 & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return Err("bad DER length".to_string());
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |a, &d| (a << 8) | usize::from(d));
+        rest = &rest[n..];
+        len
+    };
+    if rest.len() < len {
+        return Err("truncated DER".to_string());
+    }
+    Ok((tag, &rest[..len], &rest[len..]))
+}
+
+/// Splits concatenated DER certificates.
+fn split_der(mut b: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let (_, _, rest) = der_tlv(b)?;
+        let whole = b.len() - rest.len();
+        out.push(&b[..whole]);
+        b = rest;
+    }
+    Ok(out)
+}
+
+/// The serial number of a DER certificate, lowercase hex.
+fn leaf_serial(cert: &[u8]) -> Result<String, String> {
+    let (_, cert, _) = der_tlv(cert)?;
+    let (_, tbs, _) = der_tlv(cert)?;
+    let (mut tag, mut content, rest) = der_tlv(tbs)?;
+    if tag == 0xa0 {
+        // [0] version
+        (tag, content, _) = der_tlv(rest)?;
+    }
+    if tag != 0x02 {
+        return Err("certificate without a serial number".to_string());
+    }
+    Ok(content.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// PEM: base64 in 64-character lines between BEGIN/END lines.
+fn pem(label: &str, der: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = Vec::with_capacity(der.len().div_ceil(3) * 4);
+    for chunk in der.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |a, (i, &b)| a | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                b64.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]);
+            } else {
+                b64.push(b'=');
+            }
+        }
+    }
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    // The base64 buffer held key material: clear it before it is freed.
+    b64.fill(0);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_matches_rcgen() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["a.test".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        assert_eq!(
+            pem("CERTIFICATE", cert.der()).replace("\r\n", "\n"),
+            cert.pem().replace("\r\n", "\n")
+        );
+        assert_eq!(
+            pem("PRIVATE KEY", &key.serialize_der()).replace("\r\n", "\n"),
+            key.serialize_pem().replace("\r\n", "\n")
+        );
+        assert_eq!(
+            split_der(&[cert.der().to_vec(), cert.der().to_vec()].concat())
+                .unwrap()
+                .len(),
+            2
+        );
+        assert!(!leaf_serial(cert.der()).unwrap().is_empty());
+    }
+}
