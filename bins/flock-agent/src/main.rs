@@ -55,7 +55,7 @@ struct Args {
     /// socket PATH), `none` (plaintext).
     #[arg(long, default_value = "builtin", value_name = "SOURCE")]
     identity: String,
-    /// SPIFFE trust domain of the built-in CA's SVIDs (spiffe://<domain>/ns/<ns>/sa/<sa>).
+    /// SPIFFE trust domain of the built-in CA's SVIDs (`spiffe://DOMAIN/ns/NAMESPACE/sa/ACCOUNT`).
     #[arg(long, default_value = "cluster.local", value_name = "DOMAIN")]
     trust_domain: String,
     /// Lifetime of the built-in CA's SVIDs, seconds; each is renewed at half its lifetime.
