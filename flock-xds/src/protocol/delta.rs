@@ -177,14 +177,15 @@ impl<V> DeltaState<V> {
             self.core.refresh(name);
         }
         for name in &newly {
-            // A newly subscribed name that does not exist is answered with a removal:
-            // the Delta way to say "does not exist", and the only way to correct a
-            // client that got the name from a response already in flight when it
-            // unsubscribed and subscribed again (we forgot it at the unsubscribe).
-            if self.core.set().get(&self.core.type_url, name).is_none()
-                && self.core.sub.contains(name)
-                && !self.core.held.contains_key(name)
-            {
+            // A newly subscribed name is owed an answer about its current state: the
+            // resource if it exists, a removal if it does not (the Delta way to say
+            // "does not exist"). Marking it held at an unknown version ("") makes the
+            // answer pending either way — also when the resource is deleted before
+            // the answer goes out. It is the only way to correct a client that got
+            // the name from a response already in flight when it unsubscribed and
+            // subscribed again (we forgot it at the unsubscribe): the model test found
+            // both orders (missing at resubscribe, and deleted just after it).
+            if self.core.sub.contains(name) && !self.core.held.contains_key(name) {
                 self.core
                     .held
                     .insert(name.clone(), DeltaHeld::Announced("".into()));
