@@ -39,14 +39,13 @@ pub(crate) trait Flavor: Send + 'static {
 
     fn new() -> Self;
     fn node(req: &Self::Req) -> Option<&Node>;
-    /// Checks and feeds one request; the distinct type URLs fed so far.
+    /// Checks and feeds one request.
     fn on_request(
         &mut self,
         req: &Self::Req,
         fixed_type: Option<&str>,
         limits: &convert::Limits,
     ) -> Result<RequestOutcome, Status>;
-    fn types(&self) -> usize;
     fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool;
     fn poll(&mut self, identifier: &str) -> Option<(Self::Resp, Summary)>;
     fn stats(&self) -> StreamStats;
@@ -61,105 +60,77 @@ pub(crate) struct Summary {
     removed: usize,
 }
 
-pub(crate) struct Sotw {
-    ads: SotwAds<Any>,
-    types: std::collections::BTreeSet<String>,
-}
-
-impl Flavor for Sotw {
-    type Req = DiscoveryRequest;
-    type Resp = DiscoveryResponse;
-
-    fn new() -> Self {
-        Self {
-            ads: SotwAds::new(),
-            types: Default::default(),
+/// One flavor (SotW or Delta): its ADS machine, the request conversion, and the
+/// response conversion; everything else about a stream is shared.
+macro_rules! flavor {
+    ($name:ident, $ads:ident, $req:ty, $resp:ty, $convert_req:path, $convert_resp:path, $removed:expr) => {
+        pub(crate) struct $name {
+            ads: $ads<Any>,
+            types: std::collections::BTreeSet<String>,
         }
-    }
-    fn node(req: &DiscoveryRequest) -> Option<&Node> {
-        req.node.as_ref()
-    }
-    fn on_request(
-        &mut self,
-        req: &DiscoveryRequest,
-        fixed_type: Option<&str>,
-        limits: &convert::Limits,
-    ) -> Result<RequestOutcome, Status> {
-        let req = convert::sotw_request(req, fixed_type, limits)?;
-        admit_type(&mut self.types, &req.type_url, limits)?;
-        Ok(self.ads.on_request(&req))
-    }
-    fn types(&self) -> usize {
-        self.types.len()
-    }
-    fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool {
-        self.ads.on_snapshot(set, version)
-    }
-    fn poll(&mut self, identifier: &str) -> Option<(DiscoveryResponse, Summary)> {
-        let resp = self.ads.poll_response()?;
-        let summary = Summary {
-            type_url: resp.type_url.to_string(),
-            version: resp.version,
-            nonce: resp.nonce.clone(),
-            resources: resp.resources.len(),
-            removed: 0,
-        };
-        Some((convert::sotw_response(&resp, identifier), summary))
-    }
-    fn stats(&self) -> StreamStats {
-        self.ads.stats()
-    }
-}
 
-pub(crate) struct Delta {
-    ads: DeltaAds<Any>,
-    types: std::collections::BTreeSet<String>,
-}
+        impl Flavor for $name {
+            type Req = $req;
+            type Resp = $resp;
 
-impl Flavor for Delta {
-    type Req = DeltaDiscoveryRequest;
-    type Resp = DeltaDiscoveryResponse;
-
-    fn new() -> Self {
-        Self {
-            ads: DeltaAds::new(),
-            types: Default::default(),
+            fn new() -> Self {
+                Self {
+                    ads: $ads::new(),
+                    types: Default::default(),
+                }
+            }
+            fn node(req: &$req) -> Option<&Node> {
+                req.node.as_ref()
+            }
+            fn on_request(
+                &mut self,
+                req: &$req,
+                fixed_type: Option<&str>,
+                limits: &convert::Limits,
+            ) -> Result<RequestOutcome, Status> {
+                let req = $convert_req(req, fixed_type, limits)?;
+                admit_type(&mut self.types, &req.type_url, limits)?;
+                Ok(self.ads.on_request(&req))
+            }
+            fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool {
+                self.ads.on_snapshot(set, version)
+            }
+            fn poll(&mut self, identifier: &str) -> Option<($resp, Summary)> {
+                let resp = self.ads.poll_response()?;
+                let summary = Summary {
+                    type_url: resp.type_url.to_string(),
+                    version: resp.version,
+                    nonce: resp.nonce.clone(),
+                    resources: resp.resources.len(),
+                    removed: $removed(&resp),
+                };
+                Some(($convert_resp(&resp, identifier), summary))
+            }
+            fn stats(&self) -> StreamStats {
+                self.ads.stats()
+            }
         }
-    }
-    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
-        req.node.as_ref()
-    }
-    fn on_request(
-        &mut self,
-        req: &DeltaDiscoveryRequest,
-        fixed_type: Option<&str>,
-        limits: &convert::Limits,
-    ) -> Result<RequestOutcome, Status> {
-        let req = convert::delta_request(req, fixed_type, limits)?;
-        admit_type(&mut self.types, &req.type_url, limits)?;
-        Ok(self.ads.on_request(&req))
-    }
-    fn types(&self) -> usize {
-        self.types.len()
-    }
-    fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool {
-        self.ads.on_snapshot(set, version)
-    }
-    fn poll(&mut self, identifier: &str) -> Option<(DeltaDiscoveryResponse, Summary)> {
-        let resp = self.ads.poll_response()?;
-        let summary = Summary {
-            type_url: resp.type_url.to_string(),
-            version: resp.version,
-            nonce: resp.nonce.clone(),
-            resources: resp.resources.len(),
-            removed: resp.removed_resources.len(),
-        };
-        Some((convert::delta_response(&resp, identifier), summary))
-    }
-    fn stats(&self) -> StreamStats {
-        self.ads.stats()
-    }
+    };
 }
+
+flavor!(
+    Sotw,
+    SotwAds,
+    DiscoveryRequest,
+    DiscoveryResponse,
+    convert::sotw_request,
+    convert::sotw_response,
+    |_: &crate::protocol::SotwResponse<Any>| 0
+);
+flavor!(
+    Delta,
+    DeltaAds,
+    DeltaDiscoveryRequest,
+    DeltaDiscoveryResponse,
+    convert::delta_request,
+    convert::delta_response,
+    |r: &crate::protocol::DeltaResponse<Any>| r.removed_resources.len()
+);
 
 fn admit_type(
     types: &mut std::collections::BTreeSet<String>,
@@ -383,6 +354,5 @@ fn on_request<F: Flavor>(
         RequestKind::Initial | RequestKind::Update => {}
     }
     inner.callbacks.on_request(id, node, &outcome);
-    let _ = machine.types();
     Ok(())
 }
