@@ -28,6 +28,17 @@ pub mod etcd;
 pub mod local;
 mod persist;
 
+/// Parses the bytes of a `file:` registry (no I/O): the number of endpoints and the
+/// revision, or why the bytes are not a registry file. For the fuzz target; the
+/// backend itself applies the size limit before and moves corrupt files aside.
+pub fn decode_file(bytes: &[u8]) -> Result<(usize, u64), String> {
+    match persist::decode(bytes) {
+        Ok(l) => Ok((l.entries.len(), l.revision)),
+        Err(persist::Decoded::UnsupportedSchema(s)) => Err(format!("unsupported schema {s}")),
+        Err(persist::Decoded::Corrupt(why)) => Err(why),
+    }
+}
+
 use crate::model::Endpoint;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -90,30 +90,17 @@ pub(crate) fn load(path: &Path, max_bytes: u64) -> Result<Loaded, RegistryError>
             limit: max_bytes,
         });
     }
-    match serde_json::from_slice::<SchemaOnly>(&bytes) {
-        Ok(s) if s.schema != SCHEMA => {
+    let parsed = match decode(&bytes) {
+        Err(Decoded::UnsupportedSchema(schema)) => {
             return Err(RegistryError::UnsupportedSchema {
                 path: path.to_path_buf(),
-                schema: s.schema,
+                schema,
                 supported: SCHEMA,
             });
         }
-        _ => {}
-    }
-    let parsed = serde_json::from_slice::<FileBody>(&bytes)
-        .map_err(|e| e.to_string())
-        .and_then(|body| {
-            let mut entries = BTreeMap::new();
-            let mut revision = body.revision;
-            for entry in body.endpoints {
-                revision = revision.max(entry.mod_revision);
-                let key = entry.endpoint.key();
-                if entries.insert(key.clone(), entry).is_some() {
-                    return Err(format!("endpoint {key:?} appears twice"));
-                }
-            }
-            Ok(Loaded { revision, entries })
-        });
+        Err(Decoded::Corrupt(why)) => Err(why),
+        Ok(loaded) => Ok(loaded),
+    };
     match parsed {
         Ok(loaded) => Ok(loaded),
         Err(why) => {
@@ -128,6 +115,35 @@ pub(crate) fn load(path: &Path, max_bytes: u64) -> Result<Loaded, RegistryError>
             Ok(empty)
         }
     }
+}
+
+/// Why file bytes are not a registry: a newer schema (kept in place) or anything
+/// else (the caller moves the file aside).
+#[derive(Debug)]
+pub(crate) enum Decoded {
+    UnsupportedSchema(u64),
+    Corrupt(String),
+}
+
+/// Parses the registry file's bytes (no I/O; the fuzz target drives this).
+pub(crate) fn decode(bytes: &[u8]) -> Result<Loaded, Decoded> {
+    if let Ok(s) = serde_json::from_slice::<SchemaOnly>(bytes)
+        && s.schema != SCHEMA
+    {
+        return Err(Decoded::UnsupportedSchema(s.schema));
+    }
+    let body =
+        serde_json::from_slice::<FileBody>(bytes).map_err(|e| Decoded::Corrupt(e.to_string()))?;
+    let mut entries = BTreeMap::new();
+    let mut revision = body.revision;
+    for entry in body.endpoints {
+        revision = revision.max(entry.mod_revision);
+        let key = entry.endpoint.key();
+        if entries.insert(key.clone(), entry).is_some() {
+            return Err(Decoded::Corrupt(format!("endpoint {key:?} appears twice")));
+        }
+    }
+    Ok(Loaded { revision, entries })
 }
 
 fn aside_path(path: &Path) -> PathBuf {
