@@ -14,8 +14,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const MAX_HEAD: usize = 8 * 1024;
-
 /// Serves the admin endpoint on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -53,18 +51,87 @@ async fn handle(
         }
         head.extend_from_slice(&buf[..n]);
         if head.len() > MAX_HEAD {
-            return respond(&mut stream, 431, "text/plain", "request head too large\n").await;
+            break;
         }
     }
-    let line = String::from_utf8_lossy(&head);
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    if method != "GET" {
-        return respond(&mut stream, 405, "text/plain", "only GET\n").await;
+    match parse_head(&head) {
+        Ok(path) => {
+            let (status, kind, body) = route(path, agent, xds);
+            respond(&mut stream, status, kind, &body).await
+        }
+        Err(e) => respond(&mut stream, e.status(), "text/plain", &format!("{e}\n")).await,
     }
-    let path = target.split('?').next().unwrap_or("");
-    let (status, kind, body) = route(path, agent, xds);
-    respond(&mut stream, status, kind, &body).await
+}
+
+/// Why a request head was refused, with the HTTP status it gets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    /// More than [`MAX_HEAD`] bytes before the blank line.
+    #[error("request head too large (limit {MAX_HEAD} bytes)")]
+    TooLarge,
+    /// The request line is not `METHOD SP /path SP HTTP/1.x`.
+    #[error("malformed request line: {0}")]
+    Malformed(&'static str),
+    /// Anything but GET.
+    #[error("only GET is served here, not {0}")]
+    Method(String),
+}
+
+impl HeadError {
+    /// The HTTP status for this refusal.
+    pub fn status(&self) -> u16 {
+        match self {
+            HeadError::TooLarge => 431,
+            HeadError::Malformed(_) => 400,
+            HeadError::Method(_) => 405,
+        }
+    }
+}
+
+/// The size limit of a request head (request line and headers).
+pub const MAX_HEAD: usize = 8 * 1024;
+/// The longest method name echoed back in an error.
+const MAX_METHOD_ECHO: usize = 16;
+
+/// Parses an admin request head (everything read up to the blank line, at most
+/// [`MAX_HEAD`] bytes of it) into the requested path, without its query.
+///
+/// Only the request line matters: headers are not read (no body, one request per
+/// connection). The target must be origin-form (`/...`, RFC 9112 §3.2.1).
+pub fn parse_head(head: &[u8]) -> Result<&str, HeadError> {
+    if head.len() > MAX_HEAD {
+        return Err(HeadError::TooLarge);
+    }
+    let line_end = head
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .ok_or(HeadError::Malformed("no CRLF after the request line"))?;
+    let line =
+        std::str::from_utf8(&head[..line_end]).map_err(|_| HeadError::Malformed("not UTF-8"))?;
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(HeadError::Malformed("expected METHOD /path HTTP/1.1"));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Err(HeadError::Malformed("expected HTTP/1.x"));
+    }
+    if method != "GET" {
+        // The method came from the network: echo a bounded, printable prefix only.
+        let shown: String = method
+            .chars()
+            .take(MAX_METHOD_ECHO)
+            .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+            .collect();
+        return Err(HeadError::Method(shown));
+    }
+    if !target.starts_with('/') {
+        return Err(HeadError::Malformed(
+            "the target must be a path starting with /",
+        ));
+    }
+    Ok(target.split('?').next().unwrap_or(target))
 }
 
 /// The response for `path`: (status, content type, body).
@@ -97,6 +164,7 @@ async fn respond(
     let reason = match status {
         200 => "OK",
         404 => "Not Found",
+        400 => "Bad Request",
         405 => "Method Not Allowed",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
@@ -294,4 +362,57 @@ fn debug_registry(agent: &Agent) -> String {
         "endpoints": view.endpoints,
     }))
     .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_get_gives_its_path_without_the_query() {
+        assert_eq!(
+            parse_head(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Ok("/metrics")
+        );
+        assert_eq!(
+            parse_head(b"GET /debug/pods?x=1 HTTP/1.0\r\n\r\n"),
+            Ok("/debug/pods")
+        );
+    }
+
+    #[test]
+    fn refusals_carry_their_status() {
+        let cases: [(&[u8], u16); 7] = [
+            (b"POST /healthz HTTP/1.1\r\n\r\n", 405),
+            (b"GET /healthz\r\n\r\n", 400),
+            (b"GET  /healthz HTTP/1.1\r\n\r\n", 400),
+            (b"GET http://x/healthz HTTP/1.1\r\n\r\n", 400),
+            (b"GET /healthz SPDY/3\r\n\r\n", 400),
+            (b"GET /\xff HTTP/1.1\r\n\r\n", 400),
+            (b"GET /healthz HTTP/1.1", 400),
+        ];
+        for (head, status) in cases {
+            let e = parse_head(head).unwrap_err();
+            assert_eq!(
+                e.status(),
+                status,
+                "{:?}: {e}",
+                String::from_utf8_lossy(head)
+            );
+        }
+        let big = vec![b'a'; MAX_HEAD + 1];
+        assert_eq!(parse_head(&big), Err(HeadError::TooLarge));
+    }
+
+    #[test]
+    fn an_echoed_method_is_bounded_and_printable() {
+        let mut head = vec![b'X'; 100];
+        head.extend_from_slice(b"\x07 / HTTP/1.1\r\n\r\n");
+        let HeadError::Method(m) = parse_head(&head).unwrap_err() else {
+            panic!("a method error")
+        };
+        assert_eq!(m, "X".repeat(MAX_METHOD_ECHO));
+        let e = parse_head(b"G\x07T / HTTP/1.1\r\n\r\n").unwrap_err();
+        assert_eq!(e, HeadError::Method("G?T".into()));
+    }
 }
