@@ -10,11 +10,11 @@
 //! **Cost of a change.** go-control-plane re-marshals and re-hashes every resource on
 //! every delta snapshot: O(all resources) per change. Here the caller hashes a resource
 //! once, when it builds it, and a set derived from the previous one with
-//! [`ResourceSet::edit`] remembers which names the builder touched. [`diff`] of a set
-//! against the set it was derived from visits only those names: O(k log n) for k
-//! changes among n resources. Any other pair of sets is diffed by a merge walk that
-//! skips every type whose map is shared (`Arc::ptr_eq`), so it is O(size of the types
-//! that differ). `benches/resources.rs` measures both against re-hashing everything.
+//! [`ResourceSet::edit`] remembers which names the builder touched, with their hashes
+//! before and after. [`diff`] of a set against the set it was derived from reads only
+//! that journal: O(k) for k changes, whatever the number of resources. Any other pair
+//! of sets is diffed by a merge walk that skips every type whose map is shared
+//! (`Arc::ptr_eq`), so it is O(size of the types that differ). `benches/resources.rs` measures both against re-hashing everything.
 //!
 //! **Immutability (seed race R2).** Maps and values are behind `Arc`s and a built set
 //! has no mutating method: a builder copies the map of a type the first time it changes
@@ -90,11 +90,24 @@ type TypeMap<V> = imbl::OrdMap<Name, Entry<V>>;
 #[derive(Debug)]
 struct Stamp;
 
+/// What a builder did to one name: its hash in the parent set and in the built one
+/// (`None`: absent). Recording both makes the journal diff free of map lookups: at
+/// 10,000 resources each lookup is a walk over cold tree nodes and keys, and a diff
+/// is taken once per publish and per stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Touch {
+    before: Option<ContentHash>,
+    after: Option<ContentHash>,
+}
+
+/// Type URL → name → what the builder did to it.
+type Touched = BTreeMap<Name, BTreeMap<Name, Touch>>;
+
 /// Which names a builder touched, relative to the set it started from.
 #[derive(Debug, Clone)]
 struct Journal {
     parent: Arc<Stamp>,
-    touched: BTreeMap<Name, BTreeSet<Name>>,
+    touched: Touched,
 }
 
 /// An immutable set of typed resources. See the module docs.
@@ -194,7 +207,7 @@ impl<V> ResourceSet<V> {
 pub struct ResourceSetBuilder<V> {
     types: BTreeMap<Name, TypeMap<V>>,
     parent: Arc<Stamp>,
-    touched: BTreeMap<Name, BTreeSet<Name>>,
+    touched: Touched,
 }
 
 impl<V> ResourceSetBuilder<V> {
@@ -212,21 +225,15 @@ impl<V> ResourceSetBuilder<V> {
         hash: ContentHash,
         value: Arc<V>,
     ) -> &mut Self {
-        if self
-            .types
-            .get(type_url)
-            .and_then(|m| m.get(name))
-            .is_some_and(|e| e.hash == hash)
-        {
-            return self;
-        }
-        let (type_key, map) = self.type_map_mut(type_url);
-        let name: Name = match map.get_key_value(name) {
-            Some((existing, _)) => Arc::clone(existing),
-            None => Name::from(name),
+        // One lookup decides both "unchanged" and which key to reuse.
+        let (key, before) = match self.types.get(type_url).and_then(|m| m.get_key_value(name)) {
+            Some((_, e)) if e.hash == hash => return self,
+            Some((k, e)) => (Arc::clone(k), Some(e.hash)),
+            None => (Name::from(name), None),
         };
-        map.insert(Arc::clone(&name), Entry { hash, value });
-        self.touched.entry(type_key).or_default().insert(name);
+        let (type_key, map) = self.type_map_mut(type_url);
+        map.insert(Arc::clone(&key), Entry { hash, value });
+        self.record(type_key, key, before, Some(hash));
         self
     }
 
@@ -240,10 +247,27 @@ impl<V> ResourceSetBuilder<V> {
             return self;
         }
         let (type_key, map) = self.type_map_mut(type_url);
-        if let Some((name, _)) = map.remove_with_key(name) {
-            self.touched.entry(type_key).or_default().insert(name);
+        if let Some((name, entry)) = map.remove_with_key(name) {
+            self.record(type_key, name, Some(entry.hash), None);
         }
         self
+    }
+
+    /// Journals one write. `before` is the name's hash in the builder before it, which
+    /// at the first write of a name is its hash in the parent set.
+    fn record(
+        &mut self,
+        type_url: Name,
+        name: Name,
+        before: Option<ContentHash>,
+        after: Option<ContentHash>,
+    ) {
+        self.touched
+            .entry(type_url)
+            .or_default()
+            .entry(name)
+            .or_insert(Touch { before, after })
+            .after = after;
     }
 
     /// Makes `resources` the complete contents of one type: upserts each and removes
@@ -336,7 +360,7 @@ pub fn diff<V>(prev: &ResourceSet<V>, next: &ResourceSet<V>) -> Diff {
     }
     match &next.journal {
         Some(journal) if Arc::ptr_eq(&journal.parent, &prev.stamp) => {
-            diff_touched(prev, next, &journal.touched)
+            diff_touched(&journal.touched)
         }
         _ => diff_full(prev, next),
     }
@@ -398,19 +422,17 @@ pub fn diff_full<V>(prev: &ResourceSet<V>, next: &ResourceSet<V>) -> Diff {
     out
 }
 
-fn diff_touched<V>(
-    prev: &ResourceSet<V>,
-    next: &ResourceSet<V>,
-    touched: &BTreeMap<Name, BTreeSet<Name>>,
-) -> Diff {
+/// The diff from the journal alone: `next` was built from `prev`, and the journal
+/// holds each touched name's hash in both.
+fn diff_touched(touched: &Touched) -> Diff {
     let mut out = Diff::default();
     for (type_url, names) in touched {
         let mut td = TypeDiff::default();
-        for name in names {
-            match (prev.get(type_url, name), next.get(type_url, name)) {
+        for (name, touch) in names {
+            match (touch.before, touch.after) {
                 (None, Some(_)) => td.added.push(Arc::clone(name)),
                 (Some(_), None) => td.removed.push(Arc::clone(name)),
-                (Some(b), Some(a)) if b.hash != a.hash => td.changed.push(Arc::clone(name)),
+                (Some(b), Some(a)) if b != a => td.changed.push(Arc::clone(name)),
                 // Touched and then restored, or added and removed again.
                 _ => {}
             }

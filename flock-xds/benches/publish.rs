@@ -4,6 +4,8 @@
 //! * **flock**: build the one new CLA (encode + hash), `Cache::update` with an `edit()`
 //!   of the previous set, and a subscribed Delta ADS stream (wildcard EDS, previous
 //!   response ACKed) takes the snapshot, polls its response and ACKs it.
+//! * **flock, named**: the same with the stream subscribed to every CLA by name, as
+//!   Envoy subscribes to its EDS clusters' endpoints.
 //! * **baseline**: what go-control-plane's delta snapshot does per change: re-encode
 //!   and re-hash every resource, build a fresh set from scratch and diff it against
 //!   the previous one with a full merge walk.
@@ -101,8 +103,8 @@ fn dreq(sub: &[&str], nonce: &str) -> DeltaRequest {
     }
 }
 
-/// A cache with `n` CLAs and one Delta stream subscribed to all EDS that has received
-/// and ACKed its initial response.
+/// A cache with `n` CLAs and one Delta stream subscribed to all EDS (by wildcard, or
+/// to each name) that has received and ACKed its initial response.
 struct Flock {
     n: usize,
     names: Vec<String>,
@@ -113,6 +115,10 @@ struct Flock {
 
 impl Flock {
     fn new(n: usize) -> Self {
+        Self::subscribed(n, false)
+    }
+
+    fn subscribed(n: usize, by_name: bool) -> Self {
         let cache = Cache::by_node_id();
         let names: Vec<String> = (0..n).map(name).collect();
         let snap = cache.update(GROUP, |prev| {
@@ -125,7 +131,9 @@ impl Flock {
         });
         let mut stream = DeltaAds::new();
         stream.on_snapshot(snap.state(), snap.version());
-        stream.on_request(&dreq(&["*"], ""));
+        let names_ref: Vec<&str> = names.iter().map(String::as_str).collect();
+        let subscribe: &[&str] = if by_name { &names_ref } else { &["*"] };
+        stream.on_request(&dreq(subscribe, ""));
         let first = stream.poll_response().expect("initial response");
         assert_eq!(first.resources.len(), n);
         stream.on_request(&dreq(&[], &first.nonce));
@@ -212,6 +220,12 @@ fn publish(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("flock", n), &n, |b, _| {
             b.iter(|| flock.change())
         });
+        drop(flock);
+        let mut named = Flock::subscribed(n, true);
+        g.bench_with_input(BenchmarkId::new("flock, named", n), &n, |b, _| {
+            b.iter(|| named.change())
+        });
+        drop(named);
         // A full rebuild of 10,000 CLAs takes milliseconds: fewer samples keep the run short.
         g.sample_size(if n >= 10_000 { 10 } else { 30 });
         let mut baseline = Baseline::new(n);

@@ -133,6 +133,19 @@ impl<V> DeltaState<V> {
             .classify(&req.response_nonce, req.error_detail.as_deref());
         let first = !self.core.requested;
         self.core.requested = true;
+        if !first
+            && req.resource_names_subscribe.is_empty()
+            && req.resource_names_unsubscribe.is_empty()
+        {
+            // A plain ACK or NACK: the subscription stays. Envoy subscribes to every
+            // cluster's endpoints by name, so rebuilding the subscription here would
+            // cost O(subscribed names) per ACK on every stream.
+            return RequestOutcome {
+                type_url: self.core.type_url.clone(),
+                kind,
+                subscription_changed: false,
+            };
+        }
         let mut next = self.core.sub.clone();
         let newly: Vec<Name> = req
             .resource_names_subscribe

@@ -54,8 +54,10 @@ pub(crate) struct Core<V, H> {
     set: ResourceSet<V>,
     version: u64,
     pub held: BTreeMap<Name, H>,
-    /// Subscribed names in the snapshot whose content the client does not hold.
-    make: BTreeSet<Name>,
+    /// Subscribed names in the snapshot whose content the client does not hold, with
+    /// that content (kept current by `refresh`, which every snapshot change of the
+    /// name goes through), so a response needs no second lookup in the snapshot.
+    make: BTreeMap<Name, Entry<V>>,
     /// Held names no longer in the snapshot.
     brk: BTreeSet<Name>,
     last_nonce: Option<u64>,
@@ -76,7 +78,7 @@ impl<V, H: Held<V>> Core<V, H> {
             set: ResourceSet::new(),
             version: 0,
             held: BTreeMap::new(),
-            make: BTreeSet::new(),
+            make: BTreeMap::new(),
             brk: BTreeSet::new(),
             last_nonce: None,
             outstanding: None,
@@ -126,8 +128,8 @@ impl<V, H: Held<V>> Core<V, H> {
         let desired = self.set.get(&self.type_url, name);
         match (desired, self.held.get(name)) {
             (Some(entry), Some(held)) if held.matches(entry) => {}
-            (Some(_), _) => {
-                self.make.insert(Name::clone(name));
+            (Some(entry), _) => {
+                self.make.insert(Name::clone(name), entry.clone());
             }
             (None, Some(_)) => {
                 self.brk.insert(Name::clone(name));
@@ -159,7 +161,7 @@ impl<V, H: Held<V>> Core<V, H> {
             dropped.extend(
                 self.held
                     .keys()
-                    .chain(self.make.iter())
+                    .chain(self.make.keys())
                     .filter(|n| !self.sub.names.contains(*n))
                     .cloned(),
             );
@@ -250,11 +252,7 @@ impl<V, H: Held<V>> Core<V, H> {
         // for it to finish initializing. Not while something is pending but gated.
         let initial = !self.sent_any && self.make.is_empty() && self.brk.is_empty();
         let upserts: Vec<(Name, Entry<V>)> = if gate.changes {
-            let type_url = &self.type_url;
-            self.make
-                .iter()
-                .filter_map(|n| Some((n.clone(), self.set.get(type_url, n)?.clone())))
-                .collect()
+            std::mem::take(&mut self.make).into_iter().collect()
         } else {
             Vec::new()
         };
@@ -265,9 +263,6 @@ impl<V, H: Held<V>> Core<V, H> {
         };
         if upserts.is_empty() && removals.is_empty() && !initial {
             return None;
-        }
-        if gate.changes {
-            self.make.clear();
         }
         for (name, entry) in &upserts {
             self.held.insert(name.clone(), H::from_entry(entry));
