@@ -1077,7 +1077,17 @@ impl Agent {
             }
         }
         for ep in &plan.endpoints {
-            match self.registry.delete(ep).await {
+            // Conditional on the revision the plan was made from: if the pod came back
+            // after the view was taken (its AddPod re-registered the same key), that
+            // newer registration is not an orphan and must survive this sweep.
+            #[cfg(not(flock_reintroduce = "gc-unconditional"))]
+            let deleted = match view.revisions.get(ep) {
+                Some(rev) => self.registry.delete_if_revision(ep, *rev).await,
+                None => Ok(false),
+            };
+            #[cfg(flock_reintroduce = "gc-unconditional")]
+            let deleted = self.registry.delete(ep).await;
+            match deleted {
                 Ok(true) => {
                     removed += 1;
                     lock(&self.own).remove(ep);

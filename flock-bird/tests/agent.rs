@@ -370,6 +370,113 @@ async fn orphan_endpoints_of_this_node_are_collected_after_k_sweeps() {
     );
 }
 
+/// A registry that lets the pod come back just before the GC's first delete lands:
+/// on that delete it runs the pod's AddPod (the same pod key, so the same endpoint
+/// key), then forwards the delete.
+struct ComesBack {
+    inner: Arc<dyn Registry>,
+    agent: std::sync::Mutex<std::sync::Weak<Agent>>,
+    input: AddPodInput,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl ComesBack {
+    async fn before_delete(&self) {
+        if self.fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let agent = self.agent.lock().unwrap().upgrade().expect("agent");
+        agent
+            .add_pod(&self.input)
+            .await
+            .expect("the pod comes back");
+    }
+}
+
+#[async_trait::async_trait]
+impl Registry for ComesBack {
+    async fn put(&self, ep: &Endpoint) -> Result<u64, RegistryError> {
+        self.inner.put(ep).await
+    }
+    async fn delete(&self, key: &str) -> Result<bool, RegistryError> {
+        self.before_delete().await;
+        self.inner.delete(key).await
+    }
+    async fn delete_if_revision(&self, key: &str, revision: u64) -> Result<bool, RegistryError> {
+        self.before_delete().await;
+        self.inner.delete_if_revision(key, revision).await
+    }
+    fn view(&self) -> watch::Receiver<Arc<View>> {
+        self.inner.view()
+    }
+    fn describe(&self) -> String {
+        format!("comes-back {}", self.inner.describe())
+    }
+}
+
+/// The orphan GC against a pod that comes back: the sweep planned the endpoint's
+/// removal from a view in which its pod was gone (a crash between the store delete
+/// and the unregister), and the pod's AddPod re-registered the same key before the
+/// delete landed. The delete is conditional on the revision the plan saw, so the new
+/// registration survives and the live pod stays reachable. With an unconditional
+/// delete (`--cfg flock_reintroduce="gc-unconditional"`, checked by scripts/test) the
+/// live pod loses its endpoint and this test fails.
+#[tokio::test]
+async fn gc_never_deletes_a_registration_newer_than_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = input("back", Some("web"), "8080");
+    let racing = Arc::new(ComesBack {
+        inner: memory().await,
+        agent: std::sync::Mutex::new(std::sync::Weak::new()),
+        input: pod.clone(),
+        fired: false.into(),
+    });
+    let agent = agent_over(dir.path(), Arc::clone(&racing) as Arc<dyn Registry>);
+    agent.load().await.unwrap();
+    // The pod's endpoint is registered, then its store record is lost as in a crash
+    // after RemovePod's store delete: the endpoint is an orphan.
+    agent.add_pod(&pod).await.unwrap();
+    let key = PodKey::new("back", "eth0");
+    let ep_keys: Vec<String> = agent
+        .registry()
+        .view()
+        .borrow()
+        .endpoints
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(ep_keys.len(), 1);
+    drop(agent);
+    assert!(PodStore::open(dir.path()).unwrap().remove(&key).unwrap());
+    let reopened = agent_over(dir.path(), Arc::clone(&racing) as Arc<dyn Registry>);
+    *racing.agent.lock().unwrap() = Arc::downgrade(&reopened);
+    reopened.load().await.unwrap();
+    assert!(
+        !reopened.pods().contains_key(&key),
+        "the store lost the pod"
+    );
+
+    let sweeps = flock_core::gc::GcPolicy::default().confirm_sweeps;
+    for _ in 1..sweeps {
+        assert_eq!(reopened.gc_sweep(None).await, 0, "not confirmed yet");
+    }
+    // This sweep plans the delete; the pod comes back before it lands.
+    reopened.gc_sweep(None).await;
+    assert!(reopened.pods().contains_key(&key), "the pod came back");
+    let left: Vec<String> = reopened
+        .registry()
+        .view()
+        .borrow()
+        .endpoints
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(
+        left, ep_keys,
+        "the live pod's new registration was deleted by a GC plan made before it"
+    );
+}
+
 /// An identity provider whose `subscribe` can be held at a gate.
 struct GatedIdentity {
     inner: Arc<dyn flock_bird::identity::IdentityProvider>,

@@ -113,6 +113,11 @@ impl ViewState {
                 .iter()
                 .map(|(k, (e, _))| (k.clone(), e.clone()))
                 .collect(),
+            revisions: self
+                .entries
+                .iter()
+                .map(|(k, (_, rev))| (k.clone(), u64::try_from(*rev).unwrap_or(0)))
+                .collect(),
             revision: u64::try_from(self.revision).unwrap_or(0),
             synced: self.synced,
             generation: self.generation,

@@ -35,6 +35,11 @@ impl State {
                 .iter()
                 .map(|(k, e)| (k.clone(), e.endpoint.clone()))
                 .collect(),
+            revisions: self
+                .entries
+                .iter()
+                .map(|(k, e)| (k.clone(), e.mod_revision))
+                .collect(),
             revision: self.revision,
             synced: true,
             generation: 1,

@@ -50,6 +50,10 @@ use std::time::Duration;
 pub struct View {
     /// The endpoints by [`Endpoint::key`].
     pub endpoints: BTreeMap<String, Endpoint>,
+    /// The mod revision of each endpoint's last write, by key (etcd: the key's
+    /// `mod_revision`; memory/file: the counter at the write), for deletes that must
+    /// not take a newer registration than the one seen ([`Registry::delete_if_revision`]).
+    pub revisions: BTreeMap<String, u64>,
     /// The revision of the view: for etcd the store revision of the last change seen,
     /// for memory/file a counter incremented by every change.
     pub revision: u64,
