@@ -165,10 +165,17 @@ impl<S> Publisher<S> {
     pub fn try_publish(&self, next: impl FnOnce(&S) -> Option<S>) -> Option<Arc<Snapshot<S>>> {
         use crate::sync::atomic::Ordering;
         let version = self.racy_counter.fetch_add(1, Ordering::SeqCst) + 1;
+        // Outside loom (which explores every interleaving anyway), give the scheduler
+        // the chance a loaded machine gives it between these unsynchronized steps, so
+        // the over-the-wire stress test sees the race in every run, not most of them.
+        #[cfg(not(loom))]
+        std::thread::yield_now();
         let state = {
             let inner = lock(&self.inner);
             next(&inner.latest.state)?
         };
+        #[cfg(not(loom))]
+        std::thread::yield_now();
         let snapshot = Arc::new(Snapshot { version, state });
         let mut inner = lock(&self.inner);
         inner.latest = Arc::clone(&snapshot);
