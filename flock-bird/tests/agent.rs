@@ -59,6 +59,18 @@ fn input(id: &str, service: Option<&str>, ports: &str) -> AddPodInput {
     }
 }
 
+/// The keys of every endpoint in the agent's registry view.
+fn endpoint_keys(agent: &Agent) -> Vec<String> {
+    agent
+        .registry()
+        .view()
+        .borrow()
+        .endpoints
+        .keys()
+        .cloned()
+        .collect()
+}
+
 fn names(agent: &Agent, type_url: &str) -> Vec<String> {
     let snap = agent.cache().snapshot(ENVOY_GROUP).unwrap();
     snap.state()
@@ -301,14 +313,7 @@ async fn r4_a_reregistration_racing_remove_pod_leaves_no_ghost() {
     );
     gated.release.notify_one(); // the late put lands now
     liveness.await.unwrap();
-    let ghosts: Vec<String> = agent
-        .registry()
-        .view()
-        .borrow()
-        .endpoints
-        .keys()
-        .cloned()
-        .collect();
+    let ghosts: Vec<String> = endpoint_keys(&agent);
     assert!(
         ghosts.is_empty(),
         "ghost endpoint(s) after RemovePod: {ghosts:?}"
@@ -437,14 +442,7 @@ async fn gc_never_deletes_a_registration_newer_than_its_plan() {
     // after RemovePod's store delete: the endpoint is an orphan.
     agent.add_pod(&pod).await.unwrap();
     let key = PodKey::new("back", "eth0");
-    let ep_keys: Vec<String> = agent
-        .registry()
-        .view()
-        .borrow()
-        .endpoints
-        .keys()
-        .cloned()
-        .collect();
+    let ep_keys: Vec<String> = endpoint_keys(&agent);
     assert_eq!(ep_keys.len(), 1);
     drop(agent);
     assert!(PodStore::open(dir.path()).unwrap().remove(&key).unwrap());
@@ -463,14 +461,7 @@ async fn gc_never_deletes_a_registration_newer_than_its_plan() {
     // This sweep plans the delete; the pod comes back before it lands.
     reopened.gc_sweep(None).await;
     assert!(reopened.pods().contains_key(&key), "the pod came back");
-    let left: Vec<String> = reopened
-        .registry()
-        .view()
-        .borrow()
-        .endpoints
-        .keys()
-        .cloned()
-        .collect();
+    let left: Vec<String> = endpoint_keys(&reopened);
     assert_eq!(
         left, ep_keys,
         "the live pod's new registration was deleted by a GC plan made before it"
