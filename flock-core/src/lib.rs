@@ -59,5 +59,7 @@ pub mod ratelimit;
 pub mod resources;
 pub mod snapshot;
 pub mod sync;
+pub mod time;
 
 pub use hash::ContentHash;
+pub use time::{MonoMs, UnixMs};
