@@ -22,6 +22,7 @@
 //! | [`lifecycle`] | pod add/remove order, loading, re-registration, liveness | R3 lost pod at startup; R4 ghost endpoint; R6 leaked subscription |
 //! | [`epoch`] | Envoy hot-restart epochs, state-file writes, restart gate | R7 restart while initializing; R8 epoch file regresses |
 //! | [`backoff`] | retry delays | synchronized retry storms |
+//! | [`debounce`] | when a burst of events becomes one action (quiet period, cap) | an action per event; a never-quiet source postponing it forever |
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //!
 //! The names R1–R8 refer to the concurrency audit this design answers (see the
@@ -50,6 +51,7 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+pub mod debounce;
 pub mod cniconf;
 pub mod epoch;
 pub mod gc;

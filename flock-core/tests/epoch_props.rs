@@ -18,6 +18,7 @@
 //!   `gate_never_fires_while_not_live` fails its "fired while not LIVE" assertion.
 //!   The other eight tests pass under either mutation.
 
+use flock_core::MonoMs;
 use flock_core::epoch::{
     BaseId, EpochRecord, GateDecision, MAX_RECORD_BYTES, PredecessorStatus, RestartGate,
     START_RETRY_MS, StartDecision, WriteDecision, WriterId, start_epoch, write_decision,
@@ -599,26 +600,26 @@ proptest! {
             match *s {
                 GateStep::Trigger(dt) => {
                     now += dt;
-                    gate.trigger(now);
+                    gate.trigger(MonoMs(now));
                     // At most a debounce away; in the past only when the max delay
                     // has passed (poll now).
                     let w = gate.next_wakeup();
-                    prop_assert!(w.is_some_and(|w| w <= now + debounce));
-                    prop_assert!(w.is_some_and(|w| w >= now) || max_delay.is_some());
+                    prop_assert!(w.is_some_and(|w| w <= MonoMs(now + debounce)));
+                    prop_assert!(w.is_some_and(|w| w >= MonoMs(now)) || max_delay.is_some());
                 }
                 GateStep::Poll(dt, live) => {
                     now += dt;
                     let wakeup = gate.next_wakeup();
-                    match gate.poll(now, live) {
+                    match gate.poll(MonoMs(now), live) {
                         GateDecision::Fire => prop_assert!(live, "fired while not LIVE at {}", now),
-                        GateDecision::Deferred { until_ms } => {
+                        GateDecision::Deferred { until } => {
                             prop_assert!(!live);
-                            prop_assert_eq!(until_ms, now + debounce);
-                            prop_assert_eq!(gate.next_wakeup(), Some(until_ms));
+                            prop_assert_eq!(until, MonoMs(now + debounce));
+                            prop_assert_eq!(gate.next_wakeup(), Some(until));
                         }
-                        GateDecision::WaitUntil { until_ms } => {
-                            prop_assert!(until_ms > now);
-                            prop_assert_eq!(wakeup, Some(until_ms));
+                        GateDecision::WaitUntil { until } => {
+                            prop_assert!(until > MonoMs(now));
+                            prop_assert_eq!(wakeup, Some(until));
                         }
                         GateDecision::Idle => prop_assert_eq!(wakeup, None),
                     }
@@ -630,13 +631,13 @@ proptest! {
         let t_live = now + live_after;
         let mut fired = false;
         for t in [t_live, t_live + debounce / 2] {
-            fired |= gate.poll(t, true) == GateDecision::Fire;
+            fired |= gate.poll(MonoMs(t), true) == GateDecision::Fire;
         }
         if !fired {
-            fired = gate.poll(t_live + debounce, true) == GateDecision::Fire;
+            fired = gate.poll(MonoMs(t_live + debounce), true) == GateDecision::Fire;
         }
         prop_assert_eq!(fired, pending, "pending restart did not fire within debounce of LIVE");
-        prop_assert_eq!(gate.poll(t_live + 2 * debounce + 1, true), GateDecision::Idle);
+        prop_assert_eq!(gate.poll(MonoMs(t_live + 2 * debounce + 1), true), GateDecision::Idle);
     }
 
     /// The debounce collapses bursts: k triggers each within the debounce of the
@@ -649,17 +650,17 @@ proptest! {
     ) {
         let mut gate = RestartGate::new(debounce);
         let mut now = 0u64;
-        gate.trigger(now);
+        gate.trigger(MonoMs(now));
         for g in gaps {
             // Strictly inside the debounce window of the previous trigger.
             let gap = ((debounce - 1) as f64 * g) as u64;
-            prop_assert_ne!(gate.poll(now + gap / 2, true), GateDecision::Fire);
+            prop_assert_ne!(gate.poll(MonoMs(now + gap / 2), true), GateDecision::Fire);
             now += gap;
-            gate.trigger(now);
-            prop_assert_ne!(gate.poll(now, true), GateDecision::Fire);
+            gate.trigger(MonoMs(now));
+            prop_assert_ne!(gate.poll(MonoMs(now), true), GateDecision::Fire);
         }
-        prop_assert_eq!(gate.poll(now + debounce - 1, true), GateDecision::WaitUntil { until_ms: now + debounce });
-        prop_assert_eq!(gate.poll(now + debounce, true), GateDecision::Fire);
+        prop_assert_eq!(gate.poll(MonoMs(now + debounce - 1), true), GateDecision::WaitUntil { until: MonoMs(now + debounce) });
+        prop_assert_eq!(gate.poll(MonoMs(now + debounce), true), GateDecision::Fire);
         prop_assert_eq!(gate.fires(), 1);
         prop_assert_eq!(gate.deferrals(), 0);
     }

@@ -14,13 +14,13 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use flock_core::ContentHash;
 use flock_core::backoff::Backoff;
 use flock_core::epoch::{
     AfterExit, EpochRecord, GateDecision, PredecessorStatus, RestartGate, StartDecision,
     WriteDecision, WriterId, after_newest_exit, predecessor_drained, start_epoch, start_input,
     write_decision,
 };
+use flock_core::{ContentHash, MonoMs};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
@@ -307,8 +307,8 @@ impl Supervisor {
         if self.newest.is_some() && !self.newest_live {
             wake = wake.min(self.next_live_probe);
         }
-        if let Some(ms) = self.gate.next_wakeup() {
-            wake = wake.min(self.instant_of(ms));
+        if let Some(at) = self.gate.next_wakeup() {
+            wake = wake.min(self.instant_of(at.as_millis()));
         }
         if let Some(at) = self.respawn_at {
             wake = wake.min(at);
@@ -402,8 +402,8 @@ impl Supervisor {
             self.respawn().await?;
         }
         // 6. The restart gate.
-        if let Some(ms) = self.gate.next_wakeup()
-            && self.mono_ms(Instant::now()) >= ms
+        if let Some(at) = self.gate.next_wakeup()
+            && self.mono_ms(Instant::now()) >= at.as_millis()
         {
             // A fresh probe: the gate's input is the newest epoch's liveness right now.
             if self.newest.is_some() {
@@ -411,16 +411,16 @@ impl Supervisor {
                 self.observe(status);
             }
             let live = self.ready_to_fork();
-            match self.gate.poll(self.mono_ms(Instant::now()), live) {
+            match self.gate.poll(MonoMs(self.mono_ms(Instant::now())), live) {
                 GateDecision::Fire => self.hot_restart().await,
-                GateDecision::Deferred { until_ms } => {
+                GateDecision::Deferred { until } => {
                     self.metrics.deferrals = self.gate.deferrals();
                     warn!(
                         epoch = ?self.newest,
                         consecutive = self.gate.consecutive_deferrals(),
                         "restart deferred: the newest epoch is not LIVE (forking now would fail, \
                          R7) or its predecessor is still draining; retrying in {} ms",
-                        until_ms.saturating_sub(self.mono_ms(Instant::now()))
+                        until.as_millis().saturating_sub(self.mono_ms(Instant::now()))
                     );
                     self.publish_metrics();
                 }
@@ -532,7 +532,7 @@ impl Supervisor {
             info!("{what} ignored: the supervisor is stopping");
             return;
         }
-        let now = self.mono_ms(Instant::now());
+        let now = MonoMs(self.mono_ms(Instant::now()));
         self.gate.trigger(now);
         self.metrics.triggers = self.gate.triggers();
         info!(

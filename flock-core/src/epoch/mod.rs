@@ -16,8 +16,7 @@
 //! * Instants are `u64` milliseconds whose name ends in `_ms`. Heartbeats and
 //!   `now_unix_ms` are **unix-epoch** milliseconds (`SystemTime`), because several
 //!   processes compare them through the state file. The [`RestartGate`] takes a
-//!   **monotonic** `now_ms` whose origin the caller picks (e.g. milliseconds since the
-//!   supervisor started, from `Instant`).
+//!   **monotonic** [`MonoMs`](crate::time::MonoMs).
 //! * Spans in this module are `u64` milliseconds too (`heartbeat_max_age_ms`,
 //!   `debounce_ms`), because they are added to instants. Arithmetic saturates; no
 //!   input makes these functions panic.
@@ -77,6 +76,7 @@
 //! # Example
 //!
 //! ```
+//! use flock_core::MonoMs;
 //! use flock_core::epoch::{
 //!     BaseId, EpochRecord, GateDecision, PredecessorStatus, RestartGate, StartDecision,
 //!     WriteDecision, WriterId, start_epoch, write_decision,
@@ -114,9 +114,9 @@
 //!
 //! // In place (Strategy A): a trigger while the current epoch initializes is deferred.
 //! let mut gate = RestartGate::new(500);
-//! gate.trigger(0);
-//! assert_eq!(gate.poll(500, false), GateDecision::Deferred { until_ms: 1_000 });
-//! assert_eq!(gate.poll(1_000, true), GateDecision::Fire);
+//! gate.trigger(MonoMs(0));
+//! assert_eq!(gate.poll(MonoMs(500), false), GateDecision::Deferred { until: MonoMs(1_000) });
+//! assert_eq!(gate.poll(MonoMs(1_000), true), GateDecision::Fire);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
