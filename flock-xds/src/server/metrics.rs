@@ -1,19 +1,90 @@
-//! Server counters, rendered in the Prometheus text format.
+//! Server counters on `prometheus-client`, with a closed set of type labels.
+//!
+//! The type URL of a request is chosen by the client. Used as a label value it would
+//! let any client create series without bound (one per distinct URL it sends, kept
+//! for the life of the process) and, written unescaped, inject lines into the
+//! exposition. So a type is labelled only by [`TypeLabel`]: the five types flock
+//! serves by their short names, everything else as `other`. Escaping of whatever
+//! does reach a label is `prometheus-client`'s encoder's.
 
 use crate::callbacks::StreamKind;
-use crate::types::short_name;
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::types;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
-/// Counters of one [`Server`](super::Server). Cheap to update from every stream.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    streams_open: AtomicU64,
-    streams_total: AtomicU64,
-    stream_errors: AtomicU64,
-    per_type: Mutex<BTreeMap<(String, &'static str), u64>>,
+/// The `type` label of the per-type counters: a known xDS type or `other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TypeLabel {
+    /// Listeners.
+    Lds,
+    /// Route configurations.
+    Rds,
+    /// Clusters.
+    Cds,
+    /// Cluster load assignments.
+    Eds,
+    /// Secrets.
+    Sds,
+    /// Any type URL flock does not serve, whatever the client sent.
+    Other,
+}
+
+impl TypeLabel {
+    /// Every label value: the bound on the series of one per-type metric.
+    pub const ALL: [TypeLabel; 6] = [
+        TypeLabel::Lds,
+        TypeLabel::Rds,
+        TypeLabel::Cds,
+        TypeLabel::Eds,
+        TypeLabel::Sds,
+        TypeLabel::Other,
+    ];
+
+    /// The label for a type URL as a client sent it.
+    pub fn of(type_url: &str) -> Self {
+        match type_url {
+            types::LISTENER => TypeLabel::Lds,
+            types::ROUTE => TypeLabel::Rds,
+            types::CLUSTER => TypeLabel::Cds,
+            types::ENDPOINT => TypeLabel::Eds,
+            types::SECRET => TypeLabel::Sds,
+            _ => TypeLabel::Other,
+        }
+    }
+
+    /// The rendered value (`"cds"`, `"other"`…).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TypeLabel::Lds => "lds",
+            TypeLabel::Rds => "rds",
+            TypeLabel::Cds => "cds",
+            TypeLabel::Eds => "eds",
+            TypeLabel::Sds => "sds",
+            TypeLabel::Other => "other",
+        }
+    }
+}
+
+impl EncodeLabelValue for TypeLabel {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.as_str(), encoder)
+    }
+}
+
+/// The label set `{type="…"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ByType(TypeLabel);
+
+impl EncodeLabelSet for ByType {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        [("type", self.0)].encode(encoder)
+    }
 }
 
 /// Per-type event counted by [`Metrics`].
@@ -29,29 +100,30 @@ pub(crate) enum Event {
 }
 
 impl Event {
-    fn metric(self) -> &'static str {
+    /// The family name as registered (counters get `_total` when rendered).
+    fn name(self) -> &'static str {
         match self {
-            Event::Request => "flock_xds_requests_total",
-            Event::Ack => "flock_xds_acks_total",
-            Event::Nack => "flock_xds_nacks_total",
-            Event::Stale => "flock_xds_stale_requests_total",
-            Event::Response => "flock_xds_responses_total",
-            Event::ResourcesSent => "flock_xds_resources_sent_total",
-            Event::ResourcesRemoved => "flock_xds_resources_removed_total",
+            Event::Request => "flock_xds_requests",
+            Event::Ack => "flock_xds_acks",
+            Event::Nack => "flock_xds_nacks",
+            Event::Stale => "flock_xds_stale_requests",
+            Event::Response => "flock_xds_responses",
+            Event::ResourcesSent => "flock_xds_resources_sent",
+            Event::ResourcesRemoved => "flock_xds_resources_removed",
         }
     }
 
     fn help(self) -> &'static str {
         match self {
-            Event::Request => "Discovery requests received, by type.",
-            Event::Ack => "Responses the client accepted, by type.",
+            Event::Request => "Discovery requests received, by type",
+            Event::Ack => "Responses the client accepted, by type",
             Event::Nack => {
-                "Responses the client rejected (NACK), by type; the client keeps its last good config."
+                "Responses the client rejected (NACK), by type; the client keeps its last good config"
             }
-            Event::Stale => "Requests with a stale nonce (ACK/NACK part ignored), by type.",
-            Event::Response => "Discovery responses sent, by type.",
-            Event::ResourcesSent => "Resources carried by responses, by type.",
-            Event::ResourcesRemoved => "Names sent in Delta removed_resources, by type.",
+            Event::Stale => "Requests with a stale nonce (ACK/NACK part ignored), by type",
+            Event::Response => "Discovery responses sent, by type",
+            Event::ResourcesSent => "Resources carried by responses, by type",
+            Event::ResourcesRemoved => "Names sent in Delta removed_resources, by type",
         }
     }
 
@@ -66,16 +138,47 @@ impl Event {
     ];
 }
 
+/// Counters of one [`Server`](super::Server). Cheap to update from every stream; the
+/// handles are shared, so a registry they are [registered](Self::register) with sees
+/// live values.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    streams_open: Gauge,
+    streams_total: Counter,
+    stream_errors: Counter,
+    /// One family per [`Event`], in [`Event::ALL`] order.
+    per_type: [Family<ByType, Counter>; 7],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let m = Self {
+            streams_open: Gauge::default(),
+            streams_total: Counter::default(),
+            stream_errors: Counter::default(),
+            per_type: Default::default(),
+        };
+        // Every series exists from the start (at 0): a rate over a counter that
+        // appears at its first increment misses that increment.
+        for family in &m.per_type {
+            for t in TypeLabel::ALL {
+                drop(family.get_or_create(&ByType(t)));
+            }
+        }
+        m
+    }
+}
+
 impl Metrics {
     pub(crate) fn stream_opened(&self, _kind: StreamKind) {
-        self.streams_open.fetch_add(1, Ordering::Relaxed);
-        self.streams_total.fetch_add(1, Ordering::Relaxed);
+        self.streams_open.inc();
+        self.streams_total.inc();
     }
 
     pub(crate) fn stream_closed(&self, error: bool) {
-        self.streams_open.fetch_sub(1, Ordering::Relaxed);
+        self.streams_open.dec();
         if error {
-            self.stream_errors.fetch_add(1, Ordering::Relaxed);
+            self.stream_errors.inc();
         }
     }
 
@@ -83,69 +186,153 @@ impl Metrics {
         if n == 0 {
             return;
         }
-        let mut map = self.per_type.lock().unwrap_or_else(|e| e.into_inner());
-        // Keyed by the short name: a client cannot grow this map beyond the types it
-        // may open (the stream's type limit), and unknown types share their last path
-        // segment.
-        *map.entry((short_name(type_url).to_string(), event.metric()))
-            .or_insert(0) += n;
+        self.family(event)
+            .get_or_create(&ByType(TypeLabel::of(type_url)))
+            .inc_by(n);
+    }
+
+    fn family(&self, event: Event) -> &Family<ByType, Counter> {
+        &self.per_type[event as usize]
     }
 
     /// Streams open now.
     pub fn streams_open(&self) -> u64 {
-        self.streams_open.load(Ordering::Relaxed)
+        u64::try_from(self.streams_open.get()).unwrap_or(0)
     }
 
-    /// The value of a per-type counter (`"flock_xds_nacks_total"`, `"cds"`), for tests
-    /// and embedding control planes.
+    /// The value of a per-type counter by its rendered name and label
+    /// (`"flock_xds_nacks_total"`, `"cds"`), for tests and embedding control planes;
+    /// 0 for a name or label that does not exist.
     pub fn counter(&self, metric: &str, short_type: &str) -> u64 {
-        let map = self.per_type.lock().unwrap_or_else(|e| e.into_inner());
-        map.iter()
-            .filter(|((t, m), _)| t == short_type && *m == metric)
-            .map(|(_, v)| *v)
-            .sum()
+        let Some(event) = Event::ALL
+            .into_iter()
+            .find(|e| metric.strip_suffix("_total") == Some(e.name()))
+        else {
+            return 0;
+        };
+        let Some(t) = TypeLabel::ALL
+            .into_iter()
+            .find(|t| t.as_str() == short_type)
+        else {
+            return 0;
+        };
+        self.family(event)
+            .get(&ByType(t))
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+
+    /// Adds every metric of this server to `registry` (the handles are shared: the
+    /// registry renders live values).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "flock_xds_streams_open",
+            "xDS streams open now",
+            self.streams_open.clone(),
+        );
+        registry.register(
+            "flock_xds_streams",
+            "xDS streams opened since start",
+            self.streams_total.clone(),
+        );
+        registry.register(
+            "flock_xds_stream_errors",
+            "xDS streams that ended with an error (bad request, transport error)",
+            self.stream_errors.clone(),
+        );
+        for event in Event::ALL {
+            registry.register(event.name(), event.help(), self.family(event).clone());
+        }
     }
 
     /// All counters in the Prometheus text exposition format.
     pub fn render_prometheus(&self) -> String {
-        let mut out = String::new();
-        let gauge = |out: &mut String, name: &str, kind: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
-        };
-        gauge(
-            &mut out,
-            "flock_xds_streams_open",
-            "gauge",
-            "xDS streams open now.",
-            self.streams_open(),
-        );
-        gauge(
-            &mut out,
-            "flock_xds_streams_total",
-            "counter",
-            "xDS streams opened since start.",
-            self.streams_total.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "flock_xds_stream_errors_total",
-            "counter",
-            "xDS streams that ended with an error (bad request, transport error).",
-            self.stream_errors.load(Ordering::Relaxed),
-        );
-        let map = self.per_type.lock().unwrap_or_else(|e| e.into_inner());
-        for event in Event::ALL {
-            let name = event.metric();
-            let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} counter", event.help());
-            for ((t, m), v) in map.iter() {
-                if *m == name {
-                    let _ = writeln!(out, "{name}{{type=\"{t}\"}} {v}");
-                }
-            }
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        flock_telemetry::metrics::render(&registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every non-comment line of a Prometheus text exposition is one sample of a
+    /// family announced by `# TYPE`: `name{labels} value` or `name value`.
+    fn samples(text: &str) -> Vec<&str> {
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        for l in &lines {
+            let name = l.split(['{', ' ']).next().unwrap();
+            assert!(families.contains(&name), "line of no family: {l:?}\n{text}");
         }
-        out
+        lines
+    }
+
+    #[test]
+    fn a_client_type_url_cannot_inject_a_metric_line() {
+        let m = Metrics::default();
+        let evil = "type.googleapis.com/x\"} 1\nflock_xds_injected_total{type=\"cds\"} 99\n#";
+        m.count(evil, Event::Request, 1);
+        m.count(evil, Event::Nack, 2);
+        m.count(types::CLUSTER, Event::Nack, 1);
+        let text = m.render_prometheus();
+        assert!(!text.contains("injected"), "{text}");
+        let lines = samples(&text);
+        assert!(
+            lines.contains(&"flock_xds_requests_total{type=\"other\"} 1"),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"flock_xds_nacks_total{type=\"other\"} 2"),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"flock_xds_nacks_total{type=\"cds\"} 1"),
+            "{text}"
+        );
+        assert_eq!(m.counter("flock_xds_nacks_total", "other"), 2);
+        assert_eq!(m.counter("flock_xds_nacks_total", "cds"), 1);
+    }
+
+    #[test]
+    fn cardinality_is_bounded_whatever_clients_send() {
+        let m = Metrics::default();
+        let before = m.render_prometheus().lines().count();
+        for i in 0..1000 {
+            m.count(&format!("type.googleapis.com/t{i}"), Event::Request, 1);
+            m.count(&format!("garbage {i}"), Event::Ack, 1);
+        }
+        m.count(types::ENDPOINT, Event::Request, 1);
+        let text = m.render_prometheus();
+        assert_eq!(text.lines().count(), before, "no series added:\n{text}");
+        let per_type = samples(&text)
+            .into_iter()
+            .filter(|l| l.starts_with("flock_xds_requests_total"))
+            .count();
+        assert_eq!(per_type, TypeLabel::ALL.len());
+        assert_eq!(m.counter("flock_xds_requests_total", "other"), 1000);
+        assert_eq!(m.counter("flock_xds_acks_total", "other"), 1000);
+        assert_eq!(m.counter("flock_xds_requests_total", "eds"), 1);
+    }
+
+    #[test]
+    fn stream_gauges_follow_open_and_close() {
+        let m = Metrics::default();
+        m.stream_opened(StreamKind::SotwAds);
+        m.stream_opened(StreamKind::DeltaAds);
+        m.stream_closed(true);
+        assert_eq!(m.streams_open(), 1);
+        let text = m.render_prometheus();
+        assert!(text.contains("\nflock_xds_streams_open 1\n"), "{text}");
+        assert!(text.contains("\nflock_xds_streams_total 2\n"), "{text}");
+        assert!(
+            text.contains("\nflock_xds_stream_errors_total 1\n"),
+            "{text}"
+        );
     }
 }
