@@ -175,5 +175,6 @@ fn configure(args: Args) -> Result<Config, String> {
         resync: Duration::from_secs(args.resync_seconds),
         write_burst: args.max_write_burst,
         write_interval: Duration::from_millis(args.write_interval_ms),
+        hooks: install::Hooks::default(),
     })
 }

@@ -30,6 +30,10 @@
 //!   of its write to file B, looked external, and was "patched" again, forever. Here the
 //!   ledger keeps one [`ContentHash`](crate::ContentHash) *per file*, and [`decide`]
 //!   never writes a file that is already semantically patched: two independent brakes.
+//! * **The installer's machine** ([`installer`]): every decision of the daemon that
+//!   keeps a directory patched (per-file state, readiness, symlinks, refusal to
+//!   overwrite, write budget and retry timing) as a sans-IO state machine; the daemon
+//!   only performs the I/O it asks for.
 //!
 //! # Serialization
 //!
@@ -92,12 +96,13 @@
 
 mod dropin;
 mod error;
+pub mod installer;
 mod json;
 mod ledger;
 mod parse;
 mod patch;
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;
 
 pub use dropin::{DROPIN_FILE_NAME, DropIn, MAX_NETWORK_NAME_LEN, check_network_dir_name, dropin};
