@@ -193,10 +193,7 @@ impl<S> Publisher<S> {
     pub fn wait_newer(&self, seen: u64) -> Arc<Snapshot<S>> {
         let mut inner = lock(&self.inner);
         while inner.latest.version <= seen {
-            inner = match self.published.wait(inner) {
-                Ok(guard) => guard,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            inner = self.published.wait(inner);
         }
         Arc::clone(&inner.latest)
     }
@@ -245,7 +242,6 @@ impl<S> fmt::Debug for Publisher<S> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use std::sync::Mutex as StdMutex;
 
     fn with(items: &[u32], item: u32) -> Vec<u32> {
         let mut next = items.to_vec();
@@ -282,19 +278,17 @@ mod tests {
     fn a_sink_sees_the_current_state_then_every_version_in_order() {
         let p = Publisher::new(Vec::<u32>::new());
         p.publish(|s| with(s, 7));
-        let seen = std::sync::Arc::new(StdMutex::new(Vec::new()));
+        let seen = std::sync::Arc::new(crate::sync::Mutex::new(Vec::new()));
         let log = std::sync::Arc::clone(&seen);
         let id = p.add_sink(move |snap| {
-            log.lock()
-                .unwrap()
-                .push((snap.version(), snap.state().clone()));
+            log.lock().push((snap.version(), snap.state().clone()));
         });
         p.publish(|s| with(s, 8));
         assert!(p.remove_sink(id));
         assert!(!p.remove_sink(id));
         p.publish(|s| with(s, 9));
         assert_eq!(
-            *seen.lock().unwrap(),
+            *seen.lock(),
             vec![(1, vec![7]), (2, vec![7, 8])],
             "the sink saw the state it subscribed at, then version 2, and nothing after removal"
         );
