@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use flock_core::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -74,7 +76,7 @@ struct Service(Arc<Mutex<State>>);
 
 impl Service {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.lock()
     }
 
     async fn enter(&self, call: Call) -> Behavior {
@@ -243,7 +245,7 @@ impl TestAgent {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 }
 

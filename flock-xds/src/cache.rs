@@ -18,7 +18,9 @@ use flock_core::resources::{Name, ResourceSet};
 use flock_core::snapshot::{Publisher, Snapshot};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+
+use flock_core::sync::{Mutex, MutexGuard};
 
 /// Chooses the group whose snapshot a node receives.
 pub trait NodeHash: Send + Sync {
@@ -149,7 +151,7 @@ impl<V> Cache<V> {
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Arc<GroupPublisher<V>>>> {
-        self.groups.lock().unwrap_or_else(PoisonError::into_inner)
+        self.groups.lock()
     }
 
     /// The publisher of `group`, created empty (version 0: not set) on first use. A
