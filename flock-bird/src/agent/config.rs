@@ -1,0 +1,42 @@
+//! The agent's settings that are not I/O endpoints.
+
+use flock_core::gc::GcPolicy;
+use flock_core::lifecycle::liveness::LivenessPolicy;
+use std::time::Duration;
+
+/// Settings of the agent that are not I/O endpoints.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This node's name (`--node-name`): owner of its registry endpoints.
+    pub node_name: String,
+    /// Zone of this node's endpoints (`--zone`).
+    pub zone: String,
+    /// Region of this node's endpoints (`--region`).
+    pub region: String,
+    /// Liveness probe schedule and thresholds.
+    pub liveness: LivenessPolicy,
+    /// One probe's timeout.
+    pub probe_timeout: Duration,
+    /// Trailing debounce of registry-driven republishing.
+    pub refresh_debounce: Duration,
+    /// Period of the orphan GC.
+    pub gc_interval: Duration,
+    /// The orphan GC's hysteresis and breaker.
+    pub gc_policy: GcPolicy,
+}
+
+impl AgentConfig {
+    /// Defaults for a node named `node_name`.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            zone: String::new(),
+            region: String::new(),
+            liveness: LivenessPolicy::default(),
+            probe_timeout: Duration::from_secs(1),
+            refresh_debounce: Duration::from_millis(100),
+            gc_interval: Duration::from_secs(60),
+            gc_policy: GcPolicy::default(),
+        }
+    }
+}

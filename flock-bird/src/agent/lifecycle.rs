@@ -1,0 +1,303 @@
+//! AddPod and RemovePod in flock-core's step order, CHECK, and the startup load.
+
+use super::{AddPodInput, Agent, PodError, PodOutcome};
+use crate::identity::PodIdentity;
+use crate::model::{Endpoint, Health, PodRecord, SERVICE_ANNOTATION};
+use flock_core::gc::PodKey;
+use flock_core::lifecycle::liveness::Liveness;
+use flock_core::lifecycle::steps::{ADD_POD, REMOVE_POD, Step};
+use flock_core::sync::lock;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl Agent {
+    /// Subscribes a pod's identity, guarded (R6): if the pod was removed while the
+    /// subscription was being made, it is withdrawn again.
+    pub(super) async fn subscribe_identity(&self, rec: &PodRecord) -> Result<(), String> {
+        let Some(provider) = &self.identity else {
+            return Ok(());
+        };
+        provider
+            .subscribe(&PodIdentity::from(rec))
+            .await
+            .map_err(|e| e.to_string())?;
+        // The re-check: RemovePod deletes the store record before it unsubscribes, so
+        // a pod gone now may have had its unsubscribe run before this subscribe.
+        #[cfg(not(flock_reintroduce = "r6-agent"))]
+        if !self.pods.contains(&rec.key) {
+            self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
+            provider.unsubscribe(&rec.key).await;
+        }
+        Ok(())
+    }
+
+    /// Startup: loads the store and **merges** it into the live table (R3), starts
+    /// tracking liveness of the loaded pods, re-registers their endpoints (they may
+    /// have expired with a previous lease) and publishes. Returns the number of
+    /// pods loaded and quarantined.
+    pub async fn load(self: &Arc<Self>) -> Result<(usize, usize), String> {
+        let store = Arc::clone(&self.store);
+        let report = tokio::task::spawn_blocking(move || store.load_all())
+            .await
+            .map_err(|e| format!("loading the pod store: {e}"))?
+            .map_err(|e| format!("loading the pod store: {e}"))?;
+        let quarantined = report.quarantined.len();
+        let loaded: Vec<(PodKey, PodRecord)> = report
+            .pods
+            .into_iter()
+            .map(|p| (p.key.clone(), p))
+            .collect();
+        for (key, rec) in &loaded {
+            self.note_netns(key, &rec.netns);
+        }
+        let merge = self.pods.load_merge(loaded);
+        {
+            let now = flock_clock::unix_now().as_millis();
+            let mut live = lock(&self.liveness);
+            for key in &merge.added {
+                live.entry(key.clone())
+                    .or_insert_with(|| Liveness::new(now, self.cfg.liveness));
+            }
+        }
+        self.store_loaded.store(true, Ordering::Release);
+        tracing::info!(
+            loaded = merge.added.len(),
+            kept_newer = merge.kept.len(),
+            quarantined,
+            "pod store loaded (merged into the live table)"
+        );
+        for key in &merge.added {
+            if let Some(rec) = self.pods.get(key)
+                && let Err(e) = self.subscribe_identity(&rec).await
+            {
+                tracing::warn!(pod = %rec.pod_ref(), "identity resubscription failed (the GC retries): {e}");
+            }
+        }
+        self.publish();
+        for key in &merge.added {
+            self.reregister(key).await;
+        }
+        Ok((merge.added.len(), quarantined))
+    }
+
+    /// The endpoints a pod registers (one per app port).
+    pub(super) fn endpoints_of(&self, rec: &PodRecord, health: Health) -> Vec<Endpoint> {
+        let identity = self
+            .identity_view()
+            .and_then(|v| v.svid_of(&rec.key).map(|s| s.spiffe_id.clone()));
+        rec.ports
+            .iter()
+            .map(|p| Endpoint {
+                service: rec.service.clone(),
+                namespace: rec.namespace.clone(),
+                service_port: p.app_port,
+                protocol: p.protocol,
+                address: rec.ips[0],
+                port: p.listen_port,
+                node: self.cfg.node_name.clone(),
+                pod: rec.pod_ref(),
+                pod_key: rec.key.clone(),
+                region: self.cfg.region.clone(),
+                zone: self.cfg.zone.clone(),
+                health,
+                identity: identity.clone(),
+            })
+            .collect()
+    }
+
+    /// CNI ADD: runs `flock_core::lifecycle::ADD_POD` in order; on a failed step,
+    /// rolls back with `REMOVE_POD` in full. Answers once a snapshot with the pod is
+    /// published.
+    pub async fn add_pod(self: &Arc<Self>, input: &AddPodInput) -> Result<PodOutcome, PodError> {
+        let rec = match self.record_for(input) {
+            Ok(Some(rec)) => rec,
+            Ok(None) => {
+                self.metrics.pods_ignored.fetch_add(1, Ordering::Relaxed);
+                return Ok(PodOutcome::Ignored(format!(
+                    "pod {}/{} has no {SERVICE_ANNOTATION} annotation: not meshed",
+                    input.namespace, input.name
+                )));
+            }
+            Err(e) => {
+                self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        let result = self.locks.run(&rec.key, self.add_locked(&rec)).await;
+        match &result {
+            Ok(_) => self.metrics.pods_added.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed),
+        };
+        result
+    }
+
+    async fn add_locked(self: &Arc<Self>, rec: &PodRecord) -> Result<PodOutcome, PodError> {
+        let mut version = 0;
+        for step in ADD_POD {
+            let done = match step {
+                Step::StoreWrite => {
+                    let store = Arc::clone(&self.store);
+                    let r = rec.clone();
+                    match tokio::task::spawn_blocking(move || store.put(&r)).await {
+                        Ok(Ok(())) => {
+                            self.note_netns(&rec.key, &rec.netns);
+                            self.pods.insert(rec.key.clone(), rec.clone());
+                            lock(&self.liveness).insert(
+                                rec.key.clone(),
+                                Liveness::new(
+                                    flock_clock::unix_now().as_millis(),
+                                    self.cfg.liveness,
+                                ),
+                            );
+                            Ok(())
+                        }
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
+                Step::IdentitySubscribe => match &self.identity {
+                    Some(provider) => provider
+                        .subscribe(&PodIdentity::from(rec))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    None => Ok(()),
+                },
+                Step::XdsPublish => {
+                    version = self.publish();
+                    Ok(())
+                }
+                Step::RegistryRegister => self.register(rec, Health::Healthy).await,
+                other => unreachable!("{other} is not an AddPod step"),
+            };
+            if let Err(message) = done {
+                tracing::warn!(pod = %rec.pod_ref(), key = %rec.key, %step, %message, "AddPod step failed; rolling back");
+                self.remove_locked(&rec.key).await;
+                return Err(PodError::Step {
+                    step: *step,
+                    message,
+                });
+            }
+        }
+        tracing::info!(pod = %rec.pod_ref(), key = %rec.key, service = %rec.service, ports = rec.ports.len(), version, "pod added");
+        Ok(PodOutcome::Done(format!(
+            "pod {} meshed as {}.{} ({} port(s)); xDS version {version}",
+            rec.pod_ref(),
+            rec.service,
+            rec.namespace,
+            rec.ports.len()
+        )))
+    }
+
+    async fn register(&self, rec: &PodRecord, health: Health) -> Result<(), String> {
+        for ep in self.endpoints_of(rec, health) {
+            match self.registry.put(&ep).await {
+                Ok(rev) => {
+                    lock(&self.own).insert(ep.key(), rev);
+                }
+                Err(e) => {
+                    self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(e.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// CNI DEL: runs `flock_core::lifecycle::REMOVE_POD` in order (store first: R4).
+    /// Unknown pods are IGNORED; every step is idempotent.
+    pub async fn remove_pod(self: &Arc<Self>, key: &PodKey) -> PodOutcome {
+        let existed = self.locks.run(key, self.remove_locked(key)).await;
+        if existed {
+            self.metrics.pods_removed.fetch_add(1, Ordering::Relaxed);
+            PodOutcome::Done(format!("pod {key} removed"))
+        } else {
+            self.metrics.pods_ignored.fetch_add(1, Ordering::Relaxed);
+            PodOutcome::Ignored(format!("pod {key} is not known to this agent"))
+        }
+    }
+
+    /// Returns whether the pod was known (in the table or the store).
+    async fn remove_locked(&self, key: &PodKey) -> bool {
+        let mut existed = false;
+        for step in REMOVE_POD {
+            match step {
+                Step::StoreDelete => {
+                    // Invisible first: from here no background loop sees the pod.
+                    existed |= self.pods.remove(key).is_some();
+                    lock(&self.liveness).remove(key);
+                    lock(&self.netns_missing).remove(key);
+                    let store = Arc::clone(&self.store);
+                    let k = key.clone();
+                    match tokio::task::spawn_blocking(move || store.remove(&k)).await {
+                        Ok(Ok(was)) => existed |= was,
+                        Ok(Err(e)) => tracing::warn!(%key, "store delete failed (GC retries): {e}"),
+                        Err(e) => tracing::warn!(%key, "store delete failed (GC retries): {e}"),
+                    }
+                }
+                Step::XdsWithdraw => {
+                    self.publish();
+                }
+                Step::RegistryUnregister => {
+                    let keys: Vec<String> = {
+                        let view = self.registry.view().borrow().clone();
+                        let mut keys: BTreeSet<String> = view
+                            .endpoints
+                            .iter()
+                            .filter(|(_, e)| e.node == self.cfg.node_name && &e.pod_key == key)
+                            .map(|(k, _)| k.clone())
+                            .collect();
+                        keys.extend(
+                            lock(&self.own)
+                                .keys()
+                                .filter(|k| key_owner(k).as_ref() == Some(key))
+                                .cloned(),
+                        );
+                        keys.into_iter().collect()
+                    };
+                    for k in keys {
+                        match self.registry.delete(&k).await {
+                            Ok(was) => {
+                                existed |= was;
+                                lock(&self.own).remove(&k);
+                            }
+                            Err(e) => {
+                                self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(%key, endpoint = %k, "unregister failed (GC retries): {e}");
+                            }
+                        }
+                    }
+                }
+                Step::IdentityUnsubscribe => {
+                    if let Some(provider) = &self.identity {
+                        existed |= provider.view().borrow().subscriptions.contains_key(key);
+                        provider.unsubscribe(key).await;
+                    }
+                }
+                other => unreachable!("{other} is not a RemovePod step"),
+            }
+        }
+        if existed {
+            tracing::info!(%key, "pod removed");
+        }
+        existed
+    }
+
+    /// CNI CHECK: the pod is held as added.
+    pub fn check_pod(&self, key: &PodKey) -> Result<(), String> {
+        match self.pods.get(key) {
+            Some(_) => Ok(()),
+            None => Err(format!("pod {key} is not known to this agent")),
+        }
+    }
+}
+
+/// The pod key encoded in a registry key (`…/<container_id>/<ifname>/<port>`).
+fn key_owner(key: &str) -> Option<PodKey> {
+    let mut parts = key.rsplit('/');
+    let _port = parts.next()?;
+    let ifname = parts.next()?;
+    let container = parts.next()?;
+    Some(PodKey::new(container, ifname))
+}

@@ -1,0 +1,114 @@
+//! The liveness round (probe every due pod, apply health changes) and the guarded
+//! re-registration it triggers (R4).
+
+use super::Agent;
+use crate::model::{Health, PodRecord};
+use flock_core::gc::PodKey;
+use flock_core::lifecycle::liveness::{Health as Live, Liveness};
+use flock_core::sync::lock;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl Agent {
+    /// Each live pod's health decision.
+    pub fn health(&self) -> BTreeMap<PodKey, Live> {
+        lock(&self.liveness)
+            .iter()
+            .map(|(k, l)| (k.clone(), l.health()))
+            .collect()
+    }
+
+    /// Records whether `netns` exists; returns whether that changed.
+    pub(super) fn note_netns(&self, key: &PodKey, netns: &str) -> bool {
+        let missing = !std::path::Path::new(netns).exists();
+        let mut set = lock(&self.netns_missing);
+        if missing {
+            set.insert(key.clone())
+        } else {
+            set.remove(key)
+        }
+    }
+
+    /// Re-registers a pod's endpoints with its current health, guarded (R4): after
+    /// the put, the pod must still be live, else the registration is undone — only
+    /// if it is still the one we wrote.
+    pub async fn reregister(&self, key: &PodKey) {
+        let Some(rec) = self.pods.get(key) else {
+            return;
+        };
+        let health = match lock(&self.liveness).get(key).map(Liveness::health) {
+            Some(Live::Unhealthy) => Health::Unhealthy,
+            _ => Health::Healthy,
+        };
+        for ep in self.endpoints_of(&rec, health) {
+            let ep_key = ep.key();
+            let rev = match self.registry.put(&ep).await {
+                Ok(rev) => rev,
+                Err(e) => {
+                    self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(pod = %rec.pod_ref(), "re-register failed: {e}");
+                    continue;
+                }
+            };
+            // The re-check: RemovePod deletes the store record before it unregisters,
+            // so if the pod is gone now, its unregister may already have run and
+            // missed this put.
+            #[cfg(not(flock_reintroduce = "r4-agent"))]
+            let still_live = self.pods.contains(key);
+            #[cfg(flock_reintroduce = "r4-agent")]
+            let still_live = true;
+            if still_live {
+                lock(&self.own).insert(ep_key, rev);
+            } else {
+                self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.registry.delete_if_revision(&ep_key, rev).await {
+                    tracing::warn!(endpoint = %ep_key, "undo of a late registration failed (GC removes it): {e}");
+                }
+            }
+        }
+    }
+
+    /// Runs one liveness round: probes every due pod (in parallel) and applies
+    /// transitions to the registry.
+    pub async fn liveness_round(self: &Arc<Self>) {
+        let now = flock_clock::unix_now().as_millis();
+        let due: Vec<PodRecord> = {
+            let live = lock(&self.liveness);
+            self.pods
+                .snapshot()
+                .into_values()
+                .filter(|p| live.get(&p.key).is_some_and(|l| l.is_due(now)))
+                .collect()
+        };
+        let mut netns_changed = false;
+        for pod in &due {
+            netns_changed |= self.note_netns(&pod.key, &pod.netns);
+        }
+        if netns_changed {
+            self.publish();
+        }
+        let mut probes = tokio::task::JoinSet::new();
+        for pod in due {
+            let timeout = self.cfg.probe_timeout;
+            probes.spawn(async move {
+                let ok = crate::probe::probe_pod(&pod, timeout).await;
+                (pod.key, ok)
+            });
+        }
+        while let Some(Ok((key, ok))) = probes.join_next().await {
+            self.metrics.probes.fetch_add(1, Ordering::Relaxed);
+            if !ok {
+                self.metrics.probe_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            let transition = lock(&self.liveness)
+                .get_mut(&key)
+                .and_then(|l| l.observe(flock_clock::unix_now().as_millis(), ok));
+            if let Some(t) = transition {
+                tracing::info!(%key, from = ?t.from, to = ?t.to, "pod health changed");
+                self.metrics.health_changes.fetch_add(1, Ordering::Relaxed);
+                self.reregister(&key).await;
+            }
+        }
+    }
+}

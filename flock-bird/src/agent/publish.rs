@@ -1,0 +1,54 @@
+//! The one publish point: both node groups' snapshots, built inside the publish
+//! closure (R1).
+
+use super::{Agent, ENVOY_GROUP, GRPC_GROUP};
+use flock_core::sync::lock;
+use flock_xds::translate::EnvoyOptions;
+use std::sync::atomic::Ordering;
+
+impl Agent {
+    /// Publishes the current state to both node groups; returns the Envoy group's
+    /// version. The state is read inside the publish closure (R1). Publishes nothing
+    /// (no version consumed) when nothing changed.
+    pub fn publish(&self) -> u64 {
+        let opts = EnvoyOptions::default();
+        let mut version = 0;
+        for group in [ENVOY_GROUP, GRPC_GROUP] {
+            let publisher = self.cache.publisher(group);
+            // The very first snapshot is published even if empty: clients wait for
+            // it, and readiness needs it.
+            let first = publisher.latest().version() == 0;
+            let published = publisher.try_publish(|prev| {
+                let view = self.registry.view().borrow().clone();
+                let (mesh, pod_keys) = self.mesh(&view);
+                let mut memo = lock(if group == ENVOY_GROUP {
+                    &self.envoy_memo
+                } else {
+                    &self.grpc_memo
+                });
+                let entries = memo.translate(group == ENVOY_GROUP, &mesh, &pod_keys, &opts);
+                let mut b = prev.edit();
+                for (type_url, list) in entries {
+                    b.replace_type(type_url, list);
+                }
+                let next = b.build();
+                let changed = !flock_core::resources::diff(prev, &next).is_empty();
+                (changed || first).then_some(next)
+            });
+            let v = match published {
+                Some(s) => {
+                    if group == ENVOY_GROUP {
+                        self.metrics.publishes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    s.version()
+                }
+                None => publisher.latest().version(),
+            };
+            if group == ENVOY_GROUP {
+                version = v;
+            }
+        }
+        self.first_published.store(true, Ordering::Release);
+        version
+    }
+}
