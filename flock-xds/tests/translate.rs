@@ -1939,3 +1939,106 @@ fn identities_turn_on_mtls_inbound_and_outbound() {
         "no mTLS cluster for a plaintext service"
     );
 }
+
+/// The flattened `(type, name, hash)` of a memo's output.
+fn memo_flat(entries: &translate::Entries) -> Vec<(String, String, ContentHash)> {
+    entries
+        .iter()
+        .flat_map(|(t, list)| {
+            list.iter()
+                .map(move |(n, h, _)| (t.to_string(), n.to_string(), *h))
+        })
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+fn flat(resources: Vec<Resource>) -> Vec<(String, String, ContentHash)> {
+    resources
+        .into_iter()
+        .map(|r| (r.type_url.to_string(), r.name, r.hash))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// The `Arc` a memo's output holds for `(type, name)`.
+fn entry<'a>(
+    entries: &'a translate::Entries,
+    type_url: &str,
+    name: &str,
+) -> &'a std::sync::Arc<Any> {
+    &entries[type_url]
+        .iter()
+        .find(|(n, _, _)| &**n == name)
+        .unwrap_or_else(|| panic!("no {type_url} {name}"))
+        .2
+}
+
+/// A memo kept across publishes reuses the encoded resources of a pod and a service
+/// whose model did not change (the same allocation, not an equal copy), re-translates
+/// the one that did, and always gives what a fresh translation gives.
+#[test]
+fn the_memo_reuses_unchanged_entities_and_equals_a_fresh_translation() {
+    let mesh = |port: u16| {
+        Mesh::from_json(
+            format!(
+                r#"{{"services": [{{"name": "web", "ports": [{{"port": 8080}}, {{"port": 9090, "protocol": "grpc"}}],
+                    "endpoints": [{{"address": "10.0.0.1", "port": 15006}}, {{"address": "10.0.0.2", "port": {port}}}]}},
+                                  {{"name": "db", "ports": [{{"port": 5432, "protocol": "tcp"}}],
+                    "endpoints": [{{"address": "10.0.0.3", "port": 15006}}]}}],
+                   "pods": [{{"name": "a", "ip": "10.0.0.1", "netns": "/run/netns/a", "inbound": [{{"app_port": 8080, "listen_port": 15006}}]}},
+                            {{"name": "b", "ip": "10.0.0.2", "netns": "/run/netns/b", "inbound": [{{"app_port": 8080, "listen_port": {port}}}]}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let opts = EnvoyOptions::default();
+    let mut envoy = translate::Memo::new(translate::Flavor::Envoy);
+    let mut grpc = translate::Memo::new(translate::Flavor::Grpc);
+    let mut last: Option<(translate::Entries, translate::Entries)> = None;
+    let mut last_port = 0;
+    for port in [15006, 15007, 15007] {
+        let m = mesh(port);
+        let e = envoy.translate(&m, &opts);
+        let g = grpc.translate(&m, &opts);
+        assert_eq!(memo_flat(&e), flat(translate::envoy_resources(&m, &opts)));
+        assert_eq!(memo_flat(&g), flat(translate::grpc_resources(&m)));
+        if let Some((prev_e, prev_g)) = &last {
+            // Pod a and service db never change: their resources are the very same
+            // allocations as in the previous publish.
+            for (t, name) in [
+                (LISTENER, "inbound|default/a|8080"),
+                (CLUSTER, "outbound|5432|db.default"),
+            ] {
+                assert!(std::sync::Arc::ptr_eq(
+                    entry(prev_e, t, name),
+                    entry(&e, t, name)
+                ));
+            }
+            // Pod b and service web change in the first step only.
+            let changed = port != last_port;
+            assert_eq!(
+                !changed,
+                std::sync::Arc::ptr_eq(
+                    entry(prev_e, LISTENER, "inbound|default/b|8080"),
+                    entry(&e, LISTENER, "inbound|default/b|8080")
+                )
+            );
+            assert_eq!(
+                !changed,
+                std::sync::Arc::ptr_eq(
+                    entry(prev_g, LISTENER, "web.default:9090"),
+                    entry(&g, LISTENER, "web.default:9090")
+                )
+            );
+        }
+        last = Some((e, g));
+        last_port = port;
+    }
+    assert_eq!(envoy.len(), 4, "two pods and two services remembered");
+    // What went away is forgotten.
+    envoy.translate(&Mesh::default(), &opts);
+    assert!(envoy.is_empty());
+}

@@ -4,14 +4,13 @@
 use super::Agent;
 use crate::model::{Health, OUTBOUND_PORT, Protocol};
 use crate::registry::View;
-use flock_core::gc::PodKey;
 use flock_core::sync::lock;
 use flock_xds::translate::{self, Mesh};
 use std::collections::BTreeMap;
 
 impl Agent {
     /// Builds the mesh from the live pods and the registry view.
-    pub(super) fn mesh(&self, view: &View) -> (Mesh, Vec<PodKey>) {
+    pub(super) fn mesh(&self, view: &View) -> Mesh {
         let mut services: BTreeMap<(String, String), translate::Service> = BTreeMap::new();
         for ep in view.endpoints.values() {
             let svc = services
@@ -47,7 +46,6 @@ impl Agent {
             });
         }
         let mut mesh = Mesh::default();
-        let mut pod_keys = Vec::new();
         for mut svc in services.into_values() {
             svc.ports.sort_by_key(|p| p.port);
             svc.endpoints
@@ -126,7 +124,6 @@ impl Agent {
             match one.validate() {
                 Ok(()) => {
                     mesh.pods.extend(one.pods);
-                    pod_keys.push(rec.key.clone());
                 }
                 Err(errors) => tracing::warn!(
                     pod = %rec.pod_ref(),
@@ -135,7 +132,7 @@ impl Agent {
                 ),
             }
         }
-        (mesh, pod_keys)
+        mesh
     }
 }
 

@@ -21,8 +21,8 @@
 //! * `locks`: the per-pod locks; `lifecycle`: AddPod, RemovePod, CHECK and startup load;
 //! * `liveness`: the probe round and the guarded re-registration;
 //! * `mesh`: the registry view and the live pods as a translation model;
-//! * `publish`: the one publish point; `gc`: the orphan-GC executor;
-//! * `memo`: the per-entity translation memo.
+//! * `publish`: the one publish point, translating through each node group's
+//!   [`Memo`](flock_xds::translate::Memo); `gc`: the orphan-GC executor.
 
 mod config;
 mod error;
@@ -30,7 +30,6 @@ mod gc;
 mod lifecycle;
 mod liveness;
 mod locks;
-mod memo;
 mod mesh;
 mod metrics;
 mod publish;
@@ -52,7 +51,7 @@ use flock_core::lifecycle::merge::PodTable;
 use flock_core::sync::Mutex;
 use flock_xds::cache::Cache;
 use flock_xds::callbacks::NodeInfo;
-use memo::Memo;
+use flock_xds::translate::{Flavor, Memo};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,8 +120,8 @@ impl Agent {
             last_gc: Mutex::new(None),
             store_loaded: AtomicBool::new(false),
             first_published: AtomicBool::new(false),
-            envoy_memo: Mutex::new(Memo::default()),
-            grpc_memo: Mutex::new(Memo::default()),
+            envoy_memo: Mutex::new(Memo::new(Flavor::Envoy)),
+            grpc_memo: Mutex::new(Memo::new(Flavor::Grpc)),
             netns_missing: Mutex::new(BTreeSet::new()),
             metrics: AgentMetrics::default(),
         }

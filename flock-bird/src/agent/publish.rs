@@ -20,13 +20,13 @@ impl Agent {
             let first = publisher.latest().version() == 0;
             let published = publisher.try_publish(|prev| {
                 let view = self.registry.view().borrow().clone();
-                let (mesh, pod_keys) = self.mesh(&view);
+                let mesh = self.mesh(&view);
                 let mut memo = lock(if group == ENVOY_GROUP {
                     &self.envoy_memo
                 } else {
                     &self.grpc_memo
                 });
-                let entries = memo.translate(group == ENVOY_GROUP, &mesh, &pod_keys, &opts);
+                let entries = memo.translate(&mesh, &opts);
                 let mut b = prev.edit();
                 for (type_url, list) in entries {
                     b.replace_type(type_url, list);

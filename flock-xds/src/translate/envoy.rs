@@ -695,25 +695,8 @@ pub fn secret_resource(s: &Secret) -> Resource {
 /// [`service_resources`] of every service, [`outbound_routes`] and every
 /// [`secret_resource`], sorted by type URL and name (so the same mesh gives the same
 /// list, whatever the order of its services and pods). Expects a
-/// [validated](Mesh::validate) mesh.
+/// [validated](Mesh::validate) mesh. The translation of a fresh
+/// [`Memo`](super::Memo): a control plane that keeps one gets the same resources.
 pub fn envoy_resources(mesh: &Mesh, opts: &EnvoyOptions) -> Vec<Resource> {
-    let mut out = Vec::new();
-    for pod in &mesh.pods {
-        out.extend(pod_resources(pod, opts));
-    }
-    for service in &mesh.services {
-        out.extend(service_resources(service));
-    }
-    out.push(outbound_routes(&mesh.services, opts));
-    let callers: std::collections::BTreeSet<&str> = mesh
-        .pods
-        .iter()
-        .filter(|p| p.outbound_port != 0)
-        .filter_map(|p| p.identity.as_deref())
-        .collect();
-    for identity in callers {
-        out.extend(caller_resources(identity, &mesh.services, opts));
-    }
-    out.extend(mesh.secrets.iter().map(secret_resource));
-    super::sort_dedup(out)
+    super::memo::translate_once(super::memo::Flavor::Envoy, mesh, opts)
 }

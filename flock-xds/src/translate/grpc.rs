@@ -68,11 +68,12 @@ pub fn grpc_service_resources(service: &Service) -> Vec<Resource> {
 
 /// Everything proxyless gRPC clients need for `mesh`: [`grpc_service_resources`] of
 /// every service, sorted by type URL and name. Serve these to a different node
-/// group than Envoy's: Envoy rejects `ApiListener`s it receives over LDS.
+/// group than Envoy's: Envoy rejects `ApiListener`s it receives over LDS. The
+/// translation of a fresh [`Memo`](super::Memo).
 pub fn grpc_resources(mesh: &Mesh) -> Vec<Resource> {
-    let mut out = Vec::new();
-    for service in &mesh.services {
-        out.extend(grpc_service_resources(service));
-    }
-    super::sort_dedup(out)
+    super::memo::translate_once(
+        super::memo::Flavor::Grpc,
+        mesh,
+        &super::EnvoyOptions::default(),
+    )
 }

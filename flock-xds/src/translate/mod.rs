@@ -6,6 +6,8 @@
 //! * [`model`]: the mesh as JSON ([`Mesh::from_json`], [`Mesh::validate`]);
 //! * [`envoy`]: resources for the node-local Envoy ([`envoy_resources`]);
 //! * [`grpc`]: resources for proxyless gRPC clients ([`grpc_resources`]);
+//! * [`memo`]: the per-entity translation [`Memo`] a control plane keeps between
+//!   publishes; the whole-mesh translations run a fresh one;
 //! * [`refs`]: [`EnvoyReferences`], what a resource refers to, for
 //!   [`cache::check_consistency`](crate::cache::check_consistency).
 //!
@@ -100,6 +102,7 @@
 
 pub mod envoy;
 pub mod grpc;
+pub mod memo;
 pub mod model;
 pub mod refs;
 
@@ -108,6 +111,7 @@ pub use envoy::{
     secret_resource, service_resources,
 };
 pub use grpc::{grpc_resources, grpc_service_resources};
+pub use memo::{Entries, Flavor, Memo};
 pub use model::{
     Endpoint, Health, InboundPort, Locality, Mesh, MeshError, Pod, PrivateKeyPem, Protocol, Secret,
     SecretKind, Service, ServicePort, ValidationError,
