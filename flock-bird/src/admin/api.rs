@@ -1,0 +1,233 @@
+//! The admin API's documents: one Rust type per JSON view, shared by the server
+//! (which builds them from the agent) and the client (which decodes them), so the
+//! two cannot disagree on a key.
+
+use crate::model::{Endpoint, PodPort};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Every path the admin endpoint serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// `/healthz`: the process answers (text `ok`).
+    Healthz,
+    /// `/readyz`: 200 `ready` or 503 `not ready: <why>` (text), for probes.
+    Readyz,
+    /// `/metrics`: Prometheus text.
+    Metrics,
+    /// `/debug/status`: [`Status`].
+    Status,
+    /// `/debug/pods`: [`Pods`].
+    Pods,
+    /// `/debug/snapshot`: [`Snapshot`].
+    Snapshot,
+    /// `/debug/registry`: [`RegistryView`].
+    Registry,
+}
+
+impl Route {
+    /// Every route, in the order the 404 page lists them.
+    pub const ALL: [Route; 7] = [
+        Route::Healthz,
+        Route::Readyz,
+        Route::Metrics,
+        Route::Status,
+        Route::Pods,
+        Route::Snapshot,
+        Route::Registry,
+    ];
+
+    /// The route's path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Route::Healthz => "/healthz",
+            Route::Readyz => "/readyz",
+            Route::Metrics => "/metrics",
+            Route::Status => "/debug/status",
+            Route::Pods => "/debug/pods",
+            Route::Snapshot => "/debug/snapshot",
+            Route::Registry => "/debug/registry",
+        }
+    }
+
+    /// The route serving `path` (no query), if any.
+    pub fn from_path(path: &str) -> Option<Route> {
+        Route::ALL.into_iter().find(|r| r.path() == path)
+    }
+}
+
+/// `/debug/status`: readiness and a summary of what the agent holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// Whether `/readyz` answers 200.
+    pub ready: bool,
+    /// Why not, when not ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready: Option<String>,
+    /// This agent's node name.
+    pub node: String,
+    /// Meshed pods on this node.
+    pub pods: usize,
+    /// The registry backend (`memory`, `file:…`, `etcd://…`).
+    pub registry: String,
+    /// Whether the registry view is synced.
+    pub registry_synced: bool,
+    /// The version of the Envoy group's xDS snapshot, once one is published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xds_version: Option<u64>,
+}
+
+impl Status {
+    /// The `/readyz` body for this status (`ready` or `not ready: <why>`, one line).
+    pub fn readiness_line(&self) -> String {
+        match (&self.not_ready, self.ready) {
+            (_, true) => "ready\n".to_string(),
+            (Some(why), false) => format!("not ready: {why}\n"),
+            (None, false) => "not ready\n".to_string(),
+        }
+    }
+}
+
+/// A pod's liveness as the agent has decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodHealth {
+    /// Not decided yet (a new pod, or probes still warming up).
+    Unknown,
+    /// Passing its probes.
+    Healthy,
+    /// Failing its probes: its endpoints are registered unhealthy.
+    Unhealthy,
+}
+
+impl std::fmt::Display for PodHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PodHealth::Unknown => "unknown",
+            PodHealth::Healthy => "healthy",
+            PodHealth::Unhealthy => "unhealthy",
+        })
+    }
+}
+
+impl From<flock_core::lifecycle::liveness::Health> for PodHealth {
+    fn from(h: flock_core::lifecycle::liveness::Health) -> Self {
+        use flock_core::lifecycle::liveness::Health;
+        match h {
+            Health::Unknown => PodHealth::Unknown,
+            Health::Healthy => PodHealth::Healthy,
+            Health::Unhealthy => PodHealth::Unhealthy,
+        }
+    }
+}
+
+/// `/debug/pods`: the pods meshed on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pods {
+    /// By CNI attachment (container ID, interface).
+    pub pods: Vec<Pod>,
+}
+
+/// One meshed pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pod {
+    /// `<namespace>/<name>`.
+    pub pod: String,
+    /// The CNI container ID.
+    pub container_id: String,
+    /// The CNI interface name.
+    pub ifname: String,
+    /// The Kubernetes pod UID (may be empty).
+    pub uid: String,
+    /// The pod's service.
+    pub service: String,
+    /// The pod's IPs; the first is the one meshed.
+    pub ips: Vec<IpAddr>,
+    /// The network namespace path.
+    pub netns: String,
+    /// The application ports and their inbound listeners.
+    pub ports: Vec<PodPort>,
+    /// The liveness decision.
+    pub health: PodHealth,
+    /// When the agent added it (ms since the Unix epoch).
+    pub added_at_ms: u64,
+}
+
+/// `/debug/snapshot`: the xDS snapshots served, by node group.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// By node group (`envoy`, `grpc`); a group is absent until its first publish.
+    pub groups: BTreeMap<String, SnapshotGroup>,
+}
+
+/// The snapshot of one node group.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SnapshotGroup {
+    /// The snapshot version.
+    pub version: u64,
+    /// Resource names by short type name (`lds`, `cds`…).
+    pub resources: BTreeMap<String, Vec<String>>,
+}
+
+/// `/debug/registry`: the registry view (every node's endpoints).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryView {
+    /// The backend (`memory`, `file:…`, `etcd://…`).
+    pub backend: String,
+    /// Whether the view is synced (initial list loaded, watch connected).
+    pub synced: bool,
+    /// The view's revision.
+    pub revision: u64,
+    /// Incremented on every (re)connect and resync.
+    pub generation: u64,
+    /// The endpoints by key.
+    pub endpoints: BTreeMap<String, Endpoint>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_routes_round_trip() {
+        for r in Route::ALL {
+            assert_eq!(Route::from_path(r.path()), Some(r));
+        }
+        assert_eq!(Route::from_path("/debug"), None);
+        assert_eq!(Route::from_path("/healthz/"), None);
+    }
+
+    #[test]
+    fn health_is_a_lowercase_string_on_the_wire() {
+        assert_eq!(
+            serde_json::to_string(&PodHealth::Unhealthy).unwrap(),
+            "\"unhealthy\""
+        );
+        assert_eq!(
+            serde_json::from_str::<PodHealth>("\"healthy\"").unwrap(),
+            PodHealth::Healthy
+        );
+        assert!(serde_json::from_str::<PodHealth>("\"Healthy\"").is_err());
+    }
+
+    #[test]
+    fn readiness_lines_match_the_probe_text() {
+        let mut s = Status {
+            ready: true,
+            not_ready: None,
+            node: "n1".into(),
+            pods: 0,
+            registry: "memory".into(),
+            registry_synced: true,
+            xds_version: None,
+        };
+        assert_eq!(s.readiness_line(), "ready\n");
+        s.ready = false;
+        s.not_ready = Some("registry memory not synced".into());
+        assert_eq!(
+            s.readiness_line(),
+            "not ready: registry memory not synced\n"
+        );
+    }
+}

@@ -1,0 +1,621 @@
+//! The admin endpoint's HTTP/1.1 server, on hyper.
+//!
+//! The admin port serves operators, probes and `flockctl`, not traffic, so it is
+//! small on purpose: GET only, one request per connection, a request head of at most
+//! [`MAX_HEAD`] bytes sent within [`ServeOptions::header_timeout`], each connection
+//! closed after [`ServeOptions::connection_timeout`], and at most
+//! [`ServeOptions::max_connections`] at once (further clients wait in the listen
+//! backlog). An accept error backs off (5 ms doubling to 1 s) instead of retrying at
+//! once: errors like `EMFILE` persist until some descriptor is closed, and an
+//! immediate retry would spin a core doing nothing else.
+
+use super::api::{Pod, PodHealth, Pods, RegistryView, Route, Snapshot, SnapshotGroup, Status};
+use super::route;
+use crate::agent::{Agent, ENVOY_GROUP, GRPC_GROUP};
+use flock_core::backoff::Backoff;
+use flock_core::lifecycle::Health;
+use flock_telemetry::metrics::{Sampled, Samples};
+use flock_telemetry::prometheus_client::registry::Registry;
+use flock_xds::server::Server;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{ALLOW, CONTENT_TYPE};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
+
+/// The size limit of a request head (request line and headers); hyper answers 431
+/// beyond it.
+pub const MAX_HEAD: usize = 8 * 1024;
+
+/// The first and the longest pause after an accept error.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
+
+/// Limits of the admin server.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Connections served at once; the next is accepted when one ends.
+    pub max_connections: usize,
+    /// Time a client has to send its request head.
+    pub header_timeout: Duration,
+    /// Time a connection may live, request and response together.
+    pub connection_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            header_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the admin endpoint shows: the agent ([`AgentViews`]) or a test double.
+pub trait Views: Send + Sync + 'static {
+    /// `/debug/status` and `/readyz`.
+    fn status(&self) -> Status;
+    /// `/debug/pods`.
+    fn pods(&self) -> Pods;
+    /// `/debug/snapshot`.
+    fn snapshot(&self) -> Snapshot;
+    /// `/debug/registry`.
+    fn registry(&self) -> RegistryView;
+    /// `/metrics`, Prometheus text.
+    fn metrics(&self) -> String;
+}
+
+/// A source of connections: a TCP listener, or a test double.
+pub trait Accept: Send + 'static {
+    /// One connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Waits for the next connection.
+    fn accept(&mut self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+
+    async fn accept(&mut self) -> std::io::Result<Self::Io> {
+        tokio::net::TcpListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+/// Serves the agent's admin endpoint on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    agent: Arc<Agent>,
+    xds: Server,
+    shutdown: impl Future<Output = ()>,
+) {
+    let views = Arc::new(AgentViews::new(agent, &xds));
+    serve_with(listener, views, ServeOptions::default(), shutdown).await;
+}
+
+/// Serves `views` on connections from `acceptor` until `shutdown` resolves.
+pub async fn serve_with<A: Accept, V: Views>(
+    mut acceptor: A,
+    views: Arc<V>,
+    opts: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let mut backoff = Backoff::new(ACCEPT_BACKOFF.0, ACCEPT_BACKOFF.1);
+    loop {
+        // A slot first: at the cap, connections wait in the kernel's backlog rather
+        // than in a task each.
+        let slot = tokio::select! {
+            _ = &mut shutdown => return,
+            slot = Arc::clone(&slots).acquire_owned() => slot.expect("the semaphore is never closed"),
+        };
+        let io = tokio::select! {
+            _ = &mut shutdown => return,
+            conn = acceptor.accept() => conn,
+        };
+        let io = match io {
+            Ok(io) => {
+                backoff.reset();
+                io
+            }
+            Err(e) => {
+                // One listener, no herd to spread: the ceiling is the pause (jitter 1).
+                let pause = backoff.next_delay(1.0);
+                tracing::warn!(error = %e, ?pause, "admin endpoint: accept failed");
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = tokio::time::sleep(pause) => continue,
+                }
+            }
+        };
+        let views = Arc::clone(&views);
+        let opts = opts.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |req| {
+                let views = Arc::clone(&views);
+                async move { Ok::<_, Infallible>(respond(&*views, &req)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(opts.header_timeout)
+                .keep_alive(false)
+                .max_buf_size(MAX_HEAD)
+                .serve_connection(TokioIo::new(io), service);
+            match tokio::time::timeout(opts.connection_timeout, conn).await {
+                Ok(Err(e)) => tracing::debug!(error = %e, "admin connection"),
+                Err(_) => tracing::debug!("admin connection timed out"),
+                Ok(Ok(())) => {}
+            }
+        });
+    }
+}
+
+/// The response to one request.
+fn respond<V: Views + ?Sized>(views: &V, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let route = match route(req.method().as_str(), req.uri().path()) {
+        Ok(r) => r,
+        Err(refusal) => {
+            let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            let mut resp = text(status, format!("{refusal}\n"));
+            if status == StatusCode::METHOD_NOT_ALLOWED {
+                resp.headers_mut()
+                    .insert(ALLOW, hyper::header::HeaderValue::from_static("GET"));
+            }
+            return resp;
+        }
+    };
+    match route {
+        Route::Healthz => text(StatusCode::OK, "ok\n".into()),
+        Route::Readyz => {
+            let s = views.status();
+            let status = if s.ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            text(status, s.readiness_line())
+        }
+        Route::Metrics => body(
+            StatusCode::OK,
+            flock_telemetry::metrics::CONTENT_TYPE,
+            views.metrics().into(),
+        ),
+        Route::Status => json(&views.status()),
+        Route::Pods => json(&views.pods()),
+        Route::Snapshot => json(&views.snapshot()),
+        Route::Registry => json(&views.registry()),
+    }
+}
+
+fn body(status: StatusCode, kind: &'static str, bytes: Bytes) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(bytes));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static(kind));
+    resp
+}
+
+fn text(status: StatusCode, s: String) -> Response<Full<Bytes>> {
+    body(status, "text/plain; charset=utf-8", s.into())
+}
+
+fn json<T: serde::Serialize>(doc: &T) -> Response<Full<Bytes>> {
+    match serde_json::to_vec_pretty(doc) {
+        Ok(v) => body(StatusCode::OK, "application/json", v.into()),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the document: {e}\n"),
+        ),
+    }
+}
+
+/// The agent's views, and its metrics with the xDS server's in one registry.
+pub struct AgentViews {
+    agent: Arc<Agent>,
+    registry: Registry,
+}
+
+impl std::fmt::Debug for AgentViews {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentViews").finish_non_exhaustive()
+    }
+}
+
+impl AgentViews {
+    /// Views of `agent`; `/metrics` also renders `xds`'s counters.
+    pub fn new(agent: Arc<Agent>, xds: &Server) -> Self {
+        let mut registry = Registry::default();
+        let read = Arc::clone(&agent);
+        registry.register_collector(Box::new(Sampled::new(move |s: &mut Samples| {
+            sample_agent(&read, s)
+        })));
+        xds.metrics().register(&mut registry);
+        Self { agent, registry }
+    }
+}
+
+/// The agent's metrics, read at scrape time from its counters and state.
+fn sample_agent(agent: &Agent, s: &mut Samples) {
+    let m = &agent.metrics;
+    let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    s.gauge(
+        "flock_agent_pods",
+        "Meshed pods on this node",
+        agent.pods().len() as u64,
+    );
+    s.gauge(
+        "flock_agent_ready",
+        "1 when /readyz is ready",
+        u64::from(agent.not_ready().is_none()),
+    );
+    s.counter(
+        "flock_agent_pods_added",
+        "AddPod requests that meshed a pod",
+        c(&m.pods_added),
+    );
+    s.counter(
+        "flock_agent_pods_removed",
+        "RemovePod requests that removed a pod",
+        c(&m.pods_removed),
+    );
+    s.counter(
+        "flock_agent_pods_ignored",
+        "CNI requests ignored (not meshed, unknown pod)",
+        c(&m.pods_ignored),
+    );
+    s.counter(
+        "flock_agent_pod_errors",
+        "CNI requests that failed",
+        c(&m.pod_errors),
+    );
+    s.counter(
+        "flock_agent_publishes",
+        "xDS snapshots published for Envoy",
+        c(&m.publishes),
+    );
+    s.counter("flock_agent_probes", "Liveness probes run", c(&m.probes));
+    s.counter(
+        "flock_agent_probe_failures",
+        "Liveness probes that failed",
+        c(&m.probe_failures),
+    );
+    s.counter(
+        "flock_agent_health_changes",
+        "Pod health transitions",
+        c(&m.health_changes),
+    );
+    s.counter(
+        "flock_agent_guard_undos",
+        "Late re-registrations undone because the pod was removed meanwhile",
+        c(&m.guard_undos),
+    );
+    s.counter("flock_agent_gc_sweeps", "Orphan GC sweeps", c(&m.gc_sweeps));
+    s.counter(
+        "flock_agent_gc_removed_pods",
+        "Stored pods the GC removed",
+        c(&m.gc_removed_store),
+    );
+    s.counter(
+        "flock_agent_gc_removed_endpoints",
+        "Orphan registry endpoints the GC removed",
+        c(&m.gc_removed_endpoints),
+    );
+    s.counter(
+        "flock_agent_gc_breaker_trips",
+        "GC sweeps on which the breaker refused removals",
+        c(&m.gc_breaker_trips),
+    );
+    s.counter(
+        "flock_agent_registry_errors",
+        "Registry operations that failed",
+        c(&m.registry_errors),
+    );
+    let view = agent.registry().view().borrow().clone();
+    s.gauge(
+        "flock_agent_registry_endpoints",
+        "Endpoints in the registry view (all nodes)",
+        view.endpoints.len() as u64,
+    );
+    s.gauge(
+        "flock_agent_registry_synced",
+        "1 while the registry view is synced",
+        u64::from(view.synced),
+    );
+    if let Some(snap) = agent.cache().snapshot(ENVOY_GROUP) {
+        s.gauge(
+            "flock_agent_xds_version",
+            "Version of the Envoy group's snapshot",
+            snap.version(),
+        );
+    }
+}
+
+impl Views for AgentViews {
+    fn status(&self) -> Status {
+        let agent = &self.agent;
+        let not_ready = agent.not_ready();
+        Status {
+            ready: not_ready.is_none(),
+            not_ready,
+            node: agent.config().node_name.clone(),
+            pods: agent.pods().len(),
+            registry: agent.registry().describe(),
+            registry_synced: agent.registry().view().borrow().synced,
+            xds_version: agent.cache().snapshot(ENVOY_GROUP).map(|s| s.version()),
+        }
+    }
+
+    fn pods(&self) -> Pods {
+        let health = self.agent.health();
+        let pods = self
+            .agent
+            .pods()
+            .into_values()
+            .map(|p| Pod {
+                pod: p.pod_ref(),
+                health: PodHealth::from(health.get(&p.key).copied().unwrap_or(Health::Unknown)),
+                container_id: p.key.container_id,
+                ifname: p.key.ifname,
+                uid: p.uid,
+                service: p.service,
+                ips: p.ips,
+                netns: p.netns,
+                ports: p.ports,
+                added_at_ms: p.added_at_ms,
+            })
+            .collect();
+        Pods { pods }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let mut out = Snapshot::default();
+        for group in [ENVOY_GROUP, GRPC_GROUP] {
+            let Some(snap) = self.agent.cache().snapshot(group) else {
+                continue;
+            };
+            let state = snap.state();
+            let resources = state
+                .type_urls()
+                .map(|t| {
+                    let names = state.iter_type(t).map(|(n, _)| n.to_string()).collect();
+                    (flock_xds::types::short_name(t).to_string(), names)
+                })
+                .collect();
+            out.groups.insert(
+                group.to_string(),
+                SnapshotGroup {
+                    version: snap.version(),
+                    resources,
+                },
+            );
+        }
+        out
+    }
+
+    fn registry(&self) -> RegistryView {
+        let view = self.agent.registry().view().borrow().clone();
+        RegistryView {
+            backend: self.agent.registry().describe(),
+            synced: view.synced,
+            revision: view.revision,
+            generation: view.generation,
+            endpoints: view.endpoints.clone(),
+        }
+    }
+
+    fn metrics(&self) -> String {
+        flock_telemetry::metrics::render(&self.registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::client::{AdminClient, ClientError};
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+
+    #[derive(Default)]
+    struct Fake {
+        ready: AtomicBool,
+    }
+
+    impl Views for Fake {
+        fn status(&self) -> Status {
+            let ready = self.ready.load(Ordering::Relaxed);
+            Status {
+                ready,
+                not_ready: (!ready).then(|| "registry memory not synced".into()),
+                node: "n1".into(),
+                pods: 0,
+                registry: "memory".into(),
+                registry_synced: ready,
+                xds_version: None,
+            }
+        }
+        fn pods(&self) -> Pods {
+            Pods { pods: vec![] }
+        }
+        fn snapshot(&self) -> Snapshot {
+            Snapshot::default()
+        }
+        fn registry(&self) -> RegistryView {
+            RegistryView {
+                backend: "memory".into(),
+                synced: true,
+                revision: 1,
+                generation: 1,
+                endpoints: Default::default(),
+            }
+        }
+        fn metrics(&self) -> String {
+            "# TYPE x gauge\nx 1\n".into()
+        }
+    }
+
+    /// Serves `views` on an ephemeral port; the server stops when the returned sender
+    /// is dropped.
+    async fn start(
+        views: Arc<Fake>,
+        opts: ServeOptions,
+    ) -> (String, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_with(listener, views, opts, async {
+            let _ = rx.await;
+        }));
+        (addr, tx)
+    }
+
+    /// Sends raw bytes, returns the whole response.
+    async fn raw(addr: &str, request: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(request).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn routes_refusals_and_documents_over_the_wire() {
+        let views = Arc::new(Fake::default());
+        let (addr, _stop) = start(Arc::clone(&views), ServeOptions::default()).await;
+
+        let r = raw(&addr, b"POST /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 405 "), "{r}");
+        assert!(r.to_ascii_lowercase().contains("allow: get\r\n"), "{r}");
+        assert!(r.ends_with("only GET is served here, not POST\n"), "{r}");
+        let r = raw(&addr, b"GET /nope?x=1 HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 404 "), "{r}");
+        assert!(r.contains("try /healthz /readyz /metrics"), "{r}");
+        let r = raw(&addr, b"GET /healthz?verbose HTTP/1.0\r\n\r\n").await;
+        assert!(
+            r.starts_with("HTTP/1.0 200 ") && r.ends_with("\r\n\r\nok\n"),
+            "{r}"
+        );
+        let r = raw(&addr, b"GET /healthz SPDY/3\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 400 "), "{r}");
+        let mut big = b"GET /healthz HTTP/1.1\r\nX: ".to_vec();
+        big.extend(std::iter::repeat_n(b'a', MAX_HEAD));
+        big.extend_from_slice(b"\r\n\r\n");
+        let r = raw(&addr, &big).await;
+        assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
+
+        let client = AdminClient::new(addr.clone());
+        let r = client.get(Route::Readyz).await.unwrap();
+        assert_eq!(r.status, 503);
+        assert_eq!(&r.body[..], b"not ready: registry memory not synced\n");
+        views.ready.store(true, Ordering::Relaxed);
+        let r = client.get(Route::Readyz).await.unwrap();
+        assert_eq!((r.status, &r.body[..]), (200, &b"ready\n"[..]));
+        assert_eq!(client.status().await.unwrap(), views.status());
+        assert_eq!(client.pods().await.unwrap(), views.pods());
+        assert_eq!(client.registry().await.unwrap(), views.registry());
+        assert_eq!(client.metrics().await.unwrap(), views.metrics());
+    }
+
+    #[tokio::test]
+    async fn client_errors_say_what_failed() {
+        let views = Arc::new(Fake::default());
+        let (addr, _stop) = start(views, ServeOptions::default()).await;
+        // A body larger than the client's limit.
+        let e = AdminClient::new(addr.clone())
+            .max_body(8)
+            .registry()
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ClientError::TooLarge { limit: 8, .. }), "{e}");
+        // Nothing listening.
+        let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gone = free.local_addr().unwrap().to_string();
+        drop(free);
+        let e = AdminClient::new(gone).status().await.unwrap_err();
+        assert!(matches!(e, ClientError::Connect { .. }), "{e}");
+        assert!(e.to_string().contains("is flock-agent running?"), "{e}");
+        // A 200 whose body is not the document asked for.
+        let e = AdminClient::new(addr)
+            .document::<Status>(Route::Healthz)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ClientError::Decode { .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn at_the_connection_cap_a_client_waits_for_a_slot() {
+        let views = Arc::new(Fake::default());
+        let opts = ServeOptions {
+            max_connections: 1,
+            ..ServeOptions::default()
+        };
+        let (addr, _stop) = start(views, opts).await;
+        // An idle client takes the one slot (it sends nothing: its header timeout is
+        // 5 s away).
+        let idle = TcpStream::connect(&addr).await.unwrap();
+        let client = AdminClient::new(addr.clone()).request_timeout(Duration::from_millis(300));
+        let e = client.get(Route::Healthz).await.unwrap_err();
+        assert!(matches!(e, ClientError::Timeout { .. }), "{e}");
+        // Once it leaves, the slot is free again.
+        drop(idle);
+        let r = AdminClient::new(addr).get(Route::Healthz).await.unwrap();
+        assert_eq!(r.status, 200);
+    }
+
+    /// Fails every accept with `EMFILE` until it has been called `errors` times, then
+    /// reports the time of that call and never returns again.
+    struct Exhausted {
+        calls: Arc<AtomicUsize>,
+        errors: usize,
+        done: Option<tokio::sync::oneshot::Sender<()>>,
+    }
+
+    impl Accept for Exhausted {
+        type Io = TcpStream;
+
+        async fn accept(&mut self) -> std::io::Result<TcpStream> {
+            let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+            if n > self.errors {
+                if let Some(done) = self.done.take() {
+                    let _ = done.send(());
+                }
+                std::future::pending::<()>().await;
+            }
+            Err(std::io::Error::from_raw_os_error(24)) // EMFILE
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn accept_errors_back_off_instead_of_spinning() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let acceptor = Exhausted {
+            calls: Arc::clone(&calls),
+            errors: 12,
+            done: Some(done_tx),
+        };
+        let start = tokio::time::Instant::now();
+        let (_stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_with(
+            acceptor,
+            Arc::new(Fake::default()),
+            ServeOptions::default(),
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
+        done_rx.await.unwrap();
+        // After 12 failures: 5 + 10 + … + 640 ms, then 1 s four times.
+        let expected: u64 = (0..12).map(|i| (5u64 << i).min(1000)).sum();
+        assert_eq!(start.elapsed(), Duration::from_millis(expected));
+        assert_eq!(calls.load(Ordering::Relaxed), 13);
+    }
+}
