@@ -1,16 +1,15 @@
 //! `flockctl`: inspect a running flock agent (pods, snapshot, endpoints) through its admin endpoint.
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use clap::{Parser, Subcommand};
-use serde_json::Value;
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use flock_bird::admin::api::{Pods, RegistryView, Snapshot, Status};
+use flock_bird::admin::client::AdminClient;
+use std::fmt::Write as _;
 
 /// Inspect a running flock-agent through its admin endpoint.
 ///
 /// Prints what the agent holds in a form meant for people; add --json for the raw
-/// documents (/debug/pods, /debug/snapshot, /debug/registry).
+/// documents (/debug/status, /debug/pods, /debug/snapshot, /debug/registry).
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Args {
@@ -42,57 +41,10 @@ enum Command {
     Status,
 }
 
-/// GET `path` from the admin endpoint: (status, body).
-fn get(admin: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let addr = admin
-        .to_socket_addrs()
-        .with_context(|| format!("resolving --admin {admin}"))?
-        .next()
-        .with_context(|| format!("--admin {admin} resolves to nothing"))?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).with_context(|| {
-        format!(
-            "connecting to the agent's admin endpoint {admin} (is flock-agent running? see --admin)"
-        )
-    })?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .context("reading the admin response")?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("malformed admin response")?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("malformed admin status line")?;
-    Ok((status, body.to_string()))
-}
-
-fn get_json(admin: &str, path: &str) -> anyhow::Result<Value> {
-    let (status, body) = get(admin, path)?;
-    if status != 200 {
-        bail!("{path} answered {status}: {}", body.trim());
-    }
-    serde_json::from_str(&body).with_context(|| format!("{path} is not JSON"))
-}
-
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    }
-}
-
-fn main() -> std::process::ExitCode {
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    match run(&args) {
+    match run(&args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("flockctl: {e:#}");
@@ -101,101 +53,253 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(args: &Args) -> anyhow::Result<()> {
-    let path = match args.command {
-        Command::Pods => "/debug/pods",
-        Command::Snapshot => "/debug/snapshot",
-        Command::Endpoints => "/debug/registry",
+async fn run(args: &Args) -> anyhow::Result<()> {
+    let client = AdminClient::new(args.admin.clone());
+    match args.command {
         Command::Status => {
-            let (status, body) = get(&args.admin, "/readyz")?;
-            print!("{body}");
-            if status != 200 {
+            let status = client.status().await?;
+            print(args, &status, render_status)?;
+            if !status.ready {
                 bail!("agent not ready");
             }
-            return Ok(());
         }
-    };
-    let doc = get_json(&args.admin, path)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
-    }
-    match args.command {
-        Command::Pods => {
-            let pods = doc["pods"].as_array().cloned().unwrap_or_default();
-            println!(
-                "{:<32} {:<20} {:<16} {:<24} {:<10}",
-                "POD", "SERVICE", "IP", "PORTS", "HEALTH"
-            );
-            for p in &pods {
-                let ports: Vec<String> = p["ports"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|x| format!("{}/{}", x["app_port"], s(&x["protocol"])))
-                    .collect();
-                let ip = p["ips"].get(0).map(s).unwrap_or_default();
-                println!(
-                    "{:<32} {:<20} {:<16} {:<24} {:<10}",
-                    s(&p["pod"]),
-                    s(&p["service"]),
-                    ip,
-                    if ports.is_empty() {
-                        "-".into()
-                    } else {
-                        ports.join(",")
-                    },
-                    s(&p["health"])
-                );
-            }
-            println!("{} pod(s)", pods.len());
-        }
-        Command::Snapshot => {
-            let groups = doc["groups"].as_object().cloned().unwrap_or_default();
-            for (group, g) in &groups {
-                println!("group {group}: version {}", g["version"]);
-                for (t, names) in g["resources"].as_object().into_iter().flatten() {
-                    let names = names.as_array().cloned().unwrap_or_default();
-                    println!("  {t} ({}):", names.len());
-                    for n in names {
-                        println!("    {}", s(&n));
-                    }
-                }
-            }
-            if groups.is_empty() {
-                println!("no snapshot published yet");
-            }
-        }
-        Command::Endpoints => {
-            println!(
-                "registry {} (synced: {}, revision {})",
-                s(&doc["backend"]),
-                doc["synced"],
-                doc["revision"]
-            );
-            let eps = doc["endpoints"].as_object().cloned().unwrap_or_default();
-            println!(
-                "{:<28} {:<24} {:<16} {:<14} {:<10}",
-                "SERVICE", "ADDRESS", "NODE", "POD", "HEALTH"
-            );
-            for e in eps.values() {
-                println!(
-                    "{:<28} {:<24} {:<16} {:<14} {:<10}",
-                    format!(
-                        "{}.{}:{}",
-                        s(&e["service"]),
-                        s(&e["namespace"]),
-                        e["service_port"]
-                    ),
-                    format!("{}:{}", s(&e["address"]), e["port"]),
-                    s(&e["node"]),
-                    s(&e["pod"]),
-                    s(&e["health"])
-                );
-            }
-            println!("{} endpoint(s)", eps.len());
-        }
-        Command::Status => unreachable!("handled above"),
+        Command::Pods => print(args, &client.pods().await?, render_pods)?,
+        Command::Snapshot => print(args, &client.snapshot().await?, render_snapshot)?,
+        Command::Endpoints => print(args, &client.registry().await?, render_endpoints)?,
     }
     Ok(())
+}
+
+/// Prints `doc` as JSON (`--json`) or through `render`.
+fn print<T: serde::Serialize>(
+    args: &Args,
+    doc: &T,
+    render: fn(&T) -> String,
+) -> anyhow::Result<()> {
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(doc)?);
+    } else {
+        print!("{}", render(doc));
+    }
+    Ok(())
+}
+
+/// An enum's wire name (`http`, `healthy`): the word the JSON document carries.
+fn word<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v)
+        .map(|s| s.trim_matches('"').to_string())
+        .unwrap_or_else(|_| "-".into())
+}
+
+fn render_status(s: &Status) -> String {
+    s.readiness_line()
+}
+
+fn render_pods(doc: &Pods) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<32} {:<20} {:<16} {:<24} {:<10}",
+        "POD", "SERVICE", "IP", "PORTS", "HEALTH"
+    );
+    for p in &doc.pods {
+        let ports: Vec<String> = p
+            .ports
+            .iter()
+            .map(|x| format!("{}/{}", x.app_port, word(&x.protocol)))
+            .collect();
+        let ip = p.ips.first().map(ToString::to_string).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:<32} {:<20} {:<16} {:<24} {:<10}",
+            p.pod,
+            p.service,
+            ip,
+            if ports.is_empty() {
+                "-".into()
+            } else {
+                ports.join(",")
+            },
+            p.health.to_string()
+        );
+    }
+    let _ = writeln!(out, "{} pod(s)", doc.pods.len());
+    out
+}
+
+fn render_snapshot(doc: &Snapshot) -> String {
+    let mut out = String::new();
+    for (group, g) in &doc.groups {
+        let _ = writeln!(out, "group {group}: version {}", g.version);
+        for (t, names) in &g.resources {
+            let _ = writeln!(out, "  {t} ({}):", names.len());
+            for n in names {
+                let _ = writeln!(out, "    {n}");
+            }
+        }
+    }
+    if doc.groups.is_empty() {
+        let _ = writeln!(out, "no snapshot published yet");
+    }
+    out
+}
+
+fn render_endpoints(doc: &RegistryView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "registry {} (synced: {}, revision {})",
+        doc.backend, doc.synced, doc.revision
+    );
+    let _ = writeln!(
+        out,
+        "{:<28} {:<24} {:<16} {:<14} {:<10}",
+        "SERVICE", "ADDRESS", "NODE", "POD", "HEALTH"
+    );
+    for e in doc.endpoints.values() {
+        let _ = writeln!(
+            out,
+            "{:<28} {:<24} {:<16} {:<14} {:<10}",
+            format!("{}.{}:{}", e.service, e.namespace, e.service_port),
+            format!("{}:{}", e.address, e.port),
+            e.node,
+            e.pod,
+            word(&e.health)
+        );
+    }
+    let _ = writeln!(out, "{} endpoint(s)", doc.endpoints.len());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flock_bird::admin::api::{Pod, PodHealth, SnapshotGroup};
+    use flock_bird::model::{Endpoint, Health, PodPort, Protocol};
+    use flock_core::gc::PodKey;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn pods_print_one_row_each_with_words_for_enums() {
+        let doc = Pods {
+            pods: vec![Pod {
+                pod: "default/web-1".into(),
+                container_id: "c1".into(),
+                ifname: "eth0".into(),
+                uid: "u".into(),
+                service: "web".into(),
+                ips: vec!["10.1.0.5".parse().unwrap()],
+                netns: "/proc/self/ns/net".into(),
+                ports: vec![
+                    PodPort {
+                        app_port: 8080,
+                        listen_port: 15006,
+                        protocol: Protocol::Http,
+                    },
+                    PodPort {
+                        app_port: 9090,
+                        listen_port: 15007,
+                        protocol: Protocol::Grpc,
+                    },
+                ],
+                health: PodHealth::Unhealthy,
+                added_at_ms: 1,
+            }],
+        };
+        let out = render_pods(&doc);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[0].starts_with("POD "), "{out}");
+        let cols: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            cols,
+            [
+                "default/web-1",
+                "web",
+                "10.1.0.5",
+                "8080/http,9090/grpc",
+                "unhealthy"
+            ]
+        );
+        assert_eq!(lines[2], "1 pod(s)");
+    }
+
+    #[test]
+    fn snapshot_lists_types_and_names_per_group() {
+        let empty = render_snapshot(&Snapshot::default());
+        assert_eq!(empty, "no snapshot published yet\n");
+        let mut doc = Snapshot::default();
+        doc.groups.insert(
+            "envoy".into(),
+            SnapshotGroup {
+                version: 7,
+                resources: BTreeMap::from([("cds".into(), vec!["a".into(), "b".into()])]),
+            },
+        );
+        assert_eq!(
+            render_snapshot(&doc),
+            "group envoy: version 7\n  cds (2):\n    a\n    b\n"
+        );
+    }
+
+    #[test]
+    fn endpoints_show_service_address_and_health() {
+        let ep = Endpoint {
+            service: "web".into(),
+            namespace: "default".into(),
+            service_port: 8080,
+            protocol: Protocol::Http,
+            address: "10.1.0.5".parse().unwrap(),
+            port: 15006,
+            node: "n1".into(),
+            pod: "default/web-1".into(),
+            pod_key: PodKey {
+                container_id: "c1".into(),
+                ifname: "eth0".into(),
+            },
+            region: String::new(),
+            zone: String::new(),
+            health: Health::Healthy,
+            identity: None,
+        };
+        let doc = RegistryView {
+            backend: "memory".into(),
+            synced: true,
+            revision: 3,
+            generation: 1,
+            endpoints: BTreeMap::from([("k".into(), ep)]),
+        };
+        let out = render_endpoints(&doc);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "registry memory (synced: true, revision 3)");
+        let cols: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            cols,
+            [
+                "web.default:8080",
+                "10.1.0.5:15006",
+                "n1",
+                "default/web-1",
+                "healthy"
+            ]
+        );
+        assert_eq!(lines[3], "1 endpoint(s)");
+    }
+
+    #[test]
+    fn status_prints_the_readiness_line() {
+        let s = Status {
+            ready: false,
+            not_ready: Some("first xDS snapshot not published yet".into()),
+            node: "n1".into(),
+            pods: 0,
+            registry: "memory".into(),
+            registry_synced: true,
+            xds_version: None,
+        };
+        assert_eq!(
+            render_status(&s),
+            "not ready: first xDS snapshot not published yet\n"
+        );
+    }
 }
