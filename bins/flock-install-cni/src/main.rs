@@ -124,16 +124,10 @@ enum LogFormat {
 
 fn main() {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
-    match args.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    flock_telemetry::logging::init(match args.log_format {
+        LogFormat::Text => flock_telemetry::logging::LogFormat::Text,
+        LogFormat::Json => flock_telemetry::logging::LogFormat::Json,
+    });
     let code = match configure(args).and_then(|c| install::run(c).map_err(|e| e.0)) {
         Ok(()) => 0,
         Err(msg) => {

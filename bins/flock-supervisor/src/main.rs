@@ -161,14 +161,7 @@ fn main() -> ExitCode {
         return exec_shim(&argv[2..]);
     }
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    flock_telemetry::logging::init(flock_telemetry::logging::LogFormat::Text);
     let writer = match WriterId::new(args.writer_id.clone().unwrap_or_else(default_writer)) {
         Ok(w) => w,
         Err(e) => {
