@@ -7,8 +7,8 @@
 
 use super::api::{Pods, RegistryView, Route, Snapshot, Status};
 use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper::Request;
 use hyper::body::Bytes;
-use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use std::time::Duration;
@@ -24,6 +24,12 @@ pub enum ClientError {
         /// The resolver's error.
         #[source]
         source: std::io::Error,
+    },
+    /// The address cannot be a `Host` header (control characters).
+    #[error("{addr:?} is not a HOST:PORT address")]
+    Address {
+        /// The address as given.
+        addr: String,
     },
     /// No connection (nothing listening, refused, unreachable).
     #[error("connecting to the agent's admin endpoint {addr} (is flock-agent running?): {source}")]
@@ -196,6 +202,12 @@ impl AdminClient {
 
     async fn get_inner(&self, route: Route) -> Result<RawResponse, ClientError> {
         let path = route.path();
+        let req = Request::get(path)
+            .header(hyper::header::HOST, &self.addr)
+            .body(Empty::<Bytes>::new())
+            .map_err(|_| ClientError::Address {
+                addr: self.addr.clone(),
+            })?;
         let stream = tokio::time::timeout(self.connect_timeout, self.connect())
             .await
             .unwrap_or_else(|_| {
@@ -209,13 +221,9 @@ impl AdminClient {
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(http)?;
-        // The connection task ends with the response (the server closes it), or when
-        // this future is dropped on timeout.
-        let conn = tokio::spawn(conn);
-        let req = Request::get(path)
-            .header(hyper::header::HOST, &self.addr)
-            .body(Empty::<Bytes>::new())
-            .expect("a GET of a static path is a valid request");
+        // The connection task ends with the response (the server closes it); on an
+        // early return or a timeout the guard ends it.
+        let _conn = AbortOnDrop(tokio::spawn(conn));
         let resp = sender.send_request(req).await.map_err(http)?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), self.max_body)
@@ -229,9 +237,8 @@ impl AdminClient {
                 },
             })?
             .to_bytes();
-        conn.abort();
         Ok(RawResponse {
-            status: status_code(status),
+            status: status.as_u16(),
             body,
         })
     }
@@ -258,8 +265,13 @@ impl AdminClient {
     }
 }
 
-fn status_code(s: StatusCode) -> u16 {
-    s.as_u16()
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Decodes the document of `route` from a response body (the client's only parser of

@@ -542,6 +542,9 @@ mod tests {
         let e = AdminClient::new(gone).status().await.unwrap_err();
         assert!(matches!(e, ClientError::Connect { .. }), "{e}");
         assert!(e.to_string().contains("is flock-agent running?"), "{e}");
+        // An address that cannot be sent as a Host header.
+        let e = AdminClient::new("x\n:1").status().await.unwrap_err();
+        assert!(matches!(e, ClientError::Address { .. }), "{e}");
         // A 200 whose body is not the document asked for.
         let e = AdminClient::new(addr)
             .document::<Status>(Route::Healthz)
