@@ -9,11 +9,15 @@
 
 use crate::callbacks::StreamKind;
 use crate::types;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric as _, LabelSetEncoder,
+};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 
 /// The `type` label of the per-type counters: a known xDS type or `other`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -141,31 +145,34 @@ impl Event {
 /// Counters of one [`Server`](super::Server). Cheap to update from every stream; the
 /// handles are shared, so a registry they are [registered](Self::register) with sees
 /// live values.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Metrics {
     streams_open: Gauge,
     streams_total: Counter,
     stream_errors: Counter,
-    /// One family per [`Event`], in [`Event::ALL`] order.
-    per_type: [Family<ByType, Counter>; 7],
+    per_type: Arc<PerType>,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        let m = Self {
-            streams_open: Gauge::default(),
-            streams_total: Counter::default(),
-            stream_errors: Counter::default(),
-            per_type: Default::default(),
-        };
-        // Every series exists from the start (at 0): a rate over a counter that
-        // appears at its first increment misses that increment.
-        for family in &m.per_type {
+/// One counter per [`Event`] and [`TypeLabel`], indexed by their discriminants: the
+/// label set is closed, so every series exists from the start (a rate over a counter
+/// that appears at its first increment misses that increment), an update is an
+/// index and an atomic add (no map, no lock), and the rendering order is fixed.
+#[derive(Debug, Default)]
+struct PerType([[Counter; TypeLabel::ALL.len()]; Event::ALL.len()]);
+
+impl Collector for PerType {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for event in Event::ALL {
+            // `Registry::register` ends help texts with a period; so do we.
+            let help = format!("{}.", event.help());
+            let mut family =
+                encoder.encode_descriptor(event.name(), &help, None, MetricType::Counter)?;
             for t in TypeLabel::ALL {
-                drop(family.get_or_create(&ByType(t)));
+                let counter = &self.0[event as usize][t as usize];
+                counter.encode(family.encode_family(&ByType(t))?)?;
             }
         }
-        m
+        Ok(())
     }
 }
 
@@ -186,13 +193,12 @@ impl Metrics {
         if n == 0 {
             return;
         }
-        self.family(event)
-            .get_or_create(&ByType(TypeLabel::of(type_url)))
+        self.per_type_counter(event, TypeLabel::of(type_url))
             .inc_by(n);
     }
 
-    fn family(&self, event: Event) -> &Family<ByType, Counter> {
-        &self.per_type[event as usize]
+    fn per_type_counter(&self, event: Event, t: TypeLabel) -> &Counter {
+        &self.per_type.0[event as usize][t as usize]
     }
 
     /// Streams open now.
@@ -216,10 +222,7 @@ impl Metrics {
         else {
             return 0;
         };
-        self.family(event)
-            .get(&ByType(t))
-            .map(|c| c.get())
-            .unwrap_or(0)
+        self.per_type_counter(event, t).get()
     }
 
     /// Adds every metric of this server to `registry` (the handles are shared: the
@@ -240,9 +243,7 @@ impl Metrics {
             "xDS streams that ended with an error (bad request, transport error)",
             self.stream_errors.clone(),
         );
-        for event in Event::ALL {
-            registry.register(event.name(), event.help(), self.family(event).clone());
-        }
+        registry.register_collector(Box::new(Arc::clone(&self.per_type)));
     }
 
     /// All counters in the Prometheus text exposition format.
@@ -315,6 +316,13 @@ mod tests {
             .filter(|l| l.starts_with("flock_xds_requests_total"))
             .count();
         assert_eq!(per_type, TypeLabel::ALL.len());
+        // In a fixed order, so two scrapes diff cleanly.
+        let order: Vec<&str> = samples(&text)
+            .into_iter()
+            .filter_map(|l| l.strip_prefix("flock_xds_acks_total{type=\""))
+            .map(|l| l.split('"').next().unwrap())
+            .collect();
+        assert_eq!(order, TypeLabel::ALL.map(TypeLabel::as_str));
         assert_eq!(m.counter("flock_xds_requests_total", "other"), 1000);
         assert_eq!(m.counter("flock_xds_acks_total", "other"), 1000);
         assert_eq!(m.counter("flock_xds_requests_total", "eds"), 1);
