@@ -136,7 +136,7 @@ fn from_nanos(n: u128) -> Duration {
     Duration::new(secs, sub)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -515,7 +515,7 @@ fn carry_over<I: Ord + Clone>(
     (Vec::new(), counts, report)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

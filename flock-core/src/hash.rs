@@ -54,7 +54,7 @@ impl fmt::Display for ContentHash {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -33,6 +33,7 @@
 //! # Example: the publish point
 //!
 //! ```
+//! # if flock_core::sync::LOOM { return; } // loom's primitives work only inside a model
 //! use flock_core::snapshot::Publisher;
 //! use flock_core::resources::{ResourceSet, diff};
 //! use flock_core::ContentHash;

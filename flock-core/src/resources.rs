@@ -444,7 +444,7 @@ fn diff_touched(touched: &Touched) -> Diff {
     out
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -30,6 +30,7 @@
 //! send_replace`). Blocking code can instead wait with [`Publisher::wait_newer`].
 //!
 //! ```
+//! # if flock_core::sync::LOOM { return; } // loom's primitives work only inside a model
 //! use flock_core::snapshot::Publisher;
 //! use std::collections::BTreeSet;
 //!

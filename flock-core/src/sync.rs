@@ -20,6 +20,12 @@ use std::sync as imp;
 
 pub use imp::{Arc, MutexGuard, atomic};
 
+/// Whether the primitives here are loom's. Those panic outside a loom model, so the
+/// doc examples that use them return early when this is set (a hidden first line):
+/// `cargo test` under `--cfg loom` then runs only the loom models.
+#[doc(hidden)]
+pub const LOOM: bool = cfg!(loom);
+
 /// A mutual-exclusion lock whose [`lock`](Mutex::lock) recovers from poisoning.
 pub struct Mutex<T>(imp::Mutex<T>);
 

@@ -61,7 +61,7 @@ millis_clock!(
     MonoMs
 );
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Property tests of `Backoff`: every delay lies in `[ceiling/2, ceiling]`, the
 //! ceiling never decreases and never exceeds `max`, and nothing overflows or panics
 //! whatever the settings, jitter values or attempt counts.

@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Properties of `cniconf` over generated configs.
 //!
 //! The generators build arbitrary valid `.conflist`s and `.conf`s: random plugin types

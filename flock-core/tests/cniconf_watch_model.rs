@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Seed 2 (linkerd2-proxy-init#477, the installer's infinite patching loop) as a
 //! property over a model of the installer's watch loop.
 //!

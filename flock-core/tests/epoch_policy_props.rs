@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Property tests of the supervisor's in-process epoch rules: [`after_newest_exit`]
 //! (superseded, restart or give up), [`start_input`] (never our own record) and
 //! [`predecessor_drained`] (the restart gate's drain condition).

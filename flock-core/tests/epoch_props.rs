@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Property tests of the epoch module: the record format, the start decision, the
 //! state-file write rule (R8) and the restart gate (R7).
 //!

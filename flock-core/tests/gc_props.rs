@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Property tests for the orphan-GC planner (`flock_core::gc`): random stores,
 //! attachments, registries, subscriptions, pins and xDS entries over random
 //! sequences of sweeps.

@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Property tests for `flock_core::lifecycle`: the liveness state machine and the
 //! merge-not-replace load (R3).
 

@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Properties of `resources::diff`: the journal shortcut agrees with the full walk, and
 //! applying a diff to the older set reproduces the newer one exactly.
 

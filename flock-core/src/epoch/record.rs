@@ -495,7 +495,7 @@ fn parse_decimal(field: &'static str, value: &str, max: u64) -> Result<u64, Epoc
     Ok(n)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

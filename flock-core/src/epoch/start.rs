@@ -403,7 +403,7 @@ pub fn start_epoch(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::epoch::WriterId;

@@ -134,7 +134,7 @@ pub fn predecessor_drained(
         || newest_live_since_ms.is_some_and(|since| now_ms.saturating_sub(since) >= drain_time_ms)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

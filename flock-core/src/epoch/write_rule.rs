@@ -227,7 +227,7 @@ fn compare(
     Verdict::Yield(on_disk.clone(), reason)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::epoch::WriterId;

@@ -27,6 +27,7 @@
 //! # Example
 //!
 //! ```
+//! # if flock_core::sync::LOOM { return; } // loom's primitives work only inside a model
 //! use std::collections::BTreeMap;
 //! use flock_core::lifecycle::{guard::{register_if_live, Guarded}, merge::PodTable, steps::{Step, REMOVE_POD}};
 //! use flock_core::sync::{lock, Mutex};
