@@ -13,11 +13,13 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use std::time::Duration;
 
-/// Why a request to the admin endpoint failed.
+/// Why a request to the admin endpoint failed. The underlying error is the
+/// [`source`](std::error::Error::source), not repeated in the message (print the
+/// chain, e.g. `anyhow`'s `{:#}`).
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The address does not resolve.
-    #[error("resolving {addr}: {source}")]
+    #[error("resolving {addr}")]
     Resolve {
         /// The address as given.
         addr: String,
@@ -32,7 +34,7 @@ pub enum ClientError {
         addr: String,
     },
     /// No connection (nothing listening, refused, unreachable).
-    #[error("connecting to the agent's admin endpoint {addr} (is flock-agent running?): {source}")]
+    #[error("connecting to the agent's admin endpoint {addr} (is flock-agent running?)")]
     Connect {
         /// The address as given.
         addr: String,
@@ -51,7 +53,7 @@ pub enum ClientError {
         after: Duration,
     },
     /// An HTTP-level failure (not HTTP, connection reset…).
-    #[error("GET {path}: {source}")]
+    #[error("GET {path}")]
     Http {
         /// The path requested.
         path: &'static str,
@@ -78,7 +80,7 @@ pub enum ClientError {
         body: String,
     },
     /// The body is not the document the path serves.
-    #[error("GET {path}: not the expected document: {source}")]
+    #[error("GET {path}: not the expected document")]
     Decode {
         /// The path requested.
         path: &'static str,
