@@ -38,7 +38,11 @@
 //!   supervisor's in-process rules: superseded, restart or give up after its newest
 //!   epoch exited (bounded by the retry budget); never its own dead record as the
 //!   predecessor of a crash restart; never fork before the predecessor's full drain
-//!   time (the gate's second input).
+//!   time (the gate's second input); [`after_failure`], the one give-up rule.
+//! * [`supervisor::Supervisor`] — the supervisor's whole lifecycle as a sans-IO state
+//!   machine (events and monotonic time in, actions and the next deadline out): the
+//!   live timeout, the failure count's reset, the give-up rule, the shutdown stages,
+//!   and when to run each of the decisions above.
 //!
 //! # Freshness
 //!
@@ -124,6 +128,7 @@ mod gate;
 mod record;
 mod start;
 mod supervise;
+pub mod supervisor;
 mod write_rule;
 
 pub use gate::{GateDecision, RestartGate};
@@ -135,5 +140,7 @@ pub use start::{
     BaseId, PredecessorStatus, RefuseReason, START_RETRY_MS, StartDecision, StartReason,
     WaitReason, start_epoch,
 };
-pub use supervise::{AfterExit, after_newest_exit, predecessor_drained, start_input};
+pub use supervise::{
+    AfterExit, Retry, after_failure, after_newest_exit, predecessor_drained, start_input,
+};
 pub use write_rule::{SkipReason, WriteDecision, WriteReason, YieldReason, write_decision};

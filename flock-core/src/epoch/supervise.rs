@@ -73,10 +73,39 @@ pub fn after_newest_exit(
     }) {
         return AfterExit::Superseded { by: by.clone() };
     }
+    match after_failure(failures, max_restarts) {
+        Retry::Restart { attempt, max } => AfterExit::Restart { attempt, max },
+        Retry::GiveUp { failures } => AfterExit::GiveUp { failures },
+    }
+}
+
+/// The retry budget's verdict after a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Retry {
+    /// Try again: attempt `attempt` of at most `max`.
+    Restart {
+        /// This attempt, from 1.
+        attempt: u32,
+        /// The bound.
+        max: u32,
+    },
+    /// Too many consecutive failures: stop and exit non-zero.
+    GiveUp {
+        /// Consecutive failures.
+        failures: u32,
+    },
+}
+
+/// The give-up rule, the one place it is written: after `failures` consecutive
+/// failures (*including this one*: an unexpected death of the newest epoch, or a
+/// start that produced no process), restart while `failures <= max_restarts`, else
+/// give up. A restart's `attempt` is `failures`, so it never exceeds `max_restarts`;
+/// with `max_restarts == 0` the first failure gives up.
+pub fn after_failure(failures: u32, max_restarts: u32) -> Retry {
     if failures > max_restarts {
-        AfterExit::GiveUp { failures }
+        Retry::GiveUp { failures }
     } else {
-        AfterExit::Restart {
+        Retry::Restart {
             attempt: failures,
             max: max_restarts,
         }
@@ -204,6 +233,25 @@ mod tests {
             after_newest_exit(None, &ours(), 1, 0, NOW, 5_000),
             AfterExit::GiveUp { failures: 1 }
         );
+    }
+
+    #[test]
+    fn the_give_up_rule_allows_exactly_max_restarts() {
+        for max in 0..5 {
+            for failures in 1..=max {
+                assert_eq!(
+                    after_failure(failures, max),
+                    Retry::Restart {
+                        attempt: failures,
+                        max
+                    }
+                );
+            }
+            assert_eq!(
+                after_failure(max + 1, max),
+                Retry::GiveUp { failures: max + 1 }
+            );
+        }
     }
 
     #[test]
