@@ -1,6 +1,6 @@
 #![cfg(not(loom))]
-//! Seed 2 (linkerd2-proxy-init#477, the installer's infinite patching loop) as a
-//! property over a model of the installer's watch loop.
+//! The installer's infinite patching loop (a shell installer keeping one content hash
+//! for the whole directory) as a property over a model of the installer's watch loop.
 //!
 //! The model: N config files (1..=5) in one directory, one event queue (inotify
 //! serialises events; they carry a path but no content). The installer arms the watch,
@@ -29,16 +29,16 @@
 //! Which mutation fails which assertion (see `flock-core/src/cniconf/ledger.rs`):
 //!
 //! * `--cfg flock_reintroduce="seed2-shared-hash"` (one hash slot for all files, as the
-//!   seed's script): **property 2** fails — our write to file A is compared with the hash
+//!   shell installer had): **property 2** fails — our write to file A is compared with the hash
 //!   of our later write to file B and counted as external (shrinks to: two files, one
 //!   unpatched write each). No loop: the "already patched" brake stops it. The plain
-//!   seed tests fail their property-2 assertion too.
+//!   reproduction tests fail their property-2 assertion too.
 //! * `--cfg flock_reintroduce="seed2-rewrite"` (rewrite every external change) alone:
 //!   **property 1** (write count) fails as soon as an already-patched config is written
 //!   externally (shrinks to: one external write of an already-patched config). The
-//!   plain seed tests still pass: the per-file ledger alone prevents that loop.
-//! * both together (the seed's script exactly): **property 1** fails. The plain seed
-//!   tests hit the step cap deterministically — the infinite loop of the thread (5001
+//!   plain reproduction tests still pass: the per-file ledger alone prevents that loop.
+//! * both together (the shell installer exactly): **property 1** fails. The plain
+//!   reproduction tests hit the step cap deterministically — the infinite loop (5001
 //!   writes when the cap of 10 000 events is reached). The proptest finds a loop too but
 //!   may shrink to either property-1 violation: the step cap (two files, one unpatched
 //!   write each) or the simpler rewrite of an already-patched file.
@@ -119,7 +119,7 @@ impl Content {
     }
 }
 
-/// A primary config as the thread's `echo` writes it (with the `type` libcni requires).
+/// A primary config as the reproduction's `echo` writes it (with the `type` libcni requires).
 fn primary(seed: u8) -> Vec<u8> {
     format!(
         r#"{{"cniVersion": "0.4.0", "name": "net-{seed}", "disableCheck": true, "plugins": [{{"name": "p{seed}", "type": "plugin-{seed}"}}]}}"#
@@ -339,7 +339,7 @@ fn step() -> impl Strategy<Value = Step> {
 
 proptest! {
     // No regression file: the mutation runs (scripts/test) fail this test on purpose and
-    // would leave one in the source tree; the seed's shrunk case is a plain test below.
+    // would leave one in the source tree; the reproduction is a plain test below.
     #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Properties 1–3 over arbitrary interleavings (see the module doc).
@@ -376,11 +376,11 @@ proptest! {
     }
 }
 
-/// The thread's reproduction: two configs written "within a millisecond"
+/// The loop's reproduction: two configs written "within a millisecond"
 /// (`echo ... > 01-foo.conflist; echo ... > 02-bar.conflist`), then the handler runs in
 /// inotifywait's order: CREATE foo, CREATE bar, then the MODIFY/CREATE events of our own
-/// writes, queued behind the other file's event exactly as in the thread's log.
-fn seed_case(foo_first: bool) {
+/// writes, queued behind the other file's event, as inotifywait delivered them.
+fn reproduction(foo_first: bool) {
     let foo_conf = br#"{"cniVersion": "0.4.0", "name": "aws-cni", "disableCheck": true, "plugins": [{"name": "foo", "type": "foo"}]}"#;
     let bar_conf = br#"{"cniVersion": "0.4.0", "name": "aws-cni", "disableCheck": true, "plugins": [{"name": "bar", "type": "bar"}]}"#;
     let paths = vec![
@@ -419,12 +419,12 @@ fn seed_case(foo_first: bool) {
 
 #[test]
 fn seed2_two_configs_within_a_millisecond_foo_first() {
-    seed_case(true);
+    reproduction(true);
 }
 
 #[test]
 fn seed2_two_configs_within_a_millisecond_bar_first() {
-    seed_case(false);
+    reproduction(false);
 }
 
 #[test]

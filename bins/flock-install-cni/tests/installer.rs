@@ -1,4 +1,4 @@
-//! The scenarios of shared/design/CNI.md against the real `flock-install-cni` binary,
+//! The installer's race and failure scenarios against the real `flock-install-cni` binary,
 //! real files and real inotify, each in its own temp directory.
 
 mod common;
@@ -18,7 +18,7 @@ fn json(text: &str) -> Value {
     serde_json::from_str(text).unwrap()
 }
 
-/// Seed 2 (linkerd2-proxy-init#477): two configs created within a millisecond, in both
+/// The shared-hash patch loop: two configs created within a millisecond, in both
 /// orders. Each is patched exactly once, and then nothing is written for 2 s (the
 /// shell installer with one shared hash patched them forever). Run as two installers
 /// at once so the quiet window is shared.
@@ -28,7 +28,7 @@ fn seed2_two_configs_within_a_millisecond_both_orders_no_loop() {
     let ba = Installer::prepare().start(&[]);
     let a = conflist("aws-cni", "foo");
     let b = conflist("aws-cni", "bar");
-    // The seed's exact commands: two `echo > file` (truncate + write), back to back.
+    // The reproduction's exact commands: two `echo > file` (truncate + write), back to back.
     let t = Instant::now();
     fs::write(ab.path("01-foo.conflist"), &a).unwrap();
     fs::write(ab.path("02-bar.conflist"), &b).unwrap();

@@ -1,6 +1,6 @@
-//! The per-file ledger of our own writes and the event decision: seed 2's fix.
+//! The per-file ledger of our own writes and the event decision: no patch loop.
 //!
-//! Seed 2 (linkerd2-proxy-init#477): the shell installer kept a single `cni_conf_sha`
+//! The loop this prevents: a shell installer kept a single `cni_conf_sha`
 //! for the whole directory. Two configs created within a millisecond, A and B: it
 //! patched A (hash := A'), then B (hash := B'); the event of its own write to A then
 //! compared A' with B', looked external, and A was patched again (hash := A'), which
@@ -24,11 +24,11 @@ use super::error::CniConfError;
 use super::parse::{conflist_file_name_for, kind_for_file_name, parse};
 use super::patch::{ConfPolicy, OurPlugin, patch};
 
-/// Re-introduces seed 2's bug (one hash slot shared by all files) so the property test
+/// Re-introduces the patch loop's first cause (one hash slot shared by all files) so the property test
 /// can show it catches it; never enabled in builds.
 const SEED2_SHARED_HASH: bool = cfg!(flock_reintroduce = "seed2-shared-hash");
 
-/// Re-introduces seed 2's bug (every external change is rewritten, even when already
+/// Re-introduces the patch loop's second cause (every external change is rewritten, even when already
 /// patched) so the property test can show it catches it; never enabled in builds.
 const SEED2_REWRITE: bool = cfg!(flock_reintroduce = "seed2-rewrite");
 

@@ -24,9 +24,9 @@
 //!   every entry of our type; the result is semantically equal to the original.
 //! * **Drop-ins** ([`dropin`]): libcni >= 1.3 subdirectory mode, an alternative to
 //!   patching the primary's file.
-//! * **Ledger and decide** ([`Ledger`], [`decide`]): the fix for the installer loop of
-//!   linkerd2-proxy-init#477 ("seed 2"). The shell installer kept *one* hash for all
-//!   files, so with two configs its own write to file A was compared against the hash
+//! * **Ledger and decide** ([`Ledger`], [`decide`]): the fix for an installer's infinite
+//!   patch loop. A shell installer that kept *one* hash for all files, with two
+//!   configs, had its own write to file A was compared against the hash
 //!   of its write to file B, looked external, and was "patched" again, forever. Here the
 //!   ledger keeps one [`ContentHash`](crate::ContentHash) *per file*, and [`decide`]
 //!   never writes a file that is already semantically patched: two independent brakes.

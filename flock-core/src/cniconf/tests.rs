@@ -355,8 +355,8 @@ fn scenario6_invalid_files_are_skipped_with_a_reason() {
 }
 
 #[test]
-fn seed_thread_literal_config_has_no_type_and_is_skipped() {
-    // The exact file from the seed thread: its plugins have no "type", so libcni would
+fn literal_config_without_plugin_types_is_skipped() {
+    // A config seen in the wild: its plugins have no "type", so libcni would
     // reject it; flock leaves it alone instead of chaining into it.
     let bytes = br#"{"cniVersion": "0.4.0", "name": "aws-cni", "disableCheck": true, "plugins": [{"name": "foo"}]}"#;
     let reason = skip_reason(decide(
