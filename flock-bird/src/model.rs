@@ -1,44 +1,15 @@
 //! The agent's data: a stored pod ([`PodRecord`]) and a registered endpoint
 //! ([`Endpoint`]), shared by the store, the registry backends and the agent.
 
-use flock_core::gc::PodKey;
+use flock_core::UnixMs;
+use flock_core::pod::{AdmittedPod, PodFields, PodKey};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
-/// The annotation that meshes a pod: the service it belongs to. Pods without it are
-/// IGNORED by the agent.
-pub const SERVICE_ANNOTATION: &str = "flock.io/service";
-/// The annotation listing a pod's application ports: `8080`, `8080/http,50051/grpc`,
-/// `5432/tcp`. Default protocol `http`. Absent: the pod only calls out.
-pub const PORTS_ANNOTATION: &str = "flock.io/ports";
-/// First port of Envoy's inbound listeners on the pod IP (one per app port, in order).
-pub const INBOUND_BASE_PORT: u16 = 15006;
-/// Envoy's outbound HTTP listener on the pod's loopback.
-pub const OUTBOUND_PORT: u16 = 15001;
-
-/// How an application port speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    /// HTTP/1.1 or HTTP/2.
-    Http,
-    /// gRPC (HTTP/2).
-    Grpc,
-    /// Opaque TCP.
-    Tcp,
-}
-
-/// One application port of a pod and Envoy's inbound listener port for it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PodPort {
-    /// The port the app listens on inside the pod (also the service port).
-    pub app_port: u16,
-    /// Envoy's inbound listener on the pod IP (`INBOUND_BASE_PORT + index`).
-    pub listen_port: u16,
-    /// How the port speaks.
-    pub protocol: Protocol,
-}
+pub use flock_core::pod::{
+    Health, INBOUND_BASE_PORT, OUTBOUND_PORT, PORTS_ANNOTATION, PodPort, Protocol,
+    SERVICE_ACCOUNT_ANNOTATION, SERVICE_ANNOTATION,
+};
 
 /// A meshed pod as the agent stores it (one file per pod; see `store`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +29,7 @@ pub struct PodRecord {
     pub ips: Vec<IpAddr>,
     /// The service ([`SERVICE_ANNOTATION`]).
     pub service: String,
-    /// The service account, when known (annotation `flock.io/service-account`).
+    /// The service account, when known ([`SERVICE_ACCOUNT_ANNOTATION`]).
     pub service_account: String,
     /// Application ports ([`PORTS_ANNOTATION`]).
     pub ports: Vec<PodPort>,
@@ -73,16 +44,44 @@ impl PodRecord {
     pub fn pod_ref(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
-}
 
-/// Health of a registered endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Health {
-    /// Serving.
-    Healthy,
-    /// Failing its probes.
-    Unhealthy,
+    /// The fields the pod validator checks ([`flock_core::pod::validate`]).
+    pub fn fields(&self) -> PodFields<'_> {
+        PodFields {
+            key: &self.key,
+            name: &self.name,
+            namespace: &self.namespace,
+            uid: &self.uid,
+            netns: &self.netns,
+            ips: &self.ips,
+            service: &self.service,
+            service_account: &self.service_account,
+            ports: &self.ports,
+            network_name: &self.network_name,
+        }
+    }
+
+    /// The record of a pod the validator admitted, added at `added_at`.
+    pub fn admitted(pod: AdmittedPod, added_at: UnixMs) -> Self {
+        Self {
+            key: pod.key,
+            name: pod.name,
+            namespace: pod.namespace,
+            uid: pod.uid,
+            netns: pod.netns,
+            ips: pod.ips,
+            service: pod.service,
+            service_account: pod.service_account,
+            ports: pod.ports,
+            network_name: pod.network_name,
+            added_at_ms: added_at.as_millis(),
+        }
+    }
+
+    /// The address the mesh uses: the first IP. Every validated record has one.
+    pub fn ip(&self) -> Option<IpAddr> {
+        self.ips.first().copied()
+    }
 }
 
 /// One endpoint in the shared registry: one (pod, app port).

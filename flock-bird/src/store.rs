@@ -40,7 +40,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -53,19 +53,6 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub const MAX_FILE_BYTES: usize = 64 * 1024;
 /// Name of the quarantine subdirectory inside the store directory.
 pub const QUARANTINE_DIR: &str = "quarantine";
-/// Maximum length of a container ID in bytes (it must also be non-empty).
-pub const MAX_CONTAINER_ID_BYTES: usize = 256;
-/// Maximum length of an interface name in bytes.
-pub const MAX_IFNAME_BYTES: usize = 64;
-/// Maximum length of the name-like fields (pod name, namespace, UID, service, service
-/// account, network name) in bytes: a DNS subdomain's limit.
-pub const MAX_NAME_BYTES: usize = 253;
-/// Maximum length of the network namespace path in bytes (`PATH_MAX`).
-pub const MAX_NETNS_BYTES: usize = 4096;
-/// Maximum number of pod IPs.
-pub const MAX_IPS: usize = 16;
-/// Maximum number of application ports.
-pub const MAX_PORTS: usize = 64;
 /// Age after which a temporary file of another process is removed by
 /// [`PodStore::open`] even if its writer's PID is alive (see there).
 pub const STALE_TEMP_AGE: Duration = Duration::from_secs(60);
@@ -101,7 +88,7 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
-    /// `put` was given a record that breaks a field limit.
+    /// `put` was given a record that the pod validator refuses.
     #[error("refusing to store pod file {path}: {reason}")]
     InvalidRecord {
         /// The file it would have been written to.
@@ -307,7 +294,7 @@ impl PodStore {
     ///
     /// A file that is unreadable, over [`MAX_FILE_BYTES`], not a regular file (a
     /// directory, a symlink, a FIFO), not UTF-8, not valid JSON, of an unknown schema
-    /// version, breaking a field limit, or whose name does not match the key inside is
+    /// version, refused by the pod validator, or whose name does not match the key inside is
     /// moved to `<dir>/quarantine/<name>.<unix-ms>` and logged with `tracing::warn!`
     /// (path, reason, destination); it never makes this call fail or panic. Temporary
     /// files (writes in progress) and files that are not ours are skipped (debug log).
@@ -396,7 +383,7 @@ impl PodStore {
             }
             Err(e) => return Err(io_err("stat", &qdir)(e)),
         }
-        let ms = unix_ms();
+        let ms = flock_clock::unix_now().as_millis();
         let src = self.dir.join(name);
         // `rename` would silently replace an earlier quarantined file of the same
         // millisecond; pick a free name (the check-then-rename race only matters if two
@@ -482,44 +469,13 @@ pub fn file_name_for(key: &PodKey) -> String {
     name
 }
 
-/// Checks `rec`'s field limits; the error names the field, its size and the limit.
+/// Checks `rec` with the pod validator the CNI plugin, the agent and the translation
+/// share ([`flock_core::pod::validate`]): a record that parses but could not be
+/// served (no IP, a service name the translation refuses, a port list whose listener
+/// ports do not follow the rule) is refused here, so it is quarantined at load
+/// instead of reaching the publisher. The error names the field.
 pub fn validate_record(rec: &PodRecord) -> Result<(), String> {
-    let id = &rec.key.container_id;
-    if id.is_empty() {
-        return Err("container_id is empty".into());
-    }
-    let strings: [(&str, &str, usize); 9] = [
-        ("container_id", id, MAX_CONTAINER_ID_BYTES),
-        ("ifname", &rec.key.ifname, MAX_IFNAME_BYTES),
-        ("name", &rec.name, MAX_NAME_BYTES),
-        ("namespace", &rec.namespace, MAX_NAME_BYTES),
-        ("uid", &rec.uid, MAX_NAME_BYTES),
-        ("service", &rec.service, MAX_NAME_BYTES),
-        ("service_account", &rec.service_account, MAX_NAME_BYTES),
-        ("network_name", &rec.network_name, MAX_NAME_BYTES),
-        ("netns", &rec.netns, MAX_NETNS_BYTES),
-    ];
-    for (field, value, limit) in strings {
-        if value.len() > limit {
-            return Err(format!(
-                "{field} is {} bytes, over the {limit}-byte limit",
-                value.len()
-            ));
-        }
-    }
-    if rec.ips.len() > MAX_IPS {
-        return Err(format!(
-            "{} IPs, over the limit of {MAX_IPS}",
-            rec.ips.len()
-        ));
-    }
-    if rec.ports.len() > MAX_PORTS {
-        return Err(format!(
-            "{} ports, over the limit of {MAX_PORTS}",
-            rec.ports.len()
-        ));
-    }
-    Ok(())
+    flock_core::pod::validate(&rec.fields()).map_err(|e| e.to_string())
 }
 
 /// Encodes `rec` as the bytes of its pod file: `{"schema":1,"pod":{...}}`.
@@ -536,7 +492,7 @@ pub fn encode_record(rec: &PodRecord) -> Result<Vec<u8>, String> {
 /// Decodes the bytes of a pod file named `file_name` (no directory); pure, no I/O.
 ///
 /// Checks, in order: size ([`MAX_FILE_BYTES`]), UTF-8, JSON, the schema version
-/// ([`SCHEMA_VERSION`] only), the record (unknown fields are errors), its field limits
+/// ([`SCHEMA_VERSION`] only), the record (unknown fields are errors), its fields
 /// ([`validate_record`]), and that `file_name` is [`file_name_for`] the key inside.
 /// The error says what is wrong, for the quarantine log.
 pub fn decode_record(file_name: &str, bytes: &[u8]) -> Result<PodRecord, String> {
@@ -741,12 +697,6 @@ fn pid_alive(pid: u32) -> bool {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None),
         Err(nix::errno::Errno::ESRCH)
     )
-}
-
-fn unix_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
 }
 
 #[cfg(test)]

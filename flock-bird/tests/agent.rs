@@ -170,16 +170,19 @@ async fn bad_add_requests_get_precise_errors_and_change_nothing() {
         (input("c1", Some("web"), "0"), "is not a port"),
         (input("c1", Some("web"), "8080,8080"), "listed twice"),
         (input("c1", Some("web"), "15001"), "collides with Envoy"),
-        (input("c1", Some("Web_Service"), ""), "must be lowercase"),
+        (input("c1", Some("Web_Service"), ""), "contains 'W'"),
+        // A dot passes a Kubernetes name check but breaks `<svc>.<ns>` in the
+        // translation: refused at ADD, not accepted and then never served.
+        (input("c1", Some("web.v2"), ""), "a DNS label"),
         (
             input("", Some("web"), ""),
-            "container id must be 1 to 256 bytes",
+            "container id: \"\" must be 1 to 256 bytes",
         ),
         (
             input(&"x".repeat(300), Some("web"), ""),
-            "container id must be 1 to 256 bytes",
+            "must be 1 to 256 bytes",
         ),
-        (input("c/1", Some("web"), ""), "may only hold"),
+        (input("c/1", Some("web"), ""), "hold only letters"),
         (
             AddPodInput {
                 ips: vec![],
@@ -192,7 +195,7 @@ async fn bad_add_requests_get_precise_errors_and_change_nothing() {
                 ips: vec!["banana".into()],
                 ..input("c1", Some("web"), "")
             },
-            "is not an address",
+            "is not an IP address",
         ),
         (
             AddPodInput {
@@ -562,5 +565,45 @@ async fn r6_a_resubscription_racing_remove_pod_leaks_nothing() {
     assert!(
         view.svids.is_empty(),
         "an SVID kept alive for a removed pod"
+    );
+}
+
+/// A stored record that parses but could not be served (no IP: the publisher takes
+/// the pod's first IP) is quarantined at load; the agent loads the rest and
+/// publishes.
+#[tokio::test]
+async fn a_stored_pod_without_an_ip_is_quarantined_and_publish_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let first = agent_over(dir.path(), memory().await);
+        first.load().await.unwrap();
+        first
+            .add_pod(&input("good", Some("web"), "8080"))
+            .await
+            .unwrap();
+        let mut bad = first
+            .record_for(&input("noip", Some("web"), "8080"))
+            .unwrap()
+            .unwrap();
+        bad.ips.clear();
+        let store = PodStore::open(dir.path()).unwrap();
+        std::fs::write(
+            store.path_for(&bad.key),
+            flock_bird::store::encode_record(&bad).unwrap(),
+        )
+        .unwrap();
+    }
+    let second = agent_over(dir.path(), memory().await);
+    assert_eq!(second.load().await.unwrap(), (1, 1));
+    assert_eq!(
+        second.pods().into_keys().collect::<Vec<_>>(),
+        vec![PodKey::new("good", "eth0")]
+    );
+    second.publish();
+    let snap = second.cache().publisher(ENVOY_GROUP).latest();
+    assert!(
+        snap.state()
+            .get(LISTENER, "inbound|default/pod-good|8080")
+            .is_some()
     );
 }

@@ -12,7 +12,7 @@ use flock_bird::model::{PodPort, PodRecord, Protocol};
 use flock_bird::store::{
     self, LoadReport, MAX_FILE_BYTES, PodStore, QUARANTINE_DIR, StoreError, file_name_for,
 };
-use flock_core::gc::PodKey;
+use flock_core::pod::{self, PodKey};
 use proptest::prelude::*;
 
 fn rec(id: &str, ifname: &str) -> PodRecord {
@@ -452,15 +452,15 @@ fn put_refuses_invalid_and_oversized_records() {
     let tmp = tempfile::tempdir().unwrap();
     let store = PodStore::open(tmp.path()).unwrap();
     let cases: Vec<(PodRecord, &str)> = vec![
-        (rec("", "eth0"), "container_id is empty"),
-        (rec(&"x".repeat(257), "eth0"), "container_id is 257 bytes"),
-        (rec("c", &"i".repeat(65)), "ifname is 65 bytes"),
+        (rec("", "eth0"), "container id"),
+        (rec(&"x".repeat(257), "eth0"), "container id"),
+        (rec("c", &"i".repeat(16)), "interface name"),
         (
             PodRecord {
                 name: "n".repeat(254),
                 ..rec("c", "eth0")
             },
-            "name is 254 bytes",
+            "pod name",
         ),
         (
             PodRecord {
@@ -470,11 +470,11 @@ fn put_refuses_invalid_and_oversized_records() {
                         listen_port: 2,
                         protocol: Protocol::Tcp
                     };
-                    65
+                    pod::MAX_PORTS + 1
                 ],
                 ..rec("c", "eth0")
             },
-            "65 ports",
+            "33 ports",
         ),
     ];
     for (r, want) in cases {
@@ -483,37 +483,91 @@ fn put_refuses_invalid_and_oversized_records() {
         let msg = err.to_string();
         assert!(msg.contains(want) && msg.contains("pod-"), "{msg}");
     }
-    // The largest record the field limits allow, with every byte escaped by JSON
-    // (\u0001 is 6 bytes), still fits the file limit: whatever `put` accepts, a later
-    // load accepts too (no record is stored only to be quarantined at the next start).
-    // `RecordTooLarge` is the backstop should the limits ever grow.
-    let ctl = |n: usize| "\u{1}".repeat(n);
+    // The largest record the validator allows, with as many bytes as possible escaped
+    // by JSON (`"` is 2 bytes), still fits the file limit: whatever `put` accepts, a
+    // later load accepts too (no record is stored only to be quarantined at the next
+    // start). `RecordTooLarge` is the backstop should the limits ever grow.
+    let quotes = |n: usize| "\"".repeat(n);
+    let label = |n: usize| "a".repeat(n);
     let max = PodRecord {
-        netns: ctl(store::MAX_NETNS_BYTES),
-        name: ctl(253),
-        namespace: ctl(253),
-        uid: ctl(253),
-        service: ctl(253),
-        service_account: ctl(253),
-        network_name: ctl(253),
-        ips: vec!["ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap(); store::MAX_IPS],
-        ports: vec![
-            PodPort {
-                app_port: 65535,
-                listen_port: 65535,
-                protocol: Protocol::Grpc
-            };
-            store::MAX_PORTS
-        ],
+        netns: format!("/{}", quotes(pod::MAX_NETNS_LEN - 1)),
+        name: label(pod::MAX_NAME_LEN),
+        namespace: label(pod::MAX_LABEL_LEN),
+        uid: quotes(pod::MAX_UID_LEN),
+        service: label(pod::MAX_LABEL_LEN),
+        service_account: label(pod::MAX_NAME_LEN),
+        network_name: quotes(pod::MAX_NAME_LEN),
+        ips: vec!["fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap(); pod::MAX_IPS],
+        ports: (0..pod::MAX_PORTS as u16)
+            .map(|i| PodPort {
+                app_port: 65535 - i,
+                listen_port: pod::INBOUND_BASE_PORT + i,
+                protocol: Protocol::Grpc,
+            })
+            .collect(),
         added_at_ms: u64::MAX,
-        ..rec(&ctl(256), &ctl(64))
+        ..rec(
+            &label(pod::MAX_CONTAINER_ID_LEN),
+            &label(pod::MAX_IFNAME_LEN),
+        )
     };
+    store::validate_record(&max).unwrap();
     let size = store::encode_record(&max).unwrap().len();
     println!("largest valid record encodes to {size} bytes (limit {MAX_FILE_BYTES})");
     assert!(size <= MAX_FILE_BYTES);
     store.put(&max).unwrap();
     assert_eq!(store.get(&max.key).unwrap(), Some(max.clone()));
     assert!(store.load_all().unwrap().quarantined.is_empty());
+}
+
+/// A record that is well-formed JSON of the right schema but that the agent could not
+/// serve (no IP: the mesh builder needs one; a service name the translation refuses;
+/// listener ports off the rule) is quarantined at load with the field named, never
+/// handed to the agent.
+#[test]
+fn schema_valid_but_unservable_records_are_quarantined_at_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = PodStore::open(tmp.path()).unwrap();
+    let good = rec("good", "eth0");
+    store.put(&good).unwrap();
+    let bad = [
+        (
+            PodRecord {
+                ips: vec![],
+                ..rec("noip", "eth0")
+            },
+            "IPs",
+        ),
+        (
+            PodRecord {
+                service: "reviews.v2".into(),
+                ..rec("dotted", "eth0")
+            },
+            "flock.io/service",
+        ),
+        (
+            PodRecord {
+                ports: vec![PodPort {
+                    app_port: 8080,
+                    listen_port: 15001,
+                    protocol: Protocol::Http,
+                }],
+                ..rec("listener", "eth0")
+            },
+            "flock.io/ports",
+        ),
+    ];
+    for (r, _) in &bad {
+        // Written as an older or tampered agent would have: `put` would refuse it.
+        assert!(store.put(r).is_err());
+        fs::write(store.path_for(&r.key), store::encode_record(r).unwrap()).unwrap();
+    }
+    let report = store.load_all().unwrap();
+    assert_eq!(report.pods, vec![good]);
+    for (r, field) in &bad {
+        let reason = reason_for(&report, &file_name_for(&r.key));
+        assert!(reason.contains(field), "{reason}");
+    }
 }
 
 #[test]
@@ -541,35 +595,50 @@ fn decode_record_rejects_garbage_without_panicking() {
     assert!(e.contains("color"), "{e}");
 }
 
+/// Valid records (the validator's alphabet, up to its limits): the store must keep
+/// every record the validator accepts.
 fn arb_record() -> impl Strategy<Value = PodRecord> {
-    let s = |max: usize| {
-        proptest::collection::vec(any::<char>(), 0..max)
-            .prop_map(|v| v.into_iter().collect::<String>())
-    };
     let ip = prop_oneof![
         any::<[u8; 4]>().prop_map(IpAddr::from),
         any::<[u8; 16]>().prop_map(IpAddr::from),
+    ]
+    .prop_filter("unicast", |ip| pod::check_ip(*ip).is_ok());
+    let protocol = prop_oneof![
+        Just(Protocol::Http),
+        Just(Protocol::Grpc),
+        Just(Protocol::Tcp)
     ];
-    let port = (
-        any::<u16>(),
-        any::<u16>(),
-        prop_oneof![
-            Just(Protocol::Http),
-            Just(Protocol::Grpc),
-            Just(Protocol::Tcp)
-        ],
-    )
-        .prop_map(|(app_port, listen_port, protocol)| PodPort {
-            app_port,
-            listen_port,
-            protocol,
+    let ports = proptest::collection::btree_set(1u16..15000, 0..=8)
+        .prop_flat_map(move |apps| {
+            let n = apps.len();
+            (Just(apps), proptest::collection::vec(protocol.clone(), n))
+        })
+        .prop_map(|(apps, protocols)| {
+            apps.into_iter()
+                .zip(protocols)
+                .enumerate()
+                .map(|(i, (app_port, protocol))| PodPort {
+                    app_port,
+                    listen_port: pod::INBOUND_BASE_PORT + i as u16,
+                    protocol,
+                })
+                .collect::<Vec<_>>()
         });
     (
-        ("[a-f0-9]{1,64}|.{1,40}", s(16)),
-        (s(40), s(40), s(40), s(80)),
-        proptest::collection::vec(ip, 0..=16),
-        (s(40), s(40), s(40)),
-        proptest::collection::vec(port, 0..=8),
+        ("[a-f0-9]{1,64}", "[a-z][a-z0-9]{0,14}"),
+        (
+            "[a-z0-9]([a-z0-9.-]{0,40}[a-z0-9])?",
+            "[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?",
+            "[ -~]{0,128}",
+            "/[ -~]{0,80}",
+        ),
+        proptest::collection::vec(ip, 1..=16),
+        (
+            "[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?",
+            "([a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?)?",
+            "[ -~]{0,40}",
+        ),
+        ports,
         any::<u64>(),
     )
         .prop_map(
@@ -594,8 +663,8 @@ fn arb_record() -> impl Strategy<Value = PodRecord> {
                 added_at_ms,
             },
         )
-        // Multi-byte chars can push a string over its byte limit: keep valid ones.
-        .prop_filter("within limits", |r| store::validate_record(r).is_ok())
+        // A regex can still give `a..b` or a `/../` path: keep the valid ones.
+        .prop_filter("valid", |r| store::validate_record(r).is_ok())
 }
 
 proptest! {

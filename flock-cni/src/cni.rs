@@ -55,6 +55,10 @@ pub enum ErrorCode {
     /// 101: the flock agent answered something this plugin does not understand
     /// (version skew between plugin and agent).
     AgentProtocol,
+    /// 102: the pod cannot be meshed: a field or a flock annotation is one the mesh
+    /// could not serve (`flock_core::pod` says which and why). Refused before the
+    /// agent is asked, so no pod runs with a service that is never served.
+    InvalidPod,
 }
 
 impl ErrorCode {
@@ -73,6 +77,7 @@ impl ErrorCode {
             Self::LimitedConnectivity => 51,
             Self::AgentError => 100,
             Self::AgentProtocol => 101,
+            Self::InvalidPod => 102,
         }
     }
 }

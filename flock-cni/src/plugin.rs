@@ -5,7 +5,7 @@
 //!
 //! | verb | agent call | agent unreachable / timeout | agent ERROR |
 //! |---|---|---|---|
-//! | ADD | `AddPod` | error 11 (try again later): pods never start unmeshed | error 100 |
+//! | ADD | `AddPod` (after the pod validator: error 102 if the mesh could not serve the pod) | error 11 (try again later): pods never start unmeshed | error 100 |
 //! | DEL | `RemovePod` | **success**, warning on stderr: GC and the agent's orphan sweep repair it, and a dead agent must never block pod deletion | error 100 |
 //! | CHECK | `Check` | error 11 | error 100 |
 //! | STATUS | `Status` | error 50 | — (50 / 51 from the answer) |
@@ -19,6 +19,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+use flock_core::pod;
 use serde_json::Value;
 
 use crate::client::{self, AgentError};
@@ -127,13 +128,15 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
             };
             let output = cni::result_at_version(prev, &conf.cni_version)?;
             let ips = cni::result_ips(prev)?;
+            let annotations = conf.annotations();
+            admit(env, &ips, &annotations, &conf.name)?;
             let req = AddPodRequest {
                 container_id: env.container_id.clone(),
                 netns: env.netns.clone(),
                 ifname: env.ifname.clone(),
                 pod: Some(pod),
                 ips: ips.iter().map(ip_config).collect(),
-                annotations: conf.annotations().into_iter().collect(),
+                annotations: annotations.into_iter().collect(),
                 network_name: conf.name.clone(),
                 cni_version: conf.cni_version.clone(),
                 prev_result_json: serde_json::to_string(&Value::Object(prev.clone()))
@@ -267,6 +270,39 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
     }
 }
 
+/// Checks the pod with the validator the agent and the translation share, so a pod
+/// the mesh could not serve is refused here with the reason, before anything is set
+/// up for it. A pod without the service annotation is not meshed and passes.
+fn admit(
+    env: &CniEnv,
+    ips: &[ResultIp],
+    annotations: &[(String, String)],
+    network_name: &str,
+) -> Result<(), CniError> {
+    let req = pod::AddRequest {
+        container_id: env.container_id.clone(),
+        ifname: env.ifname.clone(),
+        netns: env.netns.clone(),
+        name: env.pod.name.clone(),
+        namespace: env.pod.namespace.clone(),
+        uid: env.pod.uid.clone(),
+        ips: ips.iter().map(|ip| ip.address.clone()).collect(),
+        annotations: annotations.iter().cloned().collect(),
+        network_name: network_name.to_owned(),
+    };
+    match pod::admit(&req) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(CniError::new(
+            ErrorCode::InvalidPod,
+            format!(
+                "pod {}/{} cannot be meshed: {e}",
+                cni::shorten(&env.pod.namespace),
+                cni::shorten(&env.pod.name)
+            ),
+        )),
+    }
+}
+
 fn ip_config(ip: &ResultIp) -> IpConfig {
     IpConfig {
         address: ip.address.clone(),
@@ -310,5 +346,56 @@ fn agent_failure(e: &AgentError, verb: &str, text: &str) -> CniError {
             ErrorCode::AgentError,
             format!("{verb} failed in the flock agent: {text}"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(service: &str) -> Output {
+        let env = |k: &str| -> Option<OsString> {
+            Some(
+                match k {
+                    "CNI_COMMAND" => "ADD",
+                    "CNI_CONTAINERID" => "c1",
+                    "CNI_NETNS" => "/var/run/netns/c1",
+                    "CNI_IFNAME" => "eth0",
+                    "CNI_PATH" => "/opt/cni/bin",
+                    "CNI_ARGS" => "K8S_POD_NAME=web-0;K8S_POD_NAMESPACE=default",
+                    _ => return None,
+                }
+                .into(),
+            )
+        };
+        // No agent listens on this socket: a request that reaches the client fails
+        // with "try again later" (11), not with the validator's 102.
+        let stdin = format!(
+            r#"{{"cniVersion":"1.1.0","name":"k8s","type":"flock-cni",
+                "agent_socket":"/nonexistent/flock-test.sock","timeout_ms":200,
+                "prevResult":{{"cniVersion":"1.1.0","ips":[{{"address":"10.0.0.5/24"}}]}},
+                "runtimeConfig":{{"podAnnotations":{{"flock.io/service":"{service}","flock.io/ports":"8080"}}}}}}"#
+        );
+        run(&env, Some(stdin.as_bytes()))
+    }
+
+    fn code(out: &Output) -> u64 {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["code"].as_u64().unwrap()
+    }
+
+    #[test]
+    fn add_refuses_a_pod_the_mesh_could_not_serve_before_calling_the_agent() {
+        // A dot in the service name breaks `<svc>.<ns>` in the translation's names.
+        let out = add("web.v2");
+        assert_eq!(out.exit_code, 1);
+        assert_eq!(code(&out), 102);
+        let msg = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            msg.contains("flock.io/service") && msg.contains("default/web-0"),
+            "{msg}"
+        );
+        // The same pod with a valid name gets as far as the (absent) agent.
+        assert_eq!(code(&add("web")), 11);
     }
 }

@@ -84,37 +84,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Identifies one pod attachment: the CNI container (sandbox) ID plus the interface
-/// name.
-///
-/// This is exactly the pair the runtime names in a CNI `GC`'s
-/// `cni.dev/valid-attachments` and passes on every `ADD`/`DEL`, so the store key,
-/// the GC input and the CNI request agree without any translation. Keying on the
-/// Kubernetes pod name instead would confuse a re-created pod (same name, new
-/// sandbox) with its predecessor.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct PodKey {
-    /// The CNI container ID (the pod sandbox ID).
-    pub container_id: String,
-    /// The interface name inside the pod's network namespace (`CNI_IFNAME`).
-    pub ifname: String,
-}
-
-impl PodKey {
-    /// Builds a key from a container ID and an interface name.
-    pub fn new(container_id: impl Into<String>, ifname: impl Into<String>) -> Self {
-        Self {
-            container_id: container_id.into(),
-            ifname: ifname.into(),
-        }
-    }
-}
-
-impl fmt::Display for PodKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.container_id, self.ifname)
-    }
-}
+/// The pod attachment every input is keyed by (defined with the pod validator).
+pub use crate::pod::PodKey;
 
 /// A resource the node owns on behalf of one or more pods.
 ///

@@ -18,6 +18,7 @@
 //! | [`snapshot`] | one publish point for state changes, versions, subscribers | R1 stale snapshot wins; R2 aliased mutation |
 //! | [`resources`] | typed resource sets and their diff, content hash as version | unchanged resources resent; O(all) per change |
 //! | [`cniconf`] | parsing, patching and unpatching CNI configs; the per-file ledger | seed 2: infinite patch loop, corrupted configs |
+//! | [`pod`] | a pod's key, ports and the one validator of its fields | a pod accepted at ADD that the translation refuses (stored, registered, never served) |
 //! | [`gc`] | which orphans to remove, with hysteresis and a breaker | leaks after crashes; mass deletion after a bug |
 //! | [`lifecycle`] | pod add/remove order, loading, re-registration, liveness | R3 lost pod at startup; R4 ghost endpoint; R6 leaked subscription |
 //! | [`epoch`] | Envoy hot-restart epochs, state-file writes, restart gate | R7 restart while initializing; R8 epoch file regresses |
@@ -58,6 +59,7 @@ pub mod epoch;
 pub mod gc;
 pub mod hash;
 pub mod lifecycle;
+pub mod pod;
 pub mod ratelimit;
 pub mod resources;
 pub mod snapshot;

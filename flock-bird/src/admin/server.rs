@@ -109,7 +109,10 @@ pub async fn serve_with<A: Accept, V: Views>(
     tokio::pin!(shutdown);
     let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
     let mut backoff = Backoff::new(ACCEPT_BACKOFF.0, ACCEPT_BACKOFF.1);
+    // Connections end with the server: returning drops the set, which aborts them.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         // A slot first: at the cap, connections wait in the kernel's backlog rather
         // than in a task each.
         let slot = tokio::select! {
@@ -137,7 +140,7 @@ pub async fn serve_with<A: Accept, V: Views>(
         };
         let views = Arc::clone(&views);
         let opts = opts.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let views = Arc::clone(&views);

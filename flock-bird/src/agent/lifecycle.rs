@@ -86,24 +86,7 @@ impl Agent {
         let identity = self
             .identity_view()
             .and_then(|v| v.svid_of(&rec.key).map(|s| s.spiffe_id.clone()));
-        rec.ports
-            .iter()
-            .map(|p| Endpoint {
-                service: rec.service.clone(),
-                namespace: rec.namespace.clone(),
-                service_port: p.app_port,
-                protocol: p.protocol,
-                address: rec.ips[0],
-                port: p.listen_port,
-                node: self.cfg.node_name.clone(),
-                pod: rec.pod_ref(),
-                pod_key: rec.key.clone(),
-                region: self.cfg.region.clone(),
-                zone: self.cfg.zone.clone(),
-                health,
-                identity: identity.clone(),
-            })
-            .collect()
+        super::mesh::endpoints(rec, &self.cfg, health, identity.as_deref())
     }
 
     /// CNI ADD: runs `flock_core::lifecycle::ADD_POD` in order; on a failed step,

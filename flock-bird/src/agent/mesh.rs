@@ -1,57 +1,132 @@
 //! The translation model: services from the registry view, pods from the live table,
-//! secrets from the identity view.
+//! secrets from the identity view. The conversions are pure functions, so a test can
+//! check that every pod the validator admits becomes a pod and a service the
+//! translation accepts.
 
-use super::Agent;
-use crate::model::{Health, OUTBOUND_PORT, Protocol};
+use super::{Agent, AgentConfig};
+use crate::model::{Endpoint, Health, OUTBOUND_PORT, PodRecord};
 use crate::registry::View;
 use flock_core::sync::lock;
 use flock_xds::translate::{self, Mesh};
 use std::collections::BTreeMap;
 
-impl Agent {
-    /// Builds the mesh from the live pods and the registry view.
-    pub(super) fn mesh(&self, view: &View) -> Mesh {
-        let mut services: BTreeMap<(String, String), translate::Service> = BTreeMap::new();
-        for ep in view.endpoints.values() {
-            let svc = services
-                .entry((ep.namespace.clone(), ep.service.clone()))
-                .or_insert_with(|| translate::Service {
-                    name: ep.service.clone(),
-                    namespace: ep.namespace.clone(),
-                    ports: Vec::new(),
-                    endpoints: Vec::new(),
-                });
-            if !svc.ports.iter().any(|p| p.port == ep.service_port) {
-                svc.ports.push(translate::ServicePort {
-                    name: None,
-                    port: ep.service_port,
-                    protocol: xlate_protocol(ep.protocol),
-                });
-            }
-            svc.endpoints.push(translate::Endpoint {
-                address: ep.address,
-                port: ep.port,
-                locality: translate::Locality {
-                    region: ep.region.clone(),
-                    zone: ep.zone.clone(),
-                    sub_zone: String::new(),
-                },
-                health: match ep.health {
-                    Health::Healthy => translate::Health::Healthy,
-                    Health::Unhealthy => translate::Health::Unhealthy,
-                },
-                weight: 1,
-                service_port: Some(ep.service_port),
-                identity: ep.identity.clone(),
+/// The registry endpoints a pod registers, one per app port, placed on this node.
+pub fn endpoints(
+    rec: &PodRecord,
+    node: &AgentConfig,
+    health: Health,
+    identity: Option<&str>,
+) -> Vec<Endpoint> {
+    // A validated record always has an IP; a record without one registers nothing.
+    let Some(address) = rec.ip() else {
+        return Vec::new();
+    };
+    rec.ports
+        .iter()
+        .map(|p| Endpoint {
+            service: rec.service.clone(),
+            namespace: rec.namespace.clone(),
+            service_port: p.app_port,
+            protocol: p.protocol,
+            address,
+            port: p.listen_port,
+            node: node.node_name.clone(),
+            pod: rec.pod_ref(),
+            pod_key: rec.key.clone(),
+            region: node.region.clone(),
+            zone: node.zone.clone(),
+            health,
+            identity: identity.map(str::to_string),
+        })
+        .collect()
+}
+
+/// The services the registry's endpoints form, by (namespace, name): ports and
+/// endpoints sorted, duplicate endpoints dropped. Not validated (see [`Agent`]'s
+/// publish, which serves each valid service and logs the others).
+pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<translate::Service> {
+    let mut services: BTreeMap<(String, String), translate::Service> = BTreeMap::new();
+    for ep in eps {
+        let svc = services
+            .entry((ep.namespace.clone(), ep.service.clone()))
+            .or_insert_with(|| translate::Service {
+                name: ep.service.clone(),
+                namespace: ep.namespace.clone(),
+                ports: Vec::new(),
+                endpoints: Vec::new(),
+            });
+        if !svc.ports.iter().any(|p| p.port == ep.service_port) {
+            svc.ports.push(translate::ServicePort {
+                name: None,
+                port: ep.service_port,
+                protocol: ep.protocol,
             });
         }
-        let mut mesh = Mesh::default();
-        for mut svc in services.into_values() {
+        svc.endpoints.push(translate::Endpoint {
+            address: ep.address,
+            port: ep.port,
+            locality: translate::Locality {
+                region: ep.region.clone(),
+                zone: ep.zone.clone(),
+                sub_zone: String::new(),
+            },
+            health: ep.health,
+            weight: 1,
+            service_port: Some(ep.service_port),
+            identity: ep.identity.clone(),
+        });
+    }
+    services
+        .into_values()
+        .map(|mut svc| {
             svc.ports.sort_by_key(|p| p.port);
             svc.endpoints
                 .sort_by_key(|e| (e.service_port, e.address, e.port));
             svc.endpoints
                 .dedup_by_key(|e| (e.service_port, e.address, e.port));
+            svc
+        })
+        .collect()
+}
+
+/// A live pod as the translation sees it: its listeners bind its first IP in its
+/// network namespace. `None` for a record without an IP (the validator refuses one).
+pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate::Pod> {
+    Some(translate::Pod {
+        name: rec.name.clone(),
+        namespace: rec.namespace.clone(),
+        uid: (!rec.uid.is_empty()).then(|| rec.uid.clone()),
+        ip: rec.ip()?,
+        netns: Some(rec.netns.clone()),
+        inbound: rec
+            .ports
+            .iter()
+            .map(|p| translate::InboundPort {
+                app_port: p.app_port,
+                listen_port: p.listen_port,
+                protocol: p.protocol,
+            })
+            .collect(),
+        outbound_port: OUTBOUND_PORT,
+        identity,
+    })
+}
+
+fn problems(errors: &[translate::ValidationError]) -> String {
+    errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl Agent {
+    /// Builds the mesh from the live pods and the registry view. A service or pod the
+    /// translation refuses is left out (and logged), so one bad entry never blocks
+    /// the rest of the mesh.
+    pub(super) fn mesh(&self, view: &View) -> Mesh {
+        let mut mesh = Mesh::default();
+        for svc in service_models(view.endpoints.values()) {
             let one = Mesh {
                 services: vec![svc],
                 ..Mesh::default()
@@ -61,7 +136,7 @@ impl Agent {
                 Err(errors) => tracing::warn!(
                     service = %one.services[0].name,
                     "registry entries of this service are inconsistent; not served: {}",
-                    errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+                    problems(&errors)
                 ),
             }
         }
@@ -96,50 +171,27 @@ impl Agent {
                 tracing::debug!(pod = %rec.pod_ref(), netns = %rec.netns, "netns missing; pod not served");
                 continue;
             }
-            let pod = translate::Pod {
-                name: rec.name.clone(),
-                namespace: rec.namespace.clone(),
-                uid: (!rec.uid.is_empty()).then(|| rec.uid.clone()),
-                ip: rec.ips[0],
-                netns: Some(rec.netns.clone()),
-                inbound: rec
-                    .ports
-                    .iter()
-                    .map(|p| translate::InboundPort {
-                        app_port: p.app_port,
-                        listen_port: p.listen_port,
-                        protocol: xlate_protocol(p.protocol),
-                    })
-                    .collect(),
-                outbound_port: OUTBOUND_PORT,
-                identity: identity
-                    .as_ref()
-                    .and_then(|v| v.svid_of(&rec.key))
-                    .map(|s| s.spiffe_id.clone()),
+            let identity = identity
+                .as_ref()
+                .and_then(|v| v.svid_of(&rec.key))
+                .map(|s| s.spiffe_id.clone());
+            let Some(pod) = pod_model(&rec, identity) else {
+                tracing::warn!(pod = %rec.pod_ref(), "pod has no IP; not served");
+                continue;
             };
             let one = Mesh {
                 pods: vec![pod],
                 ..Mesh::default()
             };
             match one.validate() {
-                Ok(()) => {
-                    mesh.pods.extend(one.pods);
-                }
+                Ok(()) => mesh.pods.extend(one.pods),
                 Err(errors) => tracing::warn!(
                     pod = %rec.pod_ref(),
                     "pod not served: {}",
-                    errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+                    problems(&errors)
                 ),
             }
         }
         mesh
-    }
-}
-
-pub(super) fn xlate_protocol(p: Protocol) -> translate::Protocol {
-    match p {
-        Protocol::Http => translate::Protocol::Http,
-        Protocol::Grpc => translate::Protocol::Grpc,
-        Protocol::Tcp => translate::Protocol::Tcp,
     }
 }

@@ -30,7 +30,7 @@ mod gc;
 mod lifecycle;
 mod liveness;
 mod locks;
-mod mesh;
+pub mod mesh;
 mod metrics;
 mod publish;
 mod request;

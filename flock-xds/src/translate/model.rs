@@ -22,6 +22,7 @@
 //! }
 //! ```
 
+use flock_core::pod;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -37,14 +38,15 @@ pub const MAX_SERVICES: usize = 10_000;
 pub const MAX_PODS: usize = 10_000;
 /// Most secrets in a mesh.
 pub const MAX_SECRETS: usize = 10_000;
-/// Most ports of one service, and most inbound ports of one pod.
-pub const MAX_PORTS: usize = 100;
-/// Longest pod, secret or locality name (the DNS subdomain limit).
-pub const MAX_NAME_LEN: usize = 253;
 /// Longest service name, namespace or port name (the DNS label limit).
-pub const MAX_LABEL_LEN: usize = 63;
+pub use flock_core::pod::MAX_LABEL_LEN;
+/// Longest pod, secret or locality name (the DNS subdomain limit).
+pub use flock_core::pod::MAX_NAME_LEN;
 /// Longest `netns` path (Linux `PATH_MAX`).
-pub const MAX_PATH_LEN: usize = 4096;
+pub use flock_core::pod::MAX_NETNS_LEN as MAX_PATH_LEN;
+/// Most ports of one service, and most inbound ports of one pod: the pod
+/// validator's limit, so a pod the agent accepts is one the translation accepts.
+pub use flock_core::pod::MAX_PORTS;
 /// Longest PEM string of a secret (1 MiB).
 pub const MAX_PEM_LEN: usize = 1 << 20;
 
@@ -99,28 +101,8 @@ pub struct ServicePort {
     pub protocol: Protocol,
 }
 
-/// The application protocol of a port.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Protocol {
-    /// HTTP/1.1 or HTTP/2 (`"http"`, the default): routed by Envoy's HTTP connection
-    /// manager.
-    #[default]
-    Http,
-    /// gRPC (`"grpc"`): HTTP/2 to the upstream; also served to proxyless gRPC clients.
-    Grpc,
-    /// Opaque TCP (`"tcp"`): proxied byte for byte; no outbound route.
-    Tcp,
-}
-
-impl Protocol {
-    /// Whether Envoy routes this protocol with the HTTP connection manager.
-    pub fn is_http(self) -> bool {
-        matches!(self, Protocol::Http | Protocol::Grpc)
-    }
-}
+/// The application protocol of a port (shared with the agent's pod model).
+pub use flock_core::pod::Protocol;
 
 /// One endpoint of a service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,22 +152,8 @@ pub struct Locality {
     pub sub_zone: String,
 }
 
-/// Health of an endpoint.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Health {
-    /// Serving (`"healthy"`, the default).
-    #[default]
-    Healthy,
-    /// Not serving (`"unhealthy"`); clients skip it.
-    Unhealthy,
-    /// Shutting down (`"draining"`); no new requests.
-    Draining,
-    /// Not known (`"unknown"`); Envoy and gRPC treat it as usable.
-    Unknown,
-}
+/// Health of an endpoint (shared with the agent's liveness and registry).
+pub use flock_core::pod::Health;
 
 /// A pod on this node, whose traffic the node-local Envoy carries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -604,26 +572,15 @@ impl Validator {
         self.subdomain(&format!("{path}.name"), "pod name", &p.name);
         self.label(&format!("{path}.namespace"), "namespace", &p.namespace);
         if let Some(uid) = &p.uid
-            && (uid.len() > 128 || uid.chars().any(char::is_control))
+            && let Err(why) = pod::check_uid(uid)
         {
-            self.err(
-                format!("{path}.uid"),
-                "uid must be at most 128 printable characters",
-            );
+            self.err(format!("{path}.uid"), format!("uid {why}"));
         }
         self.address(&format!("{path}.ip"), p.ip);
-        if let Some(netns) = &p.netns {
-            let at = format!("{path}.netns");
-            if !netns.starts_with('/') {
-                self.err(at, format!("netns must be an absolute path, not {netns:?}"));
-            } else if netns.len() > MAX_PATH_LEN || netns.chars().any(char::is_control) {
-                self.err(
-                    at,
-                    "netns must be at most 4096 bytes without control characters",
-                );
-            } else if netns.split('/').any(|c| c == "..") {
-                self.err(at, "netns must not contain `..`");
-            }
+        if let Some(netns) = &p.netns
+            && let Err(why) = pod::check_netns(netns)
+        {
+            self.err(format!("{path}.netns"), format!("netns {why}"));
         }
         if p.inbound.len() > MAX_PORTS {
             self.err(
@@ -715,8 +672,8 @@ impl Validator {
     }
 
     fn address(&mut self, path: &str, ip: IpAddr) {
-        if ip.is_unspecified() || ip.is_multicast() {
-            self.err(path, format!("{ip} is not a unicast address"));
+        if let Err(why) = pod::check_ip(ip) {
+            self.err(path, why);
         }
     }
 
@@ -735,55 +692,20 @@ impl Validator {
         }
     }
 
-    /// A DNS label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters. Service
-    /// names and namespaces are joined with `.` and `|` in resource names and host
-    /// names, so neither may contain them.
+    /// A DNS label ([`pod::check_label`]). Service names and namespaces are joined
+    /// with `.` and `|` in resource names and host names, so neither may contain them.
     fn label(&mut self, path: &str, what: &str, s: &str) {
-        if let Err(why) = check_name(s, MAX_LABEL_LEN, false) {
-            self.err(
-                path,
-                format!("{what} {s:?} {why} (a DNS label: a-z 0-9 -, at most {MAX_LABEL_LEN})"),
-            );
+        if let Err(why) = pod::check_label(s) {
+            self.err(path, format!("{what} {why}"));
         }
     }
 
-    /// A DNS subdomain: labels joined by `.`, at most 253 characters.
+    /// A DNS subdomain ([`pod::check_subdomain`]).
     fn subdomain(&mut self, path: &str, what: &str, s: &str) {
-        if let Err(why) = check_name(s, MAX_NAME_LEN, true) {
-            self.err(
-                path,
-                format!(
-                    "{what} {s:?} {why} (a DNS subdomain: a-z 0-9 - ., at most {MAX_NAME_LEN})"
-                ),
-            );
+        if let Err(why) = pod::check_subdomain(s) {
+            self.err(path, format!("{what} {why}"));
         }
     }
-}
-
-fn check_name(s: &str, max: usize, dots: bool) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("is empty".into());
-    }
-    if s.len() > max {
-        return Err(format!("is {} characters long", s.len()));
-    }
-    if let Some(c) = s.chars().find(|&c| {
-        !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.'))
-    }) {
-        return Err(format!("contains {c:?}"));
-    }
-    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    let parts: Vec<&str> = if dots {
-        s.split('.').collect()
-    } else {
-        vec![s]
-    };
-    for part in parts {
-        if !alnum(part.chars().next()) || !alnum(part.chars().last()) {
-            return Err("must start and end (each label) with a letter or digit".into());
-        }
-    }
-    Ok(())
 }
 
 /// Whether `e` serves the service port `port`.
