@@ -45,7 +45,7 @@ async fn crashed_newest_epoch_is_restarted_then_the_supervisor_gives_up() {
     let tmp = TempDir::new("crash");
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
-    let backend = Backend::start().await;
+    let backend = Backend::start("ok").await;
     let (admin_port, listen_port) = (free_port(), free_port());
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(

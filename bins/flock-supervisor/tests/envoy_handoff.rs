@@ -57,7 +57,7 @@ async fn second_supervisor_takes_over_at_the_next_epoch_without_failures() {
     let tmp = TempDir::new("handoff");
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
-    let backend = Backend::start().await;
+    let backend = Backend::start("ok").await;
     let (admin_port, listen_port) = (free_port(), free_port());
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
@@ -150,7 +150,7 @@ async fn stale_heartbeat_means_a_cold_start_at_epoch_zero() {
     let configured = unique_base_id();
     let recorded = configured + 2;
     let _cleanup = EnvoyCleanup(vec![configured, recorded]);
-    let backend = Backend::start().await;
+    let backend = Backend::start("ok").await;
     let (admin_port, listen_port) = (free_port(), free_port());
     let setup = Setup::new(tmp.path(), admin_port, configured);
     write_atomically(
@@ -185,7 +185,7 @@ async fn sigterm_during_a_handoff_waits_for_it_then_stops_cleanly() {
     let tmp = TempDir::new("term");
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
-    let backend = Backend::start().await;
+    let backend = Backend::start("ok").await;
     let (admin_port, listen_port) = (free_port(), free_port());
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
@@ -237,7 +237,7 @@ async fn sigkill_takes_the_envoys_along_and_a_new_supervisor_recovers() {
     let tmp = TempDir::new("kill");
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
-    let backend = Backend::start().await;
+    let backend = Backend::start("ok").await;
     let (admin_port, listen_port) = (free_port(), free_port());
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(

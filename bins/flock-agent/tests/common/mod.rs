@@ -673,36 +673,7 @@ pub struct SupervisedEnvoy {
 
 /// The bootstrap: node `node_id`, ADS `api_type` ("DELTA_GRPC" or "GRPC") to
 /// 127.0.0.1:`xds_port`, LDS and CDS over ADS, admin on 127.0.0.1:`admin_port`.
-pub fn ads_bootstrap(node_id: &str, api_type: &str, xds_port: u16, admin_port: u16) -> String {
-    format!(
-        r#"node: {{ id: "{node_id}", cluster: "flock-test" }}
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }} }}
-dynamic_resources:
-  ads_config:
-    api_type: {api_type}
-    transport_api_version: V3
-    set_node_on_first_message_only: true
-    grpc_services: [{{ envoy_grpc: {{ cluster_name: xds }} }}]
-  cds_config: {{ ads: {{}}, resource_api_version: V3 }}
-  lds_config: {{ ads: {{}}, resource_api_version: V3 }}
-static_resources:
-  clusters:
-  - name: xds
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
-    load_assignment:
-      cluster_name: xds
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {xds_port} }} }} }}
-"#
-    )
-}
+pub use flock_testkit::ads_bootstrap;
 
 impl SupervisedEnvoy {
     /// Starts `flock-supervisor` running Envoy on a Delta ADS bootstrap to

