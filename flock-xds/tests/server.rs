@@ -2,9 +2,9 @@
 //! `flock_xds::client`: protocol edge cases on the wire, many streams, and the ordering
 //! and R1 stress test.
 
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest,
-};
+mod common;
+
+use common::xds::{any, cache_with, delta_req, names, serve, sotw_req, start_tcp, upsert};
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::rpc;
 use flock_core::ContentHash;
@@ -21,94 +21,14 @@ const WAIT: Duration = Duration::from_secs(10);
 /// How long to wait for a response that must NOT come.
 const QUIET: Duration = Duration::from_millis(300);
 
-fn any(type_url: &str, body: &str) -> Any {
-    Any {
-        type_url: type_url.to_string(),
-        value: body.as_bytes().to_vec(),
-    }
-}
-
-fn put(b: &mut flock_core::resources::ResourceSetBuilder<Any>, t: &str, name: &str, body: &str) {
-    b.upsert(t, name, ContentHash::of(body.as_bytes()), any(t, body));
-}
-
-struct Running {
-    server: Server,
-    target: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Running {
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.await.unwrap().unwrap();
-    }
-}
-
-async fn start_tcp(server: Server) -> Running {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let target = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let s = server.clone();
-    let task = tokio::spawn(async move {
-        s.serve_tcp(listener, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    Running {
-        server,
-        target,
-        stop: Some(stop),
-        task,
-    }
-}
-
-fn sotw_req(type_url: &str, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
-    DiscoveryRequest {
-        node: Some(client::node("n1")),
-        type_url: type_url.into(),
-        resource_names: names.iter().map(|s| s.to_string()).collect(),
-        version_info: version.into(),
-        response_nonce: nonce.into(),
-        ..DiscoveryRequest::default()
-    }
-}
-
-fn delta_req(
-    type_url: &str,
-    subscribe: &[&str],
-    unsubscribe: &[&str],
-    nonce: &str,
-) -> DeltaDiscoveryRequest {
-    DeltaDiscoveryRequest {
-        node: Some(client::node("n1")),
-        type_url: type_url.into(),
-        resource_names_subscribe: subscribe.iter().map(|s| s.to_string()).collect(),
-        resource_names_unsubscribe: unsubscribe.iter().map(|s| s.to_string()).collect(),
-        response_nonce: nonce.into(),
-        ..DeltaDiscoveryRequest::default()
-    }
-}
-
-fn names(resp: &DeltaDiscoveryResponse) -> Vec<&str> {
-    resp.resources.iter().map(|r| r.name.as_str()).collect()
-}
-
 #[tokio::test]
 async fn sotw_ads_over_tcp_serves_acks_and_follows_updates() {
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "web", "cluster web v1");
-        put(&mut b, ENDPOINT, "web", "10.0.0.1");
-        b.build()
-    });
-    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
-    let mut ads = client::sotw(client::connect(&running.target).await.unwrap())
-        .await
-        .unwrap();
+    let cache = cache_with(&[
+        (CLUSTER, "web", "cluster web v1"),
+        (ENDPOINT, "web", "10.0.0.1"),
+    ]);
+    let running = serve(&cache).await;
+    let mut ads = running.sotw().await;
     ads.send(sotw_req(CLUSTER, &[], "", "")).unwrap();
     let cds = ads.recv(WAIT).await.unwrap();
     assert_eq!(
@@ -126,11 +46,7 @@ async fn sotw_ads_over_tcp_serves_acks_and_follows_updates() {
         .unwrap();
 
     // An endpoint update reaches the client as a new version of EDS only.
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, ENDPOINT, "web", "10.0.0.2");
-        b.build()
-    });
+    upsert(&cache, &[(ENDPOINT, "web", "10.0.0.2")]);
     let eds2 = ads.recv(WAIT).await.unwrap();
     assert_eq!(
         (eds2.type_url.as_str(), eds2.version_info.as_str()),
@@ -158,13 +74,7 @@ async fn delta_ads_over_a_0600_unix_socket_subscribes_updates_and_removes() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("xds.sock");
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "a", "A");
-        put(&mut b, CLUSTER, "b", "B");
-        b.build()
-    });
+    let cache = cache_with(&[(CLUSTER, "a", "A"), (CLUSTER, "b", "B")]);
     let server = Server::new(Arc::clone(&cache));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let s = server.clone();
@@ -233,12 +143,7 @@ impl Callbacks for NackLog {
 
 #[tokio::test]
 async fn a_nack_reaches_callbacks_and_metrics_and_the_fix_is_sent() {
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "c", "good");
-        b.build()
-    });
+    let cache = cache_with(&[(CLUSTER, "c", "good")]);
     let log = Arc::new(NackLog::default());
     let running = start_tcp(
         Server::builder(Arc::clone(&cache))
@@ -246,17 +151,11 @@ async fn a_nack_reaches_callbacks_and_metrics_and_the_fix_is_sent() {
             .build(),
     )
     .await;
-    let mut ads = client::sotw(client::connect(&running.target).await.unwrap())
-        .await
-        .unwrap();
+    let mut ads = running.sotw().await;
     ads.send(sotw_req(CLUSTER, &[], "", "")).unwrap();
     let v1 = ads.recv(WAIT).await.unwrap();
     ads.send(sotw_req(CLUSTER, &[], "1", &v1.nonce)).unwrap();
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "c", "bad");
-        b.build()
-    });
+    upsert(&cache, &[(CLUSTER, "c", "bad")]);
     let v2 = ads.recv(WAIT).await.unwrap();
     assert_eq!(v2.version_info, "2");
     // NACK: previous version and an error_detail.
@@ -271,11 +170,7 @@ async fn a_nack_reaches_callbacks_and_metrics_and_the_fix_is_sent() {
         matches!(ads.recv(QUIET).await, Err(RecvError::Timeout(_))),
         "the rejected content is not resent"
     );
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "c", "fixed");
-        b.build()
-    });
+    upsert(&cache, &[(CLUSTER, "c", "fixed")]);
     let v3 = ads.recv(WAIT).await.unwrap();
     assert_eq!(v3.resources, vec![any(CLUSTER, "fixed")]);
     assert_eq!(
@@ -304,32 +199,17 @@ async fn a_nack_reaches_callbacks_and_metrics_and_the_fix_is_sent() {
 
 #[tokio::test]
 async fn a_stale_ack_is_ignored_on_the_wire() {
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "c", "v1");
-        b.build()
-    });
-    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
-    let mut ads = client::sotw(client::connect(&running.target).await.unwrap())
-        .await
-        .unwrap();
+    let cache = cache_with(&[(CLUSTER, "c", "v1")]);
+    let running = serve(&cache).await;
+    let mut ads = running.sotw().await;
     ads.send(sotw_req(CLUSTER, &[], "", "")).unwrap();
     let v1 = ads.recv(WAIT).await.unwrap();
     ads.send(sotw_req(CLUSTER, &[], "1", &v1.nonce)).unwrap();
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "c", "v2");
-        b.build()
-    });
+    upsert(&cache, &[(CLUSTER, "c", "v2")]);
     let v2 = ads.recv(WAIT).await.unwrap();
     // A late request still carrying v1's nonce must not count as ACKing v2.
     ads.send(sotw_req(CLUSTER, &[], "1", &v1.nonce)).unwrap();
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "c", "v3");
-        b.build()
-    });
+    upsert(&cache, &[(CLUSTER, "c", "v3")]);
     assert!(
         matches!(ads.recv(QUIET).await, Err(RecvError::Timeout(_))),
         "v2 is still in flight (not ACKed), so v3 waits"
@@ -352,17 +232,9 @@ async fn a_stale_ack_is_ignored_on_the_wire() {
 
 #[tokio::test]
 async fn a_delta_reconnect_with_initial_versions_gets_only_what_changed() {
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "same", "S");
-        put(&mut b, CLUSTER, "changed", "C2");
-        b.build()
-    });
-    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
-    let mut ads = client::delta(client::connect(&running.target).await.unwrap())
-        .await
-        .unwrap();
+    let cache = cache_with(&[(CLUSTER, "same", "S"), (CLUSTER, "changed", "C2")]);
+    let running = serve(&cache).await;
+    let mut ads = running.delta().await;
     let mut req = delta_req(CLUSTER, &["*"], &[], "");
     req.initial_resource_versions = [
         ("same".to_string(), ContentHash::of(b"S").to_hex()),
@@ -380,27 +252,14 @@ async fn a_delta_reconnect_with_initial_versions_gets_only_what_changed() {
 
 #[tokio::test]
 async fn an_unsubscribe_sent_before_the_ack_drops_the_name_from_the_next_response() {
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, ENDPOINT, "a", "A1");
-        put(&mut b, ENDPOINT, "b", "B1");
-        b.build()
-    });
-    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
-    let mut ads = client::delta(client::connect(&running.target).await.unwrap())
-        .await
-        .unwrap();
+    let cache = cache_with(&[(ENDPOINT, "a", "A1"), (ENDPOINT, "b", "B1")]);
+    let running = serve(&cache).await;
+    let mut ads = running.delta().await;
     ads.send(delta_req(ENDPOINT, &["a", "b"], &[], "")).unwrap();
     let first = ads.recv(WAIT).await.unwrap();
     // Both change while the first response is in flight; the client unsubscribes
     // from "a" in the same breath as its ACK.
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, ENDPOINT, "a", "A2");
-        put(&mut b, ENDPOINT, "b", "B2");
-        b.build()
-    });
+    upsert(&cache, &[(ENDPOINT, "a", "A2"), (ENDPOINT, "b", "B2")]);
     ads.send(delta_req(ENDPOINT, &[], &["a"], &first.nonce))
         .unwrap();
     let next = ads.recv(WAIT).await.unwrap();
@@ -458,14 +317,8 @@ async fn bad_requests_end_the_stream_with_a_clear_status() {
 #[tokio::test]
 async fn per_type_services_and_fetch_serve_one_type() {
     use envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_client::ClusterDiscoveryServiceClient;
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "c", "C");
-        put(&mut b, LISTENER, "l", "L");
-        b.build()
-    });
-    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
+    let cache = cache_with(&[(CLUSTER, "c", "C"), (LISTENER, "l", "L")]);
+    let running = serve(&cache).await;
     let channel = client::connect(&running.target).await.unwrap();
     let mut cds = ClusterDiscoveryServiceClient::new(channel);
     // Per-type streams may leave type_url empty.
@@ -501,13 +354,8 @@ async fn per_type_services_and_fetch_serve_one_type() {
 /// ends with no open stream and no sink left on the group's publisher.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_streams_open_and_close_without_leaks() {
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "c", "C");
-        b.build()
-    });
-    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
+    let cache = cache_with(&[(CLUSTER, "c", "C")]);
+    let running = serve(&cache).await;
     // A few connections carry many streams each, as HTTP/2 clients do.
     let mut channels = Vec::new();
     for _ in 0..4 {
@@ -570,14 +418,8 @@ async fn ordering_and_r1_under_concurrent_updaters() {
     const UPDATERS: usize = 8;
     const PER_UPDATER: usize = 150;
     const CLIENTS: usize = 4;
-    let cache = Arc::new(Cache::by_node_id());
-    cache.update("n1", |s| {
-        let mut b = s.edit();
-        put(&mut b, CLUSTER, "seed", "seed");
-        put(&mut b, ENDPOINT, "seed", "seed");
-        b.build()
-    });
-    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
+    let cache = cache_with(&[(CLUSTER, "seed", "seed"), (ENDPOINT, "seed", "seed")]);
+    let running = serve(&cache).await;
     let mut clients = tokio::task::JoinSet::new();
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
     for _ in 0..CLIENTS {
@@ -652,12 +494,7 @@ async fn ordering_and_r1_under_concurrent_updaters() {
             std::thread::spawn(move || {
                 for i in 0..PER_UPDATER {
                     let name = format!("c-{u}-{i}");
-                    cache.update("n1", |s| {
-                        let mut b = s.edit();
-                        put(&mut b, CLUSTER, &name, &name);
-                        put(&mut b, ENDPOINT, &name, &name);
-                        b.build()
-                    });
+                    upsert(&cache, &[(CLUSTER, &name, &name), (ENDPOINT, &name, &name)]);
                 }
             })
         })

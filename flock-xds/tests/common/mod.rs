@@ -4,6 +4,8 @@
 //! fails.
 #![allow(dead_code)]
 
+pub mod xds;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
