@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::xds::start_tcp;
 use common::{Backend, Envoy, eventually, free_port, http_get};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration};
@@ -96,17 +97,8 @@ async fn envoy_end_to_end(api_type: &str) {
     let server = Server::builder(Arc::clone(&cache))
         .callbacks_arc(Arc::clone(&nacks) as Arc<dyn Callbacks>)
         .build();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let xds_port = listener.local_addr().unwrap().port();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let s = server.clone();
-    let serving = tokio::spawn(async move {
-        s.serve_tcp(listener, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    let envoy = Envoy::start(NODE, api_type, xds_port).await;
+    let running = start_tcp(server).await;
+    let envoy = Envoy::start(NODE, api_type, running.port).await;
     let out_addr = format!("127.0.0.1:{outbound}");
     let in_addr = format!("127.0.0.1:{inbound}");
 
@@ -182,7 +174,13 @@ async fn envoy_end_to_end(api_type: &str) {
         "error_detail: {}",
         error.1
     );
-    assert!(server.metrics().counter("flock_xds_nacks_total", "cds") >= 1);
+    assert!(
+        running
+            .server
+            .metrics()
+            .counter("flock_xds_nacks_total", "cds")
+            >= 1
+    );
     assert_eq!(
         body_via(&out_addr, "web").await.as_deref(),
         Some("backend-2"),
@@ -252,8 +250,7 @@ async fn envoy_end_to_end(api_type: &str) {
     );
 
     drop(envoy);
-    let _ = stop.send(());
-    serving.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,6 +53,8 @@ pub fn cache_with(resources: &[Res<'_>]) -> Arc<Cache<Any>> {
 /// A server running on a free 127.0.0.1 port until [`Running::stop`].
 pub struct Running {
     pub server: Server,
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
     /// `http://127.0.0.1:<port>`, for [`client::connect`].
     pub target: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -62,7 +64,8 @@ pub struct Running {
 /// Serves `server` over TCP on a free port.
 pub async fn start_tcp(server: Server) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let target = format!("http://{}", listener.local_addr().unwrap());
+    let port = listener.local_addr().unwrap().port();
+    let target = format!("http://127.0.0.1:{port}");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let s = server.clone();
     let task = tokio::spawn(async move {
@@ -73,6 +76,7 @@ pub async fn start_tcp(server: Server) -> Running {
     });
     Running {
         server,
+        port,
         target,
         stop: Some(stop),
         task,
