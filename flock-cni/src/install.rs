@@ -32,13 +32,13 @@ mod watch;
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use flock_clock::mono_now;
+use flock_clock::{mono_instant, mono_now};
 use flock_core::cniconf::installer::{Event, Installer, Settings};
 use flock_core::cniconf::{ConfPolicy, InstallPolicy, OurPlugin};
 use nix::sys::signal::{SigSet, Signal};
+use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tracing::{error, info};
 
 use files::{Perm, write_atomic};
@@ -126,8 +126,21 @@ enum Work {
 }
 
 /// Runs the daemon until SIGTERM/SIGINT (then `Ok` after a complete restore) or a fatal
-/// error (then `Err`, after restoring what it can).
+/// error (then `Err`, after restoring what it can), on a single-threaded runtime of its
+/// own.
 pub fn run(config: Config) -> Result<(), InstallError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| InstallError(format!("cannot start the event loop's runtime: {e}")))?
+        .block_on(run_async(config))
+}
+
+/// [`run`] on the caller's runtime. The event loop sleeps until the machine's deadlines
+/// on tokio's clock, so on a paused clock (a test) time moves only when the test moves
+/// it. It blocks the thread it runs on while it performs file I/O: give it a runtime
+/// (or a thread) of its own.
+pub async fn run_async(config: Config) -> Result<(), InstallError> {
     // Block the signals before any thread exists, so every thread inherits the mask
     // and only the signal thread receives them (sigwait).
     let mut signals = SigSet::empty();
@@ -144,7 +157,7 @@ pub fn run(config: Config) -> Result<(), InstallError> {
     }
     files::remove_stale_temp_files(&daemon.dir, &daemon.cfg.bin_dir);
 
-    let (tx, rx) = mpsc::channel::<Work>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Work>();
     {
         let tx = tx.clone();
         std::thread::Builder::new()
@@ -185,7 +198,7 @@ pub fn run(config: Config) -> Result<(), InstallError> {
         }
     }
     drop(tx);
-    daemon.event_loop(&rx)
+    daemon.event_loop(&mut rx).await
 }
 
 fn list_for_scan(dir: &std::path::Path) -> Result<Vec<String>, InstallError> {
@@ -267,18 +280,21 @@ impl Daemon {
 
     /// One event at a time: read the clock once, feed the machine, perform what it
     /// asks for, sleep until its next deadline or the next event.
-    fn event_loop(&mut self, rx: &Receiver<Work>) -> Result<(), InstallError> {
+    async fn event_loop(&mut self, rx: &mut UnboundedReceiver<Work>) -> Result<(), InstallError> {
         let mut now = mono_now();
         loop {
             self.perform_all(now);
-            let wait = Duration::from_millis(self.machine.poll_timeout().since(now));
-            let work = rx.recv_timeout(wait);
+            let deadline = mono_instant(self.machine.poll_timeout());
+            let work = tokio::select! {
+                work = rx.recv() => Some(work),
+                () = tokio::time::sleep_until(deadline) => None,
+            };
             now = mono_now();
             let event = match work {
-                Ok(Work::Changed(name)) => Event::Changed(name),
-                Ok(Work::Listed(names)) => Event::Listed(names),
-                Ok(Work::Overflow) => Event::Overflow,
-                Ok(Work::Signal(sig)) => {
+                Some(Some(Work::Changed(name))) => Event::Changed(name),
+                Some(Some(Work::Listed(names))) => Event::Listed(names),
+                Some(Some(Work::Overflow)) => Event::Overflow,
+                Some(Some(Work::Signal(sig))) => {
                     info!(signal = %sig, "signal received: restoring the config directory and exiting");
                     return if self.shutdown() {
                         Ok(())
@@ -288,16 +304,16 @@ impl Daemon {
                         ))
                     };
                 }
-                Ok(Work::Fatal(msg)) => {
+                Some(Some(Work::Fatal(msg))) => {
                     error!(error = %msg, "fatal: restoring the config directory and exiting");
                     self.shutdown();
                     return Err(InstallError(msg));
                 }
-                Err(RecvTimeoutError::Timeout) => {
+                None => {
                     self.machine.handle_timeout(now);
                     continue;
                 }
-                Err(RecvTimeoutError::Disconnected) => {
+                Some(None) => {
                     let msg = "the inotify watch stopped: refusing to run unwatched".to_owned();
                     error!("{msg}");
                     self.shutdown();

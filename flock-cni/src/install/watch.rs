@@ -4,9 +4,9 @@
 use std::fs;
 use std::io;
 use std::path::Path;
-use std::sync::mpsc::Sender;
 
 use inotify::{EventMask, Inotify, WatchMask};
+use tokio::sync::mpsc::UnboundedSender as Sender;
 use tracing::warn;
 
 use super::{InstallError, Work};
