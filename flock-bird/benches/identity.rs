@@ -9,7 +9,7 @@
 //! Run: `cargo bench -p flock-bird --bench identity -- --warm-up-time 1 --measurement-time 3`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use flock_bird::identity::{BuiltinCa, IdentityProvider, PodIdentity, system_clock_ms};
+use flock_bird::identity::{BuiltinCa, IdentityProvider, PodIdentity};
 use flock_core::gc::PodKey;
 use std::hint::black_box;
 use std::time::Duration;
@@ -25,8 +25,12 @@ fn pod(i: usize) -> PodIdentity {
 }
 
 fn issuance(c: &mut Criterion) {
-    let ca =
-        BuiltinCa::new("cluster.local", Duration::from_secs(3600), system_clock_ms).expect("CA");
+    let ca = BuiltinCa::new(
+        "cluster.local",
+        Duration::from_secs(3600),
+        flock_clock::unix_now,
+    )
+    .expect("CA");
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");

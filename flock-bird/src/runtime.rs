@@ -5,7 +5,7 @@ use crate::admin;
 use crate::agent::{Agent, AgentConfig, group_of};
 use crate::cni_server::CniServer;
 use crate::identity::IdentityProvider as _;
-use crate::identity::{BuiltinCa, SpireBridge, system_clock_ms};
+use crate::identity::{BuiltinCa, SpireBridge};
 use crate::registry::{self, RegistryOptions};
 use crate::store::PodStore;
 use anyhow::Context as _;
@@ -131,7 +131,7 @@ pub async fn run(
         svid_ttl,
     } = &opts.identity
     {
-        let ca = BuiltinCa::new(trust_domain, *svid_ttl, system_clock_ms)
+        let ca = BuiltinCa::new(trust_domain, *svid_ttl, flock_clock::unix_now)
             .map_err(|e| anyhow::anyhow!("--identity builtin: {e}"))?;
         tracing::info!(identity = %ca.describe(), "workload identity: node-local CA (keys in memory only)");
         rotation = Some(Arc::clone(&ca));

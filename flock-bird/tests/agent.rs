@@ -514,7 +514,7 @@ async fn r6_a_resubscription_racing_remove_pod_leaks_nothing() {
     let ca = flock_bird::identity::BuiltinCa::new(
         "cluster.local",
         std::time::Duration::from_secs(3600),
-        flock_bird::identity::system_clock_ms,
+        flock_clock::unix_now,
     )
     .unwrap();
     {
@@ -533,7 +533,7 @@ async fn r6_a_resubscription_racing_remove_pod_leaks_nothing() {
     let fresh = flock_bird::identity::BuiltinCa::new(
         "cluster.local",
         std::time::Duration::from_secs(3600),
-        flock_bird::identity::system_clock_ms,
+        flock_clock::unix_now,
     )
     .unwrap();
     let gated = Arc::new(GatedIdentity {

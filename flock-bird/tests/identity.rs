@@ -3,8 +3,9 @@
 
 use flock_bird::identity::{
     BuiltinCa, IdentityError, IdentityProvider, IdentityView, PodIdentity, Svid, due, spiffe_id,
-    system_clock_ms, validate_trust_domain,
+    validate_trust_domain,
 };
+use flock_core::UnixMs;
 use flock_core::gc::PodKey;
 use proptest::prelude::*;
 use std::path::Path;
@@ -25,10 +26,10 @@ fn pod(container: &str, ns: &str, sa: &str) -> PodIdentity {
 
 /// A clock the test moves by hand, starting at the real now (so openssl, which checks
 /// validity against the real time, accepts the certificates).
-fn fake_clock() -> (Arc<AtomicU64>, impl Fn() -> u64 + Send + Sync + 'static) {
-    let now = Arc::new(AtomicU64::new(system_clock_ms()));
+fn fake_clock() -> (Arc<AtomicU64>, impl Fn() -> UnixMs + Send + Sync + 'static) {
+    let now = Arc::new(AtomicU64::new(flock_clock::unix_now().as_millis()));
     let c = now.clone();
-    (now, move || c.load(Ordering::SeqCst))
+    (now, move || UnixMs(c.load(Ordering::SeqCst)))
 }
 
 fn openssl(args: &[&str], dir: &Path) -> String {
@@ -50,8 +51,12 @@ fn openssl(args: &[&str], dir: &Path) -> String {
 
 #[tokio::test]
 async fn svid_verifies_against_the_bundle_with_exactly_its_spiffe_id() {
-    let ca =
-        BuiltinCa::new("cluster.local", Duration::from_secs(3600), system_clock_ms).expect("CA");
+    let ca = BuiltinCa::new(
+        "cluster.local",
+        Duration::from_secs(3600),
+        flock_clock::unix_now,
+    )
+    .expect("CA");
     let id = ca
         .subscribe(&pod("a", "shop", "cart"))
         .await
@@ -140,7 +145,12 @@ async fn svid_verifies_against_the_bundle_with_exactly_its_spiffe_id() {
 
 #[tokio::test]
 async fn pods_with_one_service_account_share_one_svid_until_the_last_leaves() {
-    let ca = BuiltinCa::new("example.org", Duration::from_secs(600), system_clock_ms).unwrap();
+    let ca = BuiltinCa::new(
+        "example.org",
+        Duration::from_secs(600),
+        flock_clock::unix_now,
+    )
+    .unwrap();
     let rx = ca.view();
     let a = pod("a", "shop", "cart");
     let b = pod("b", "shop", "cart");
@@ -193,7 +203,12 @@ async fn pods_with_one_service_account_share_one_svid_until_the_last_leaves() {
 
 #[tokio::test]
 async fn a_pod_that_changes_service_account_moves_its_subscription() {
-    let ca = BuiltinCa::new("example.org", Duration::from_secs(600), system_clock_ms).unwrap();
+    let ca = BuiltinCa::new(
+        "example.org",
+        Duration::from_secs(600),
+        flock_clock::unix_now,
+    )
+    .unwrap();
     let old = ca.subscribe(&pod("a", "shop", "cart")).await.unwrap();
     let new = ca.subscribe(&pod("a", "shop", "pay")).await.unwrap();
     let v = ca.view().borrow().clone();
@@ -264,7 +279,12 @@ fn assert_no_key(text: &str, keys: &[String]) {
 
 #[tokio::test]
 async fn formatting_never_shows_key_material() {
-    let ca = BuiltinCa::new("cluster.local", Duration::from_secs(60), system_clock_ms).unwrap();
+    let ca = BuiltinCa::new(
+        "cluster.local",
+        Duration::from_secs(60),
+        flock_clock::unix_now,
+    )
+    .unwrap();
     let id = ca.subscribe(&pod("a", "ns", "sa")).await.unwrap();
     let view: Arc<IdentityView> = ca.view().borrow().clone();
     let svid = view.svids[&id].clone();
@@ -289,8 +309,8 @@ async fn formatting_never_shows_key_material() {
     let errors = [
         ca.subscribe(&pod("b", "Bad/NS", "sa")).await.unwrap_err(),
         ca.subscribe(&pod("b", "ns", "..")).await.unwrap_err(),
-        BuiltinCa::new("Bad", Duration::from_secs(60), system_clock_ms).unwrap_err(),
-        BuiltinCa::new("ok", Duration::from_secs(0), system_clock_ms).unwrap_err(),
+        BuiltinCa::new("Bad", Duration::from_secs(60), flock_clock::unix_now).unwrap_err(),
+        BuiltinCa::new("ok", Duration::from_secs(0), flock_clock::unix_now).unwrap_err(),
     ];
     for e in &errors {
         assert_no_key(&format!("{e:?}"), &keys);
@@ -349,7 +369,7 @@ fn names_and_selectors() {
 #[tokio::test]
 async fn run_rotation_keeps_svids_fresh() {
     // A 2 s TTL with the real clock: the loop must rotate at ~1 s.
-    let ca = BuiltinCa::new("td", Duration::from_secs(2), system_clock_ms).unwrap();
+    let ca = BuiltinCa::new("td", Duration::from_secs(2), flock_clock::unix_now).unwrap();
     let id = ca.subscribe(&pod("a", "ns", "sa")).await.unwrap();
     let mut rx = ca.view();
     let first = rx.borrow_and_update().svids[&id].serial.clone();
@@ -367,11 +387,12 @@ proptest! {
     fn due_exactly_from_half_life(issued in 0u64..1 << 50, life in 0u64..1 << 40, now in 0u64..1 << 51) {
         let not_after = issued + life;
         let half = issued + life / 2;
-        prop_assert_eq!(due(issued, not_after, now), now >= half);
+        let due = |now: u64| due(UnixMs(issued), UnixMs(not_after), UnixMs(now));
+        prop_assert_eq!(due(now), now >= half);
         // Never due before half-life, always at or after it.
-        if now < half { prop_assert!(!due(issued, not_after, now)); }
-        prop_assert!(due(issued, not_after, half));
-        prop_assert!(due(issued, not_after, half.max(now)));
-        prop_assert!(due(issued, not_after, not_after));
+        if now < half { prop_assert!(!due(now)); }
+        prop_assert!(due(half));
+        prop_assert!(due(half.max(now)));
+        prop_assert!(due(not_after));
     }
 }

@@ -299,7 +299,7 @@ async fn rotation_cost() {
     let ca = flock_bird::identity::BuiltinCa::new(
         "cluster.local",
         Duration::from_secs(3600),
-        move || c.load(Ordering::SeqCst),
+        move || flock_core::UnixMs(c.load(Ordering::SeqCst)),
     )
     .unwrap();
     let store = Arc::new(PodStore::open(dir.path()).unwrap());

@@ -53,7 +53,8 @@ impl Agent {
         }
         let merge = self.pods.load_merge(loaded);
         {
-            let now = flock_clock::unix_now().as_millis();
+            // Warm-up and probe deadlines are this process's own: monotonic time.
+            let now = flock_clock::mono_now();
             let mut live = lock(&self.liveness);
             for key in &merge.added {
                 live.entry(key.clone())
@@ -128,10 +129,7 @@ impl Agent {
                             self.pods.insert(rec.key.clone(), rec.clone());
                             lock(&self.liveness).insert(
                                 rec.key.clone(),
-                                Liveness::new(
-                                    flock_clock::unix_now().as_millis(),
-                                    self.cfg.liveness,
-                                ),
+                                Liveness::new(flock_clock::mono_now(), self.cfg.liveness),
                             );
                             Ok(())
                         }

@@ -72,7 +72,9 @@ impl Agent {
     /// Runs one liveness round: probes every due pod (in parallel) and applies
     /// transitions to the registry.
     pub async fn liveness_round(self: &Arc<Self>) {
-        let now = flock_clock::unix_now().as_millis();
+        // One clock read for the round: which pods are due, and the time their results
+        // are recorded at (monotonic: a wall-clock jump neither skips nor repeats probes).
+        let now = flock_clock::mono_now();
         let due: Vec<PodRecord> = {
             let live = lock(&self.liveness);
             self.pods
@@ -103,7 +105,7 @@ impl Agent {
             }
             let transition = lock(&self.liveness)
                 .get_mut(&key)
-                .and_then(|l| l.observe(flock_clock::unix_now().as_millis(), ok));
+                .and_then(|l| l.observe(now, ok));
             if let Some(t) = transition {
                 tracing::info!(%key, from = ?t.from, to = ?t.to, "pod health changed");
                 self.metrics.health_changes.fetch_add(1, Ordering::Relaxed);

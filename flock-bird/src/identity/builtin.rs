@@ -4,7 +4,9 @@ use super::{
     Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid, due,
     rotation_at, spiffe_id, validate_path_segment, validate_trust_domain,
 };
-use flock_core::gc::PodKey;
+use flock_core::UnixMs;
+use flock_core::pod::PodKey;
+use flock_core::sync::Mutex;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType, SerialNumber,
@@ -12,8 +14,8 @@ use rcgen::{
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -29,7 +31,7 @@ pub const MIN_TTL: Duration = Duration::from_secs(2);
 /// leaf must not outlive the CA.
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
-type Clock = Box<dyn Fn() -> u64 + Send + Sync>;
+type Clock = Box<dyn Fn() -> UnixMs + Send + Sync>;
 
 /// A node-local CA (ECDSA P-256, in memory only) issuing
 /// `spiffe://<trust-domain>/ns/<ns>/sa/<sa>` SVIDs, rotated at half their lifetime.
@@ -65,13 +67,6 @@ impl fmt::Debug for BuiltinCa {
     }
 }
 
-/// The current time in ms since the Unix epoch (the clock to pass to [`BuiltinCa::new`]).
-pub fn system_clock_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Sets a certificate's validity to `[from_ms, to_ms]` (ms since the Unix epoch).
 ///
 /// rcgen takes `time::OffsetDateTime`; building it from rcgen's own epoch value (and
@@ -85,12 +80,13 @@ fn set_validity(params: &mut CertificateParams, from_ms: u64, to_ms: u64) {
 
 impl BuiltinCa {
     /// Creates the CA (a new key pair, never written anywhere) for `trust_domain`,
-    /// issuing SVIDs valid for `svid_ttl`, with `clock` giving ms since the Unix epoch
-    /// (tests pass a fake one; the agent passes [`system_clock_ms`]).
+    /// issuing SVIDs valid for `svid_ttl`, with `clock` giving wall-clock time
+    /// (certificate validity is read by other processes: Unix time; tests pass a fake
+    /// clock, the agent `flock_clock::unix_now`).
     pub fn new(
         trust_domain: &str,
         svid_ttl: Duration,
-        clock: impl Fn() -> u64 + Send + Sync + 'static,
+        clock: impl Fn() -> UnixMs + Send + Sync + 'static,
     ) -> Result<Arc<Self>, IdentityError> {
         validate_trust_domain(trust_domain).map_err(|reason| {
             IdentityError::InvalidTrustDomain {
@@ -103,7 +99,7 @@ impl BuiltinCa {
                 "{svid_ttl:?} not within {MIN_TTL:?}..={MAX_TTL:?}"
             )));
         }
-        let now = clock();
+        let now = clock().as_millis();
         let ca_not_after_ms = now + CA_LIFETIME.as_millis() as u64;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -169,7 +165,7 @@ impl BuiltinCa {
     /// It is *not* tracked in the view: subscriptions do that; this is the unit of work
     /// they (and the issuance benchmark) share.
     pub fn issue(&self, spiffe_id: &str) -> Result<Svid, IdentityError> {
-        let now = (self.clock)();
+        let now = (self.clock)().as_millis();
         // A leaf never outlives its CA (a chain with an expired root fails anyway).
         let not_after_ms = (now + self.ttl.as_millis() as u64).min(self.ca_not_after_ms);
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
@@ -224,12 +220,12 @@ impl BuiltinCa {
     /// Rotates every SVID past half its lifetime; returns how many. Call it from a loop
     /// (see [`BuiltinCa::next_rotation_ms`] for when next).
     pub fn rotate_due(&self) -> usize {
-        let now = (self.clock)();
-        let mut state = self.lock();
+        let now = (self.clock)().as_millis();
+        let mut state = self.state.lock();
         let ids: Vec<String> = state
             .svids
             .values()
-            .filter(|s| due(s.issued_ms, s.not_after_ms, now))
+            .filter(|s| due(UnixMs(s.issued_ms), UnixMs(s.not_after_ms), UnixMs(now)))
             .map(|s| s.spiffe_id.clone())
             .collect();
         let mut rotated = 0;
@@ -254,10 +250,11 @@ impl BuiltinCa {
     /// When the next SVID is due for rotation (ms since the Unix epoch); `None` when
     /// there is no SVID.
     pub fn next_rotation_ms(&self) -> Option<u64> {
-        self.lock()
+        self.state
+            .lock()
             .svids
             .values()
-            .map(|s| rotation_at(s.issued_ms, s.not_after_ms))
+            .map(|s| rotation_at(UnixMs(s.issued_ms), UnixMs(s.not_after_ms)).as_millis())
             .min()
     }
 
@@ -267,7 +264,7 @@ impl BuiltinCa {
     pub async fn run_rotation(self: Arc<Self>, max_sleep: Duration) {
         loop {
             self.rotate_due();
-            let now = (self.clock)();
+            let now = (self.clock)().as_millis();
             let wait = self
                 .next_rotation_ms()
                 .map_or(max_sleep, |at| {
@@ -278,12 +275,6 @@ impl BuiltinCa {
                 .max(Duration::from_millis(100));
             tokio::time::sleep(wait).await;
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // State is consistent after every statement that mutates it, so a panic while
-        // holding the lock leaves nothing half-done.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn publish(&self, state: &mut State) {
@@ -326,7 +317,7 @@ impl IdentityProvider for BuiltinCa {
             })?;
         }
         let id = spiffe_id(&self.trust_domain, &pod.namespace, &pod.service_account);
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         if state.subscriptions.get(&pod.key) == Some(&id) && state.svids.contains_key(&id) {
             return Ok(id);
         }
@@ -345,7 +336,7 @@ impl IdentityProvider for BuiltinCa {
     }
 
     async fn unsubscribe(&self, key: &PodKey) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         if Self::drop_subscription(&mut state, key) {
             self.publish(&mut state);
         }

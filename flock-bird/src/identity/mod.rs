@@ -23,7 +23,8 @@
 mod builtin;
 pub mod spire;
 
-pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, MAX_TTL, MIN_TTL, system_clock_ms};
+pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, MAX_TTL, MIN_TTL};
+use flock_core::UnixMs;
 pub use spire::{SpireBridge, SpireOptions};
 
 use crate::model::PodRecord;
@@ -272,15 +273,16 @@ pub fn validate_path_segment(s: &str) -> Result<(), String> {
     }
 }
 
-/// Whether an SVID issued at `issued_ms` and expiring at `not_after_ms` is due for
-/// rotation at `now_ms`: at or past half its lifetime. Pure, so it can be proptested;
+/// Whether an SVID issued at `issued` and expiring at `not_after` is due for
+/// rotation at `now`: at or past half its lifetime. Pure, so it can be proptested;
 /// rotating at half-life leaves the other half as margin for a failed or late
-/// rotation and for proxies to pick the new secret up.
-pub fn due(issued_ms: u64, not_after_ms: u64, now_ms: u64) -> bool {
-    now_ms >= rotation_at(issued_ms, not_after_ms)
+/// rotation and for proxies to pick the new secret up. Wall-clock time: certificate
+/// validity is what peers check.
+pub fn due(issued: UnixMs, not_after: UnixMs, now: UnixMs) -> bool {
+    now >= rotation_at(issued, not_after)
 }
 
 /// When an SVID is due for rotation (see [`due`]).
-pub fn rotation_at(issued_ms: u64, not_after_ms: u64) -> u64 {
-    issued_ms + not_after_ms.saturating_sub(issued_ms) / 2
+pub fn rotation_at(issued: UnixMs, not_after: UnixMs) -> UnixMs {
+    issued.plus(not_after.since(issued) / 2)
 }

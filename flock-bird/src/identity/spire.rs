@@ -30,18 +30,18 @@
 //! Keys arrive as PKCS#8 DER and are kept only as [`SecretPem`]; nothing here logs or
 //! formats a response message (they carry keys).
 
-use super::system_clock_ms;
 use super::{Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid};
 use flock_core::backoff::Backoff;
 use flock_core::gc::PodKey;
+use flock_core::sync::Mutex;
 use hyper_util::rt::TokioIo;
 use spire_api::pb::spire::api::agent::delegatedidentity::v1 as pb;
 use spire_api::pb::spire::api::types::Selector;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
@@ -187,7 +187,7 @@ impl Drop for SpireBridge {
     fn drop(&mut self) {
         self.supervisor.abort();
         self.inner.closed.send_replace(true);
-        let mut st = self.inner.lock();
+        let mut st = self.inner.state.lock();
         // With no subscription left, any open still in flight is withdrawn (R6).
         for (_, sub) in std::mem::take(&mut st.subs) {
             if let Some((_, task)) = sub.task {
@@ -201,11 +201,6 @@ impl Drop for SpireBridge {
 }
 
 impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // State is consistent after every statement that mutates it.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn publish(&self, st: &mut State) {
         st.generation += 1;
         self.tx.send_replace(Arc::new(IdentityView {
@@ -251,7 +246,7 @@ impl Inner {
             let client = match connect(&self.socket, self.opts.connect_timeout).await {
                 Ok(client) => client,
                 Err(e) => {
-                    let delay = backoff.next_delay(jitter());
+                    let delay = backoff.next_delay(flock_clock::jitter());
                     tracing::warn!(socket = %self.socket.display(), retry_in_ms = delay.as_millis() as u64, "cannot connect to the SPIRE agent: {e}");
                     tokio::time::sleep(delay).await;
                     continue;
@@ -270,7 +265,7 @@ impl Inner {
             if up.elapsed() >= self.opts.stable_after {
                 backoff.reset();
             }
-            let delay = backoff.next_delay(jitter());
+            let delay = backoff.next_delay(flock_clock::jitter());
             tracing::warn!(
                 epoch,
                 retry_in_ms = delay.as_millis() as u64,
@@ -283,6 +278,7 @@ impl Inner {
     /// Opens every current subscription that has no stream on `conn` yet.
     fn resubscribe_all(self: &Arc<Self>, conn: &Arc<Conn>) {
         let todo: Vec<(PodIdentity, u64)> = self
+            .state
             .lock()
             .subs
             .values()
@@ -327,7 +323,7 @@ impl Inner {
             }
         };
         let key = pod.key.clone();
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         // The re-check (R6): the pod may have been unsubscribed (or subscribed anew)
         // while the stream was opening, and its unsubscribe found nothing to cancel.
         #[cfg(not(flock_reintroduce = "r6-spire"))]
@@ -402,7 +398,7 @@ impl Inner {
                 }
             },
         };
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         if !Self::wanted(&st, key, token) {
             return false;
         }
@@ -430,7 +426,7 @@ impl Inner {
 
     fn start_bundles(self: &Arc<Self>, conn: &Arc<Conn>) {
         let task = tokio::spawn(Arc::clone(self).read_bundles(Arc::clone(conn))).abort_handle();
-        if let Some(old) = self.lock().bundles_task.replace(task) {
+        if let Some(old) = self.state.lock().bundles_task.replace(task) {
             old.abort();
         }
     }
@@ -485,7 +481,7 @@ impl Inner {
                 },
             );
         }
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         if st.bundles != bundles {
             tracing::info!(trust_domains = bundles.len(), "trust bundles from SPIRE");
             st.bundles = bundles;
@@ -500,7 +496,7 @@ impl IdentityProvider for SpireBridge {
         let inner = &self.inner;
         let key = pod.key.clone();
         let (token, conn) = {
-            let mut st = inner.lock();
+            let mut st = inner.state.lock();
             let existing = st.subs.get(&key).map(|s| (s.pod == *pod, s.token));
             match existing {
                 Some((true, token)) => (token, None),
@@ -539,7 +535,7 @@ impl IdentityProvider for SpireBridge {
             // Seen before reading the state: a change after the read wakes `changed`.
             rx.borrow_and_update();
             {
-                let st = inner.lock();
+                let st = inner.state.lock();
                 if !Inner::wanted(&st, &key, token) {
                     return Err(IdentityError::Issue(format!(
                         "pod {key} was unsubscribed while waiting for its SVID from SPIRE"
@@ -556,7 +552,7 @@ impl IdentityProvider for SpireBridge {
         }
         // Failed: the caller does not consider the pod subscribed, so neither do we.
         {
-            let mut st = inner.lock();
+            let mut st = inner.state.lock();
             if Inner::wanted(&st, &key, token) {
                 if let Some((_, task)) = st.subs.remove(&key).and_then(|s| s.task) {
                     task.abort();
@@ -572,7 +568,7 @@ impl IdentityProvider for SpireBridge {
     }
 
     async fn unsubscribe(&self, key: &PodKey) {
-        let mut st = self.inner.lock();
+        let mut st = self.inner.state.lock();
         if let Some(sub) = st.subs.remove(key) {
             // Cancels the stream if it is open; one still opening is withdrawn by the
             // re-check in `open` (R6).
@@ -627,20 +623,6 @@ async fn connect(socket: &Path, timeout: Duration) -> Result<Client, String> {
     Ok(Client::new(channel))
 }
 
-/// A uniform sample in `[0, 1)` for the backoff's jitter (std only: a randomly keyed
-/// hash of the time).
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// Converts SPIRE's SVID (DER chain, PKCS#8 DER key) into an [`Svid`] (PEM).
 fn convert_svid(s: pb::X509svidWithKey) -> Result<Svid, String> {
     let x = s.x509_svid.ok_or("response without an SVID")?;
@@ -665,7 +647,7 @@ fn convert_svid(s: pb::X509svidWithKey) -> Result<Svid, String> {
         not_after_ms: u64::try_from(x.expires_at)
             .unwrap_or(0)
             .saturating_mul(1000),
-        issued_ms: system_clock_ms(),
+        issued_ms: flock_clock::unix_now().as_millis(),
         serial,
     })
 }

@@ -125,20 +125,6 @@ impl ViewState {
     }
 }
 
-/// A uniform sample in `[0, 1)` for backoff jitter. The std hasher's per-instance random
-/// keys are enough here (no cryptographic need, no extra dependency).
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// Why a session ended.
 enum SessionEnd {
     /// A transport/watch/keep-alive failure: reconnect after a backoff.
@@ -510,7 +496,7 @@ impl Shared {
                 None => match self.establish().await {
                     Ok(s) => s,
                     Err(e) => {
-                        let delay = backoff.next_delay(jitter());
+                        let delay = backoff.next_delay(flock_clock::jitter());
                         tracing::warn!(registry = %self.describe, node = %self.node, error = %e, retry_in = ?delay, "registry reconnect failed");
                         tokio::time::sleep(delay).await;
                         continue;
@@ -525,7 +511,7 @@ impl Shared {
             if started.elapsed() > Duration::from_secs(10) {
                 backoff.reset();
             }
-            let delay = backoff.next_delay(jitter());
+            let delay = backoff.next_delay(flock_clock::jitter());
             tracing::warn!(registry = %self.describe, node = %self.node, reason = %why, retry_in = ?delay, "registry disconnected; reconnecting");
             tokio::time::sleep(delay).await;
         }

@@ -12,7 +12,6 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The schema this version reads and writes.
 pub(crate) const SCHEMA: u64 = 1;
@@ -147,10 +146,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Loaded, Decoded> {
 }
 
 fn aside_path(path: &Path) -> PathBuf {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let ms = flock_clock::unix_now().as_millis();
     let mut s = path.as_os_str().to_os_string();
     s.push(format!(".corrupt-{ms}"));
     PathBuf::from(s)

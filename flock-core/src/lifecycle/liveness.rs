@@ -22,32 +22,36 @@
 //! Fewer transitions also means fewer such re-registrations racing with
 //! `RemovePod`.
 //!
-//! Time is `now_ms`, milliseconds on a monotonic clock whose origin the caller
-//! chooses; a clock that appears to go backwards is treated as still in warm-up,
-//! never as an error.
+//! Time is [`MonoMs`]: deadlines and the warm-up window are the agent's own, so
+//! they are measured on the monotonic clock (a wall clock set back by an hour must
+//! not put every pod back into warm-up, nor one set forward mark them all due). A
+//! time that appears to go backwards is treated as still in warm-up, never as an
+//! error.
 //!
 //! # Example
 //!
 //! ```
+//! use flock_core::MonoMs;
 //! use flock_core::lifecycle::liveness::{Health, Liveness, LivenessPolicy, Transition};
 //!
 //! let policy = LivenessPolicy::default(); // 5 s interval, 10 s warm-up, 2/3
-//! let mut pod = Liveness::new(0, policy);
-//! assert_eq!(pod.observe(5_000, false), None); // warm-up: ignored
-//! assert_eq!(pod.observe(10_000, true), None);
+//! let mut pod = Liveness::new(MonoMs(0), policy);
+//! assert_eq!(pod.observe(MonoMs(5_000), false), None); // warm-up: ignored
+//! assert_eq!(pod.observe(MonoMs(10_000), true), None);
 //! assert_eq!(
-//!     pod.observe(15_000, true),
+//!     pod.observe(MonoMs(15_000), true),
 //!     Some(Transition { from: Health::Unknown, to: Health::Healthy })
 //! );
-//! assert_eq!(pod.observe(20_000, false), None);
-//! assert_eq!(pod.observe(25_000, false), None);
+//! assert_eq!(pod.observe(MonoMs(20_000), false), None);
+//! assert_eq!(pod.observe(MonoMs(25_000), false), None);
 //! assert_eq!(
-//!     pod.observe(30_000, false),
+//!     pod.observe(MonoMs(30_000), false),
 //!     Some(Transition { from: Health::Healthy, to: Health::Unhealthy })
 //! );
-//! assert_eq!(pod.observe(35_000, false), None); // reported once
+//! assert_eq!(pod.observe(MonoMs(35_000), false), None); // reported once
 //! ```
 
+use crate::time::MonoMs;
 use serde::{Deserialize, Serialize};
 
 /// Probe scheduling and thresholds.
@@ -78,16 +82,12 @@ impl Default for LivenessPolicy {
     }
 }
 
-/// A pod's health as far as the agent has decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Health {
-    /// Not yet decided (new pod).
-    Unknown,
-    /// Passed `healthy_threshold` consecutive probes.
-    Healthy,
-    /// Failed `unhealthy_threshold` consecutive counted probes.
-    Unhealthy,
-}
+/// A pod's health as far as the agent has decided: the one health type of pods and
+/// endpoints. The tracker starts at [`Health::Unknown`] and decides
+/// [`Health::Healthy`] after `healthy_threshold` consecutive successes and
+/// [`Health::Unhealthy`] after `unhealthy_threshold` consecutive counted failures; it
+/// never decides [`Health::Draining`].
+pub use crate::pod::Health;
 
 /// A change of [`Health`], reported once by [`Liveness::observe`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -102,23 +102,23 @@ pub struct Transition {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Liveness {
     policy: LivenessPolicy,
-    added_ms: u64,
+    added: MonoMs,
     health: Health,
     successes: u32,
     failures: u32,
-    last_probe_ms: Option<u64>,
+    last_probe: Option<MonoMs>,
 }
 
 impl Liveness {
-    /// A tracker for a pod added at `added_ms`.
-    pub fn new(added_ms: u64, policy: LivenessPolicy) -> Self {
+    /// A tracker for a pod added at `added`.
+    pub fn new(added: MonoMs, policy: LivenessPolicy) -> Self {
         Self {
             policy,
-            added_ms,
+            added,
             health: Health::Unknown,
             successes: 0,
             failures: 0,
-            last_probe_ms: None,
+            last_probe: None,
         }
     }
 
@@ -132,36 +132,36 @@ impl Liveness {
         &self.policy
     }
 
-    /// Whether failures at `now_ms` are ignored (still within warm-up).
-    pub fn in_warmup(&self, now_ms: u64) -> bool {
-        now_ms.saturating_sub(self.added_ms) < self.policy.warmup_ms
+    /// Whether failures at `now` are ignored (still within warm-up).
+    pub fn in_warmup(&self, now: MonoMs) -> bool {
+        now.since(self.added) < self.policy.warmup_ms
     }
 
     /// When the next probe is due: at once for a never-probed pod, otherwise one
     /// interval after the last observation.
-    pub fn next_probe_ms(&self) -> u64 {
-        match self.last_probe_ms {
-            None => self.added_ms,
-            Some(last) => last.saturating_add(self.policy.interval_ms),
+    pub fn next_probe(&self) -> MonoMs {
+        match self.last_probe {
+            None => self.added,
+            Some(last) => last.plus(self.policy.interval_ms),
         }
     }
 
-    /// Whether a probe is due at `now_ms`.
-    pub fn is_due(&self, now_ms: u64) -> bool {
-        now_ms >= self.next_probe_ms()
+    /// Whether a probe is due at `now`.
+    pub fn is_due(&self, now: MonoMs) -> bool {
+        now >= self.next_probe()
     }
 
-    /// Records one probe result at `now_ms`. Returns the transition if this result
+    /// Records one probe result at `now`. Returns the transition if this result
     /// changed the pod's health, `None` otherwise (each change is returned once).
-    pub fn observe(&mut self, now_ms: u64, ok: bool) -> Option<Transition> {
-        self.last_probe_ms = Some(now_ms);
+    pub fn observe(&mut self, now: MonoMs, ok: bool) -> Option<Transition> {
+        self.last_probe = Some(now);
         let target = if ok {
             self.successes = self.successes.saturating_add(1);
             self.failures = 0;
             (self.successes >= self.policy.healthy_threshold.max(1)).then_some(Health::Healthy)
         } else {
             self.successes = 0;
-            if self.in_warmup(now_ms) {
+            if self.in_warmup(now) {
                 return None; // Failures during warm-up do not count.
             }
             self.failures = self.failures.saturating_add(1);
@@ -209,67 +209,67 @@ mod tests {
 
     #[test]
     fn new_pod_is_unknown_and_due_immediately() {
-        let l = Liveness::new(100, LivenessPolicy::default());
+        let l = Liveness::new(MonoMs(100), LivenessPolicy::default());
         assert_eq!(l.health(), Health::Unknown);
-        assert!(l.is_due(100));
-        assert!(!l.is_due(99));
+        assert!(l.is_due(MonoMs(100)));
+        assert!(!l.is_due(MonoMs(99)));
     }
 
     #[test]
     fn healthy_only_after_healthy_threshold_consecutive_successes() {
-        let mut l = Liveness::new(0, no_warmup());
-        assert_eq!(l.observe(0, true), None);
-        assert_eq!(l.observe(5, true), HEALTHY);
-        assert_eq!(l.observe(10, true), None);
+        let mut l = Liveness::new(MonoMs(0), no_warmup());
+        assert_eq!(l.observe(MonoMs(0), true), None);
+        assert_eq!(l.observe(MonoMs(5), true), HEALTHY);
+        assert_eq!(l.observe(MonoMs(10), true), None);
         assert_eq!(l.health(), Health::Healthy);
     }
 
     #[test]
     fn a_failure_breaks_the_success_streak() {
-        let mut l = Liveness::new(0, no_warmup());
-        l.observe(0, true);
-        l.observe(1, false);
-        assert_eq!(l.observe(2, true), None);
-        assert_eq!(l.observe(3, true), HEALTHY);
+        let mut l = Liveness::new(MonoMs(0), no_warmup());
+        l.observe(MonoMs(0), true);
+        l.observe(MonoMs(1), false);
+        assert_eq!(l.observe(MonoMs(2), true), None);
+        assert_eq!(l.observe(MonoMs(3), true), HEALTHY);
     }
 
     #[test]
     fn unhealthy_only_after_unhealthy_threshold_consecutive_failures() {
-        let mut l = Liveness::new(0, no_warmup());
-        l.observe(0, true);
-        l.observe(1, true);
-        assert_eq!(l.observe(2, false), None);
-        assert_eq!(l.observe(3, false), None);
+        let mut l = Liveness::new(MonoMs(0), no_warmup());
+        l.observe(MonoMs(0), true);
+        l.observe(MonoMs(1), true);
+        assert_eq!(l.observe(MonoMs(2), false), None);
+        assert_eq!(l.observe(MonoMs(3), false), None);
         assert_eq!(
-            l.observe(4, false),
+            l.observe(MonoMs(4), false),
             Some(Transition {
                 from: Health::Healthy,
                 to: Health::Unhealthy
             })
         );
-        assert_eq!(l.observe(5, false), None, "reported once");
+        assert_eq!(l.observe(MonoMs(5), false), None, "reported once");
     }
 
     #[test]
     fn a_success_breaks_the_failure_streak() {
-        let mut l = Liveness::new(0, no_warmup());
-        l.observe(0, false);
-        l.observe(1, false);
-        l.observe(2, true);
-        l.observe(3, false);
-        l.observe(4, false);
+        let mut l = Liveness::new(MonoMs(0), no_warmup());
+        l.observe(MonoMs(0), false);
+        l.observe(MonoMs(1), false);
+        l.observe(MonoMs(2), true);
+        l.observe(MonoMs(3), false);
+        l.observe(MonoMs(4), false);
         assert_eq!(l.health(), Health::Unknown);
-        assert!(l.observe(5, false).is_some());
+        assert!(l.observe(MonoMs(5), false).is_some());
     }
 
     #[test]
     fn unknown_goes_straight_to_unhealthy_after_warmup() {
-        let mut l = Liveness::new(0, LivenessPolicy::default());
+        let mut l = Liveness::new(MonoMs(0), LivenessPolicy::default());
         for t in [10_000, 15_000] {
-            assert_eq!(l.observe(t, false), None);
+            assert_eq!(l.observe(MonoMs(t), false), None);
         }
         assert_eq!(
-            l.observe(20_000, false),
+            l.observe(MonoMs(20_000), false),
             Some(Transition {
                 from: Health::Unknown,
                 to: Health::Unhealthy
@@ -279,38 +279,38 @@ mod tests {
 
     #[test]
     fn failures_during_warmup_never_count() {
-        let mut l = Liveness::new(1_000, LivenessPolicy::default());
+        let mut l = Liveness::new(MonoMs(1_000), LivenessPolicy::default());
         for t in (1_000..11_000).step_by(100) {
-            assert_eq!(l.observe(t, false), None);
+            assert_eq!(l.observe(MonoMs(t), false), None);
         }
         assert_eq!(l.health(), Health::Unknown);
         // The first counted failure is the first one at or after added + warm-up.
-        assert_eq!(l.observe(11_000, false), None);
-        assert_eq!(l.observe(11_001, false), None);
-        assert!(l.observe(11_002, false).is_some());
+        assert_eq!(l.observe(MonoMs(11_000), false), None);
+        assert_eq!(l.observe(MonoMs(11_001), false), None);
+        assert!(l.observe(MonoMs(11_002), false).is_some());
     }
 
     #[test]
     fn healthy_pod_is_not_flapped_by_failures_inside_warmup() {
-        let mut l = Liveness::new(0, LivenessPolicy::default());
-        l.observe(1_000, true);
-        assert_eq!(l.observe(2_000, true), HEALTHY);
+        let mut l = Liveness::new(MonoMs(0), LivenessPolicy::default());
+        l.observe(MonoMs(1_000), true);
+        assert_eq!(l.observe(MonoMs(2_000), true), HEALTHY);
         for t in 3_000..3_010 {
-            assert_eq!(l.observe(t, false), None);
+            assert_eq!(l.observe(MonoMs(t), false), None);
         }
         assert_eq!(l.health(), Health::Healthy);
     }
 
     #[test]
     fn recovers_from_unhealthy_after_healthy_threshold_successes() {
-        let mut l = Liveness::new(0, no_warmup());
+        let mut l = Liveness::new(MonoMs(0), no_warmup());
         for t in 0..3 {
-            l.observe(t, false);
+            l.observe(MonoMs(t), false);
         }
         assert_eq!(l.health(), Health::Unhealthy);
-        assert_eq!(l.observe(3, true), None);
+        assert_eq!(l.observe(MonoMs(3), true), None);
         assert_eq!(
-            l.observe(4, true),
+            l.observe(MonoMs(4), true),
             Some(Transition {
                 from: Health::Unhealthy,
                 to: Health::Healthy
@@ -325,27 +325,27 @@ mod tests {
             unhealthy_threshold: 0,
             ..no_warmup()
         };
-        let mut l = Liveness::new(0, policy);
-        assert_eq!(l.observe(0, true), HEALTHY);
-        assert!(l.observe(1, false).is_some());
+        let mut l = Liveness::new(MonoMs(0), policy);
+        assert_eq!(l.observe(MonoMs(0), true), HEALTHY);
+        assert!(l.observe(MonoMs(1), false).is_some());
     }
 
     #[test]
     fn clock_going_backwards_is_warmup_not_a_panic() {
-        let mut l = Liveness::new(50_000, LivenessPolicy::default());
-        assert!(l.in_warmup(0));
-        assert_eq!(l.observe(0, false), None);
-        assert_eq!(l.observe(u64::MAX, false), None);
-        assert_eq!(l.next_probe_ms(), u64::MAX, "saturates");
+        let mut l = Liveness::new(MonoMs(50_000), LivenessPolicy::default());
+        assert!(l.in_warmup(MonoMs(0)));
+        assert_eq!(l.observe(MonoMs(0), false), None);
+        assert_eq!(l.observe(MonoMs(u64::MAX), false), None);
+        assert_eq!(l.next_probe(), MonoMs(u64::MAX), "saturates");
     }
 
     #[test]
     fn next_probe_is_one_interval_after_the_last() {
-        let mut l = Liveness::new(0, LivenessPolicy::default());
-        l.observe(7_000, true);
-        assert_eq!(l.next_probe_ms(), 12_000);
-        assert!(!l.is_due(11_999));
-        assert!(l.is_due(12_000));
+        let mut l = Liveness::new(MonoMs(0), LivenessPolicy::default());
+        l.observe(MonoMs(7_000), true);
+        assert_eq!(l.next_probe(), MonoMs(12_000));
+        assert!(!l.is_due(MonoMs(11_999)));
+        assert!(l.is_due(MonoMs(12_000)));
         assert_eq!(l.policy().interval_ms, 5_000);
     }
 }
