@@ -5,7 +5,7 @@
 //! written now, what state it is in, when to retry, when the daemon is ready — is taken
 //! by the sans-IO machine [`flock_core::cniconf::installer::Installer`]; this module
 //! feeds it events (with the monotonic time, read once per event) and performs the
-//! reads, listings, atomic writes and removals it asks for ([`Io`]).
+//! reads, listings, atomic writes and removals it asks for ([`Io`](flock_core::cniconf::installer::Io)).
 //!
 //! # Order of operations
 //!

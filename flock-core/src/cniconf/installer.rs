@@ -11,8 +11,8 @@
 //!
 //! * **Which names matter**: only plain `.conf`/`.conflist`/`.json` names in the
 //!   directory itself; temp files and sub-directory paths never reach a decision.
-//! * **What a file's state is** ([`FileState`]): each [`SkipReason`] of
-//!   [`decide`] maps to exactly one state, and only the states a runtime would load
+//! * **What a file's state is** ([`FileState`]): each [`SkipReason`](super::SkipReason) of
+//!   [`decide`](super::decide) maps to exactly one state, and only the states a runtime would load
 //!   unpatched block readiness (a half-written or invalid file is not loadable, so it
 //!   does not).
 //! * **Symlinks**: the I/O side reports "this entry is a symlink" as a typed

@@ -141,7 +141,7 @@ impl FileState {
         matches!(self, Self::Pending(_) | Self::Throttled | Self::Blocked(_))
     }
 
-    /// The state a [`SkipReason`] of [`decide`] puts a file in; `None` for a name that
+    /// The state a [`SkipReason`] of [`decide`](crate::cniconf::decide) puts a file in; `None` for a name that
     /// is not a config file (it has no state at all).
     pub fn for_skip(reason: SkipReason) -> Option<Self> {
         match reason {
