@@ -2,15 +2,17 @@
 //! config changes without dropping a request, and hands a chain over between two
 //! supervisor processes.
 //!
-//! This crate performs the I/O; every decision comes from [`flock_core::epoch`]
-//! (`start_epoch`, `write_decision`, `RestartGate`, and the in-process rules
-//! `after_newest_exit`, `start_input`, `predecessor_drained`) and
-//! [`flock_core::backoff`]. The binary `flock-supervisor` is argument
-//! parsing around [`supervisor::run`]. See `README.md` for how to run Envoy under it.
+//! This crate performs the I/O; every decision comes from [`flock_core::epoch`]:
+//! the lifecycle machine [`flock_core::epoch::supervisor::Supervisor`] (live timeout,
+//! failure-count reset, give-up, shutdown stages, start decision, restart gate) and
+//! the state-file write rule `write_decision`, applied under the file's lock. The
+//! binary `flock-supervisor` is argument parsing around [`config`] and
+//! [`supervisor::run`]. See `README.md` for how to run Envoy under it.
 //!
 //! | module | job |
 //! |---|---|
-//! | [`supervisor`] | the event loop: signals, inotify, child exits, timers |
+//! | [`config`] | the supervisor's configuration, defaults and limits, and its policy |
+//! | [`supervisor`] | the I/O loop around the lifecycle machine: signals, inotify, child exits, timers |
 //! | [`admin`] | `GET /server_info` (which epoch is LIVE), graceful drain |
 //! | [`envoy`] | `--mode validate`, spawning an epoch, the parent-death exec shim |
 //! | [`statefile`] | `<state-dir>/epoch`: lock-free reads, `flock(2)`-locked writes (R8) |
@@ -20,10 +22,12 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod config;
 pub mod envoy;
 pub mod metrics;
 pub mod statefile;
 pub mod supervisor;
 pub mod watch;
 
-pub use supervisor::{Config, Exit, SupervisorError, run};
+pub use config::{Config, ConfigError};
+pub use supervisor::{Envoys, Exit, RealEnvoys, SupervisorError, run, run_with};

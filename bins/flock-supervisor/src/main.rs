@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use flock_core::epoch::WriterId;
+use flock_hotrestart::config::{self, defaults};
 use flock_hotrestart::envoy::{SHIM_ARG, exec_with_parent_death_signal};
 use flock_hotrestart::{Config, Exit};
 
@@ -43,7 +43,7 @@ struct Args {
     /// The Envoy `--base-id` for a cold start with no state-file record. A hot restart
     /// inherits its predecessor's base id; a cold start beside a still-answering Envoy
     /// uses the next one. Every Envoy on a host needs its own.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = defaults::BASE_ID)]
     base_id: u32,
 
     /// The directory of the state file `epoch` and its lock `epoch.lock` (created 0700).
@@ -59,16 +59,16 @@ struct Args {
 
     /// Envoy's `--drain-time-s`: how long a replaced epoch drains its listeners. Also
     /// the drain at SIGTERM.
-    #[arg(long, value_name = "N", default_value_t = 10)]
+    #[arg(long, value_name = "N", default_value_t = defaults::DRAIN_TIME_S)]
     drain_time_s: u64,
 
     /// Envoy's `--parent-shutdown-time-s`: when the new epoch shuts the old one down.
-    #[arg(long, value_name = "N", default_value_t = 15)]
+    #[arg(long, value_name = "N", default_value_t = defaults::PARENT_SHUTDOWN_TIME_S)]
     parent_shutdown_time_s: u64,
 
     /// Trailing debounce of restart triggers: a burst of triggers makes one restart,
     /// this long after the last.
-    #[arg(long, value_name = "N", default_value_t = 500)]
+    #[arg(long, value_name = "N", default_value_t = defaults::DEBOUNCE_MS)]
     debounce_ms: u64,
 
     /// The longest a continuous stream of triggers postpones a restart (default: 10 ×
@@ -93,33 +93,33 @@ struct Args {
 
     /// State-file records with an older heartbeat are stale: a newcomer cold-starts
     /// instead of handing over. At least 3 × the heartbeat period (1 s).
-    #[arg(long, value_name = "N", default_value_t = 5000)]
+    #[arg(long, value_name = "N", default_value_t = defaults::HEARTBEAT_MAX_AGE_MS)]
     heartbeat_max_age_ms: u64,
 
     /// A new epoch that is not LIVE this long after it started is stopped and counts
     /// as a failed start (e.g. a stuck initialization).
-    #[arg(long, value_name = "N", default_value_t = 60)]
+    #[arg(long, value_name = "N", default_value_t = defaults::LIVE_TIMEOUT_S)]
     live_timeout_s: u64,
 
     /// How long the start decision may wait (for a predecessor to become LIVE, or its
     /// record to go stale) before the supervisor gives up and exits non-zero.
-    #[arg(long, value_name = "N", default_value_t = 60)]
+    #[arg(long, value_name = "N", default_value_t = defaults::START_TIMEOUT_S)]
     start_timeout_s: u64,
 
     /// At SIGTERM during a hot restart: the longest to wait for the new epoch to
     /// become LIVE before stopping everything.
-    #[arg(long, value_name = "N", default_value_t = 30)]
+    #[arg(long, value_name = "N", default_value_t = defaults::HANDOFF_TIMEOUT_S)]
     handoff_timeout_s: u64,
 
     /// At SIGTERM, after the drain: how long the epochs get to exit after SIGTERM
     /// before SIGKILL. Shutdown takes at most drain-time + this (plus a handoff wait).
-    #[arg(long, value_name = "N", default_value_t = 5)]
+    #[arg(long, value_name = "N", default_value_t = defaults::SHUTDOWN_MARGIN_S)]
     shutdown_margin_s: u64,
 
     /// Consecutive unexpected deaths of the newest epoch tolerated (each restarted
     /// with exponential backoff) before the supervisor exits non-zero. The count
     /// resets once an epoch has been LIVE for 10 s.
-    #[arg(long, value_name = "N", default_value_t = 5)]
+    #[arg(long, value_name = "N", default_value_t = defaults::MAX_RESTARTS)]
     max_restarts: u32,
 
     /// Do not watch the config file; only SIGHUP triggers a hot restart.
@@ -136,25 +136,6 @@ struct Args {
     envoy_args: Vec<OsString>,
 }
 
-fn default_writer() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let host: String = host
-        .trim()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(48)
-        .collect();
-    let host = host.trim_start_matches(['.', '_', '-']);
-    let host = if host.is_empty() { "flock" } else { host };
-    format!("{host}-{}", std::process::id())
-}
-
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == SHIM_ARG) {
@@ -162,17 +143,13 @@ fn main() -> ExitCode {
     }
     let args = Args::parse();
     flock_telemetry::logging::init(flock_telemetry::logging::LogFormat::Text);
-    let writer = match WriterId::new(args.writer_id.clone().unwrap_or_else(default_writer)) {
+    let writer = match config::writer_id(args.writer_id.clone()) {
         Ok(w) => w,
         Err(e) => {
-            eprintln!("flock-supervisor: --writer-id: {e}");
+            eprintln!("flock-supervisor: {e}");
             return ExitCode::from(2);
         }
     };
-    if args.heartbeat_max_age_ms < 3_000 {
-        eprintln!("flock-supervisor: --heartbeat-max-age-ms must be at least 3000 (3 heartbeats)");
-        return ExitCode::from(2);
-    }
     let shim = if args.no_parent_death_signal {
         None
     } else {
@@ -186,34 +163,33 @@ fn main() -> ExitCode {
             }
         }
     };
-    let config = Config {
-        envoy_bin: args.envoy_bin,
-        config: args.config,
-        base_id: args.base_id,
-        state_dir: args.state_dir,
-        admin_address: args.admin_address,
-        drain_time_s: args.drain_time_s,
-        parent_shutdown_time_s: args.parent_shutdown_time_s,
-        debounce_ms: args.debounce_ms,
-        max_debounce_ms: args
-            .max_debounce_ms
-            .unwrap_or(args.debounce_ms.saturating_mul(10)),
-        ready_file: args.ready_file,
-        metrics_file: args.metrics_file,
+    let mut config = Config::new(
+        args.envoy_bin,
+        args.config,
+        args.state_dir,
+        args.admin_address,
         writer,
-        heartbeat: Duration::from_secs(1),
-        heartbeat_max_age_ms: args.heartbeat_max_age_ms,
-        live_timeout: Duration::from_secs(args.live_timeout_s),
-        start_timeout: Duration::from_secs(args.start_timeout_s),
-        handoff_timeout: Duration::from_secs(args.handoff_timeout_s),
-        shutdown_margin: Duration::from_secs(args.shutdown_margin_s),
-        max_restarts: args.max_restarts,
-        restart_backoff: (Duration::from_millis(200), Duration::from_secs(10)),
-        watch_config: !args.no_watch_config,
-        validate_timeout: Duration::from_secs(30),
-        envoy_args: args.envoy_args,
-        shim,
-    };
+    );
+    config.base_id = args.base_id;
+    config.drain_time_s = args.drain_time_s;
+    config.parent_shutdown_time_s = args.parent_shutdown_time_s;
+    config.debounce_ms = args.debounce_ms;
+    config.max_debounce_ms = config::max_debounce_ms(args.debounce_ms, args.max_debounce_ms);
+    config.ready_file = args.ready_file;
+    config.metrics_file = args.metrics_file;
+    config.heartbeat_max_age_ms = args.heartbeat_max_age_ms;
+    config.live_timeout = Duration::from_secs(args.live_timeout_s);
+    config.start_timeout = Duration::from_secs(args.start_timeout_s);
+    config.handoff_timeout = Duration::from_secs(args.handoff_timeout_s);
+    config.shutdown_margin = Duration::from_secs(args.shutdown_margin_s);
+    config.max_restarts = args.max_restarts;
+    config.watch_config = !args.no_watch_config;
+    config.envoy_args = args.envoy_args;
+    config.shim = shim;
+    if let Err(e) = config.check() {
+        eprintln!("flock-supervisor: {e}");
+        return ExitCode::from(2);
+    }
     // One thread: every Envoy is forked from it, which the parent-death signal needs.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -131,8 +131,8 @@ pub enum Event {
     Exited {
         /// The epoch.
         epoch: u32,
-        /// It exited with status 0.
-        clean: bool,
+        /// How it exited ("exit status 1", "killed by signal 9"), for the messages.
+        how: String,
         /// The state file's record.
         on_disk: Option<EpochRecord>,
         /// Wall-clock time.
@@ -301,8 +301,8 @@ pub enum Action {
     FailuresReset,
     /// Another supervisor took the chain over.
     Superseded,
-    /// The start decision says wait (log).
-    StartWaits(StartDecision),
+    /// The start decision (log): a start, or a wait.
+    StartDecided(StartDecision),
     /// Stop the supervisor.
     Finish(Result<Exit, Failure>),
 }
@@ -504,10 +504,10 @@ impl Supervisor {
             }
             Event::Exited {
                 epoch,
-                clean: _,
+                how,
                 on_disk,
                 now_unix,
-            } => self.on_exit(epoch, on_disk, now_unix, now, jitter),
+            } => self.on_exit(epoch, &how, on_disk, now_unix, now, jitter),
         }
         self.run_timers(now);
     }
@@ -651,6 +651,8 @@ impl Supervisor {
         );
         match decision {
             StartDecision::Start { epoch, base_id, .. } => {
+                self.actions
+                    .push_back(Action::StartDecided(decision.clone()));
                 self.start_waiting_since = None;
                 self.base_id = base_id.resolve(self.policy.base_id);
                 let reason = if self.ever_started {
@@ -670,7 +672,7 @@ impl Supervisor {
                 }
                 let wait = until_ms.saturating_sub(inputs.now_unix.as_millis()).max(10);
                 self.start_at = Some(now.plus(wait));
-                self.actions.push_back(Action::StartWaits(decision));
+                self.actions.push_back(Action::StartDecided(decision));
             }
             StartDecision::Refuse { .. } => {
                 self.finish(Err(Failure::CannotStart(decision.to_string())));
@@ -755,6 +757,7 @@ impl Supervisor {
     fn on_exit(
         &mut self,
         epoch: u32,
+        how: &str,
         on_disk: Option<EpochRecord>,
         now_unix: UnixMs,
         now: MonoMs,
@@ -787,12 +790,18 @@ impl Supervisor {
             AfterExit::Superseded { .. } => self.become_superseded(now),
             AfterExit::Restart { attempt, max } => {
                 self.failures = attempt;
-                self.schedule_restart(attempt, max, format!("epoch {epoch} died"), now, jitter);
+                self.schedule_restart(
+                    attempt,
+                    max,
+                    format!("epoch {epoch} died ({how})"),
+                    now,
+                    jitter,
+                );
             }
             AfterExit::GiveUp { failures } => {
                 self.signal(Target::All, Stop::Term, Why::GaveUp);
                 self.finish(Err(Failure::GaveUp(format!(
-                    "the newest Envoy epoch died {failures} times in a row (last: epoch {epoch}); giving up"
+                    "the newest Envoy epoch died {failures} times in a row (last: epoch {epoch}, {how}); giving up"
                 ))));
             }
         }
