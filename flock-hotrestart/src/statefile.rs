@@ -98,7 +98,9 @@ impl StateDir {
 
     /// Executes `decide(on_disk)` as a read-modify-write under the exclusive lock:
     /// reads the record, asks `decide`, and if it says
-    /// [`WriteDecision::Write`] replaces the file atomically before unlocking.
+    /// [`WriteDecision::Write`] replaces the file atomically before unlocking. Another
+    /// writer's `locked_update` waits meanwhile, so `decide` always sees the newest
+    /// record and the file never regresses.
     /// Blocking: call it from a blocking context (`spawn_blocking`).
     pub fn locked_update(
         &self,
@@ -112,8 +114,14 @@ impl StateDir {
             .mode(0o600)
             .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
             .open(self.dir.join(LOCK_FILE))?;
+        #[cfg(not(flock_reintroduce = "r8-lock"))]
         let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| io::Error::from(errno))?;
+        // Re-introduces R8 so tests/statefile_lock.rs can show it catches it; never
+        // enabled in builds: the read-decide-write without the lock, so a writer that
+        // read an old record can replace a newer one written meanwhile.
+        #[cfg(flock_reintroduce = "r8-lock")]
+        let _lock = lock_file;
         let on_disk = self.read()?;
         let decision = decide(on_disk.record());
         if let WriteDecision::Write { record, .. } = &decision {
