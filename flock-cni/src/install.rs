@@ -41,7 +41,7 @@ use nix::sys::signal::{SigSet, Signal};
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tracing::{error, info};
 
-use files::{Perm, write_atomic};
+use files::{Perm, Replace, write_atomic};
 
 pub use flock_core::cniconf::installer::Mode;
 
@@ -267,7 +267,14 @@ impl Daemon {
         })?;
         let name = self.cfg.ours.plugin_type().to_owned();
         let dest = self.cfg.bin_dir.join(&name);
-        write_atomic(&self.cfg.bin_dir, &name, &bytes, Perm::Mode(0o755), None).map_err(|e| {
+        write_atomic(
+            &self.cfg.bin_dir,
+            &name,
+            &bytes,
+            Perm::Mode(0o755),
+            Replace::Any,
+        )
+        .map_err(|e| {
             InstallError(format!(
                 "cannot install the plugin as {}: {e}",
                 dest.display()

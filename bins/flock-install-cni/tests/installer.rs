@@ -351,6 +351,40 @@ fn sigterm_restores_everything_and_preserves_mode_and_owner() {
     assert_eq!(names, ["10-a.conflist", "20-b.conf"]);
 }
 
+/// Converting a .conf never replaces a .conflist of that name that flock did not write
+/// (here an invalid file another tool owns): the .conf stays, is reported, and keeps
+/// readiness false; on exit nothing of it is touched.
+#[test]
+fn converting_a_conf_never_overwrites_a_foreign_list() {
+    let inst = Installer::prepare();
+    let foreign = "someone else's file, not JSON";
+    let conf = r#"{"cniVersion": "1.0.0", "name": "net-a", "type": "ptp"}"#;
+    fs::write(inst.path("10-a.conflist"), foreign).unwrap();
+    fs::write(inst.path("10-a.conf"), conf).unwrap();
+    fs::write(inst.path("20-b.conflist"), conflist("net-b", "bridge")).unwrap();
+    let mut inst = inst.start(&[]);
+    inst.wait_patched("20-b.conflist");
+    wait_for("the refusal logged", WAIT, || {
+        inst.logs().iter().any(|l| {
+            l["fields"]["file"] == "10-a.conf"
+                && l["fields"]["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("would overwrite 10-a.conflist"))
+        })
+    });
+    assert_eq!(inst.read("10-a.conflist"), foreign);
+    assert_eq!(inst.read("10-a.conf"), conf);
+    assert!(
+        !inst.is_ready(),
+        "a refused primary must keep readiness false"
+    );
+    assert_eq!(inst.writes(), ["20-b.conflist"]);
+    let status = inst.stop();
+    assert_eq!(status.code(), Some(0), "{}", inst.dump_log());
+    assert_eq!(inst.read("10-a.conflist"), foreign);
+    assert_eq!(inst.read("10-a.conf"), conf);
+}
+
 /// A symlinked config pointing outside the directory is never written through or
 /// replaced (and readiness says so); one pointing at a config inside is fine.
 #[test]

@@ -7,7 +7,7 @@ use std::io;
 use flock_core::cniconf::installer::{Io, Restore};
 use tracing::{error, info};
 
-use super::files::{self, Perm, read_regular, remove_if_exists, sync_dir, write_atomic};
+use super::files::{self, Perm, Replace, read_regular, remove_if_exists, sync_dir, write_atomic};
 use super::{Daemon, Mode, OnExit};
 
 impl Daemon {
@@ -93,14 +93,31 @@ impl Daemon {
                 conf_name,
                 bytes: conf,
             } => {
-                write_atomic(&self.dir, &conf_name, &conf, Perm::Like(&meta), None)?;
+                // Never over a `.conf` that appeared since: that one is not ours.
+                if !write_atomic(
+                    &self.dir,
+                    &conf_name,
+                    &conf,
+                    Perm::Like(&meta),
+                    Replace::Never,
+                )? {
+                    return Err(io::Error::other(format!(
+                        "{conf_name} appeared while restoring it; left {name} patched"
+                    )));
+                }
                 fs::remove_file(self.dir.join(name))?;
                 sync_dir(&self.dir)?;
                 info!(file = %conf_name, from = name, "restored the original single-plugin .conf");
                 Ok(true)
             }
             Restore::Rewrite(out) => {
-                if !write_atomic(&self.dir, name, &out, Perm::Like(&meta), Some(&bytes))? {
+                if !write_atomic(
+                    &self.dir,
+                    name,
+                    &out,
+                    Perm::Like(&meta),
+                    Replace::IfHolds(&bytes),
+                )? {
                     return Err(io::Error::other("changed while we restored it"));
                 }
                 info!(file = name, "restored config (flock's entry removed)");

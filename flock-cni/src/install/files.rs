@@ -66,16 +66,27 @@ pub(super) enum Perm<'a> {
     Mode(u32),
 }
 
+/// When [`write_atomic`] may replace its target.
+pub(super) enum Replace<'a> {
+    /// Whatever is there.
+    Any,
+    /// Only if it still holds these bytes (checked just before the rename).
+    IfHolds(&'a [u8]),
+    /// Only if nothing is there: the rename itself refuses (`RENAME_NOREPLACE`), so a
+    /// file created at the last moment is never clobbered.
+    Never,
+}
+
 /// Writes `bytes` to `dir/name` atomically: a temp file in the same directory
-/// (`O_EXCL`, so never through a planted link), mode and owner set, fsync, then —
-/// when `expect` is given — only if `dir/name` still holds `expect` (else the temp file
-/// is removed and `Ok(false)` returned), rename, fsync of the directory.
+/// (`O_EXCL`, so never through a planted link), mode and owner set, fsync, rename, fsync
+/// of the directory. `Ok(false)` (and the temp file removed) when `replace` forbids
+/// replacing what is there.
 pub(super) fn write_atomic(
     dir: &Path,
     name: &str,
     bytes: &[u8],
     perm: Perm<'_>,
-    expect: Option<&[u8]>,
+    replace: Replace<'_>,
 ) -> io::Result<bool> {
     let tmp = dir.join(temp_file_name_for(name));
     let target = dir.join(name);
@@ -97,13 +108,21 @@ pub(super) fn write_atomic(
         }
         f.sync_all()?;
         drop(f);
-        if let Some(expect) = expect {
-            match read_regular(&target, false) {
-                Ok((now, _)) if now == expect => {}
-                _ => return Ok(false),
+        match replace {
+            Replace::Any => fs::rename(&tmp, &target)?,
+            Replace::IfHolds(expect) => {
+                match read_regular(&target, false) {
+                    Ok((now, _)) if now == expect => {}
+                    _ => return Ok(false),
+                }
+                fs::rename(&tmp, &target)?;
+            }
+            Replace::Never => {
+                if !rename_noreplace(dir, &temp_file_name_for(name), name)? {
+                    return Ok(false);
+                }
             }
         }
-        fs::rename(&tmp, &target)?;
         sync_dir(dir)?;
         Ok(true)
     })();
@@ -111,6 +130,28 @@ pub(super) fn write_atomic(
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Renames `dir/from` to `dir/to` unless `dir/to` exists; false when it does.
+fn rename_noreplace(dir: &Path, from: &str, to: &str) -> io::Result<bool> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use nix::errno::Errno;
+        use nix::fcntl::{RenameFlags, renameat2};
+        let d = File::open(dir)?;
+        match renameat2(&d, from, &d, to, RenameFlags::RENAME_NOREPLACE) {
+            Ok(()) => return Ok(true),
+            Err(Errno::EEXIST) => return Ok(false),
+            // A filesystem without the flag: fall back to look-then-rename below.
+            Err(Errno::EINVAL | Errno::ENOSYS) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if fs::symlink_metadata(dir.join(to)).is_ok() {
+        return Ok(false);
+    }
+    fs::rename(dir.join(from), dir.join(to))?;
+    Ok(true)
 }
 
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {

@@ -10,7 +10,7 @@ use flock_core::cniconf::installer::{
 use flock_core::time::MonoMs;
 use tracing::{debug, error, info, warn};
 
-use super::files::{self, Perm, remove_if_exists, sync_dir, write_atomic};
+use super::files::{self, Perm, Replace, remove_if_exists, sync_dir, write_atomic};
 use super::{Daemon, millis};
 
 impl Daemon {
@@ -94,14 +94,12 @@ impl Daemon {
                 }
                 WritePerm::Mode(m) => Perm::Mode(m),
             };
-            let expect = match &w.expect {
-                Expect::Absent if fs::symlink_metadata(dir.join(name)).is_ok() => {
-                    return Ok(false);
-                }
-                Expect::Absent | Expect::Anything => None,
-                Expect::Holds(bytes) => Some(bytes.as_slice()),
+            let replace = match &w.expect {
+                Expect::Absent => Replace::Never,
+                Expect::Anything => Replace::Any,
+                Expect::Holds(bytes) => Replace::IfHolds(bytes),
             };
-            write_atomic(&dir, name, &w.bytes, perm, expect)
+            write_atomic(&dir, name, &w.bytes, perm, replace)
         })();
         match result {
             Ok(true) => {
@@ -172,7 +170,7 @@ impl Daemon {
                 &name,
                 format!("patched {patched}\n").as_bytes(),
                 Perm::Mode(0o644),
-                None,
+                Replace::Any,
             )
             .map(|_| ())
         } else {
