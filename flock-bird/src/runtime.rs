@@ -9,6 +9,7 @@ use crate::identity::{BuiltinCa, SpireBridge};
 use crate::registry::{self, RegistryOptions};
 use crate::store::PodStore;
 use anyhow::Context as _;
+use flock_core::debounce::{Debounce, DebouncePoll};
 use flock_xds::cache::Cache;
 use flock_xds::server::Server;
 use std::net::SocketAddr;
@@ -238,41 +239,74 @@ pub async fn run(
     Ok(())
 }
 
-/// Republishes when the registry view changes, with a trailing debounce (a burst of
-/// changes becomes one publish; a steady stream still publishes every 10 debounces).
-async fn refresher(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
-    let mut view = agent.registry().view();
+/// Republishes when the registry view or the identity view changes.
+async fn refresher(agent: Arc<Agent>, stop: watch::Receiver<bool>) {
+    let view = agent.registry().view();
     // Identity changes (new SVIDs, rotations, bundles) republish SDS the same way.
-    let mut ids = agent.identity().map(|p| p.view());
-    let debounce = agent.config().refresh_debounce;
+    let ids = agent.identity().map(|p| p.view());
+    let quiet = agent.config().refresh_debounce;
+    refresh_loop(
+        view,
+        ids,
+        quiet,
+        || {
+            let version = agent.publish();
+            tracing::debug!(version, "registry or identity changed; published");
+        },
+        stop,
+    )
+    .await;
+}
+
+/// Calls `publish` after changes of `view` or `ids`, through a
+/// [`flock_core::debounce::Debounce`]: a burst of changes becomes one publish `quiet`
+/// after its last change, and a stream that never goes quiet still publishes every
+/// `10 × quiet` (the cap). Reads the monotonic clock once per event (a change or a
+/// deadline); returns when `stop` turns true or a sender is gone.
+pub async fn refresh_loop<A, B>(
+    mut view: watch::Receiver<A>,
+    mut ids: Option<watch::Receiver<B>>,
+    quiet: Duration,
+    mut publish: impl FnMut(),
+    mut stop: watch::Receiver<bool>,
+) {
+    let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
+    let mut debounce = Debounce::new(quiet_ms).with_cap(quiet_ms.saturating_mul(10));
     loop {
-        tokio::select! {
+        let deadline = debounce.deadline();
+        let changed = tokio::select! {
             _ = until_stopped(&mut stop) => return,
-            changed = view.changed() => if changed.is_err() { return },
+            changed = view.changed() => {
+                if changed.is_err() { return }
+                view.borrow_and_update();
+                true
+            }
             changed = async {
                 match ids.as_mut() {
                     Some(rx) => rx.changed().await,
                     None => std::future::pending().await,
                 }
-            } => if changed.is_err() { return },
-        }
-        if let Some(rx) = ids.as_mut() {
-            rx.borrow_and_update();
-        }
-        let deadline = tokio::time::Instant::now() + debounce * 10;
-        loop {
-            let quiet = tokio::time::sleep(debounce);
-            tokio::select! {
-                _ = quiet => break,
-                changed = view.changed() => if changed.is_err() { return },
+            } => {
+                if changed.is_err() { return }
+                if let Some(rx) = ids.as_mut() {
+                    rx.borrow_and_update();
+                }
+                true
             }
-            if tokio::time::Instant::now() >= deadline {
-                break;
-            }
+            () = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(flock_clock::mono_instant(at)).await,
+                    None => std::future::pending().await,
+                }
+            } => false,
+        };
+        let now = flock_clock::mono_now();
+        if changed {
+            debounce.trigger(now);
         }
-        view.borrow_and_update();
-        let version = agent.publish();
-        tracing::debug!(version, "registry changed; published");
+        if debounce.poll(now) == DebouncePoll::Fire {
+            publish();
+        }
     }
 }
 
