@@ -3,7 +3,7 @@
 //! and the xDS server's metrics in one exposition.
 
 use envoy_types::pb::google::protobuf::Any;
-use flock_bird::admin::api::{PodHealth, Route};
+use flock_bird::admin::api::{Health, Route};
 use flock_bird::admin::client::AdminClient;
 use flock_bird::admin::server::{AgentViews, ServeOptions, serve_with};
 use flock_bird::agent::{AddPodInput, Agent, AgentConfig, ENVOY_GROUP, group_of};
@@ -94,7 +94,7 @@ async fn the_client_reads_what_the_agent_holds() {
     );
     assert_eq!(p.ips, vec!["10.1.0.5".parse::<std::net::IpAddr>().unwrap()]);
     assert_eq!(p.ports[0].app_port, 8080);
-    assert_eq!(p.health, PodHealth::Unknown);
+    assert_eq!(p.health, Health::Unknown);
     // On the wire, health is a word, not a Rust debug rendering.
     let raw = client.get(Route::Pods).await.unwrap();
     assert!(
@@ -107,7 +107,9 @@ async fn the_client_reads_what_the_agent_holds() {
     let envoy = &snap.groups[ENVOY_GROUP];
     assert_eq!(envoy.version, version);
     assert!(
-        envoy.resources["cds"].iter().any(|n| n.contains("default/pod-c1")),
+        envoy.resources["cds"]
+            .iter()
+            .any(|n| n.contains("default/pod-c1")),
         "{envoy:?}"
     );
 

@@ -120,7 +120,7 @@ fn render_pods(doc: &Pods) -> String {
             } else {
                 ports.join(",")
             },
-            p.health.to_string()
+            word(&p.health)
         );
     }
     let _ = writeln!(out, "{} pod(s)", doc.pods.len());
@@ -174,7 +174,7 @@ fn render_endpoints(doc: &RegistryView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flock_bird::admin::api::{Pod, PodHealth, SnapshotGroup};
+    use flock_bird::admin::api::{Pod, SnapshotGroup};
     use flock_bird::model::{Endpoint, Health, PodPort, Protocol};
     use flock_core::gc::PodKey;
     use std::collections::BTreeMap;
@@ -202,7 +202,7 @@ mod tests {
                         protocol: Protocol::Grpc,
                     },
                 ],
-                health: PodHealth::Unhealthy,
+                health: Health::Unhealthy,
                 added_at_ms: 1,
             }],
         };

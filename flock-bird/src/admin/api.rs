@@ -3,6 +3,7 @@
 //! two cannot disagree on a key.
 
 use crate::model::{Endpoint, PodPort};
+pub use flock_core::pod::Health;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -89,39 +90,6 @@ impl Status {
     }
 }
 
-/// A pod's liveness as the agent has decided it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PodHealth {
-    /// Not decided yet (a new pod, or probes still warming up).
-    Unknown,
-    /// Passing its probes.
-    Healthy,
-    /// Failing its probes: its endpoints are registered unhealthy.
-    Unhealthy,
-}
-
-impl std::fmt::Display for PodHealth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            PodHealth::Unknown => "unknown",
-            PodHealth::Healthy => "healthy",
-            PodHealth::Unhealthy => "unhealthy",
-        })
-    }
-}
-
-impl From<flock_core::lifecycle::liveness::Health> for PodHealth {
-    fn from(h: flock_core::lifecycle::liveness::Health) -> Self {
-        use flock_core::lifecycle::liveness::Health;
-        match h {
-            Health::Unknown => PodHealth::Unknown,
-            Health::Healthy => PodHealth::Healthy,
-            Health::Unhealthy => PodHealth::Unhealthy,
-        }
-    }
-}
-
 /// `/debug/pods`: the pods meshed on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pods {
@@ -148,8 +116,8 @@ pub struct Pod {
     pub netns: String,
     /// The application ports and their inbound listeners.
     pub ports: Vec<PodPort>,
-    /// The liveness decision.
-    pub health: PodHealth,
+    /// The liveness decision, a word on the wire (`"unknown"` until probes decide).
+    pub health: Health,
     /// When the agent added it (ms since the Unix epoch).
     pub added_at_ms: u64,
 }
@@ -199,16 +167,16 @@ mod tests {
     }
 
     #[test]
-    fn health_is_a_lowercase_string_on_the_wire() {
+    fn health_is_a_lowercase_word_on_the_wire() {
         assert_eq!(
-            serde_json::to_string(&PodHealth::Unhealthy).unwrap(),
+            serde_json::to_string(&Health::Unhealthy).unwrap(),
             "\"unhealthy\""
         );
         assert_eq!(
-            serde_json::from_str::<PodHealth>("\"healthy\"").unwrap(),
-            PodHealth::Healthy
+            serde_json::from_str::<Health>("\"unknown\"").unwrap(),
+            Health::Unknown
         );
-        assert!(serde_json::from_str::<PodHealth>("\"Healthy\"").is_err());
+        assert!(serde_json::from_str::<Health>("\"Unknown\"").is_err());
     }
 
     #[test]

@@ -9,11 +9,10 @@
 //! once: errors like `EMFILE` persist until some descriptor is closed, and an
 //! immediate retry would spin a core doing nothing else.
 
-use super::api::{Pod, PodHealth, Pods, RegistryView, Route, Snapshot, SnapshotGroup, Status};
+use super::api::{Health, Pod, Pods, RegistryView, Route, Snapshot, SnapshotGroup, Status};
 use super::route;
 use crate::agent::{Agent, ENVOY_GROUP, GRPC_GROUP};
 use flock_core::backoff::Backoff;
-use flock_core::lifecycle::Health;
 use flock_telemetry::metrics::{Sampled, Samples};
 use flock_telemetry::prometheus_client::registry::Registry;
 use flock_xds::server::Server;
@@ -364,7 +363,8 @@ impl Views for AgentViews {
             .into_values()
             .map(|p| Pod {
                 pod: p.pod_ref(),
-                health: PodHealth::from(health.get(&p.key).copied().unwrap_or(Health::Unknown)),
+                // No decision yet (not tracked): unknown.
+                health: health.get(&p.key).copied().unwrap_or(Health::Unknown),
                 container_id: p.key.container_id,
                 ifname: p.key.ifname,
                 uid: p.uid,
