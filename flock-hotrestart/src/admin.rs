@@ -1,9 +1,10 @@
 //! A minimal client for Envoy's admin endpoint: `GET /server_info` (is epoch N LIVE?)
 //! and `POST /drain_listeners?graceful` (graceful shutdown).
 //!
-//! HTTP/1.1 over one short-lived TCP connection (`Connection: close`), bounded by a
-//! timeout. Envoy answers admin requests with `transfer-encoding: chunked`, which is
-//! decoded here; nothing else of HTTP is needed, so no HTTP stack is pulled in.
+//! HTTP/1.1 through hyper's client over one short-lived TCP connection per request,
+//! bounded by a timeout (a wedged Envoy must not wedge the supervisor's loop) and by a
+//! body size limit (a misbehaving endpoint must not make it buffer without bound).
+//! Errors say which step failed (connect, request, status, body, JSON).
 //!
 //! Envoy hands the admin listener to the new epoch during a hot restart, so the epoch
 //! and base id in the answer (`command_line_options.restart_epoch` / `base_id`) say
@@ -14,11 +15,14 @@ use std::io;
 use std::time::Duration;
 
 use flock_core::epoch::PredecessorStatus;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode, header};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 /// The largest admin response read, in bytes (`/server_info` is ~120 KiB on 1.40).
-const MAX_RESPONSE_BYTES: usize = 4 << 20;
+pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
 
 /// What `/server_info` said.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,7 +90,7 @@ impl AdminClient {
 
     /// `GET /server_info`.
     pub async fn server_info(&self) -> io::Result<ServerInfo> {
-        let body = self.request("GET", "/server_info").await?;
+        let body = self.request(Method::GET, "/server_info").await?;
         parse_server_info(&body)
     }
 
@@ -101,35 +105,61 @@ impl AdminClient {
     /// `POST /drain_listeners?graceful`: Envoy stops accepting after its drain time
     /// and asks HTTP clients to close connections meanwhile.
     pub async fn drain_listeners_gracefully(&self) -> io::Result<()> {
-        self.request("POST", "/drain_listeners?graceful")
+        self.request(Method::POST, "/drain_listeners?graceful")
             .await
             .map(drop)
     }
 
-    async fn request(&self, method: &str, path: &str) -> io::Result<Vec<u8>> {
+    /// One request on its own connection; the body of a 200, at most
+    /// [`MAX_RESPONSE_BYTES`].
+    async fn request(&self, method: Method, path: &str) -> io::Result<Vec<u8>> {
+        let what = format!("admin {method} http://{}{path}", self.address);
+        let fail =
+            |step: &str, e: &dyn fmt::Display| io::Error::other(format!("{what}: {step}: {e}"));
         let exchange = async {
-            let mut stream = TcpStream::connect(&self.address).await?;
-            let head = format!(
-                "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
-                self.address
-            );
-            stream.write_all(head.as_bytes()).await?;
-            let mut raw = Vec::new();
-            (&mut stream)
-                .take(MAX_RESPONSE_BYTES as u64)
-                .read_to_end(&mut raw)
-                .await?;
-            parse_response(&raw)
+            let stream = TcpStream::connect(&self.address)
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("{what}: connect: {e}")))?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| fail("handshake", &e))?;
+            // Drives the connection; it ends when the response is read and `sender`
+            // dropped, or when the exchange is cancelled by the timeout.
+            let conn = tokio::spawn(conn);
+            let request = Request::builder()
+                .method(method.clone())
+                .uri(path)
+                .header(header::HOST, self.address.as_str())
+                .body(Empty::<Bytes>::new())
+                .map_err(|e| fail("request", &e))?;
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| fail("request", &e))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| {
+                    fail(
+                        "body",
+                        &format!("{e} (the limit is {MAX_RESPONSE_BYTES} bytes)"),
+                    )
+                })?
+                .to_bytes();
+            drop(sender);
+            conn.abort();
+            if status != StatusCode::OK {
+                return Err(invalid(format!("{what}: HTTP {status}")));
+            }
+            Ok(body.to_vec())
         };
         tokio::time::timeout(self.timeout, exchange)
             .await
             .map_err(|_| {
                 io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!(
-                        "admin {} did not answer in {:?}",
-                        self.address, self.timeout
-                    ),
+                    format!("{what}: no answer in {:?}", self.timeout),
                 )
             })?
     }
@@ -137,67 +167,6 @@ impl AdminClient {
 
 fn invalid(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
-}
-
-/// Parses a whole `Connection: close` HTTP/1.1 response; returns the body of a 200.
-/// Never panics on any input (fuzzed: `fuzz/fuzz_targets/admin_response.rs`).
-pub fn parse_response(raw: &[u8]) -> io::Result<Vec<u8>> {
-    let end = find(raw, b"\r\n\r\n").ok_or_else(|| invalid("truncated HTTP response head"))?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| invalid("non-UTF-8 head"))?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap_or_default();
-    let code = status.split(' ').nth(1).unwrap_or_default();
-    if code != "200" {
-        return Err(invalid(format!("admin answered {status:?}")));
-    }
-    let mut chunked = false;
-    let mut length = None;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value.eq_ignore_ascii_case("chunked");
-        } else if name.eq_ignore_ascii_case("content-length") {
-            length = value.parse::<usize>().ok();
-        }
-    }
-    let body = &raw[end + 4..];
-    if chunked {
-        return decode_chunked(body);
-    }
-    match length {
-        Some(n) if body.len() >= n => Ok(body[..n].to_vec()),
-        Some(_) => Err(invalid("truncated HTTP body")),
-        None => Ok(body.to_vec()),
-    }
-}
-
-fn decode_chunked(mut body: &[u8]) -> io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = find(body, b"\r\n").ok_or_else(|| invalid("truncated chunk size"))?;
-        let size_text =
-            std::str::from_utf8(&body[..line_end]).map_err(|_| invalid("chunk size"))?;
-        let size_text = size_text.split(';').next().unwrap_or_default().trim();
-        let size =
-            usize::from_str_radix(size_text, 16).map_err(|_| invalid("malformed chunk size"))?;
-        body = &body[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        // A hostile size (e.g. ffffffffffffffff) must not overflow.
-        if size.checked_add(2).is_none_or(|needed| body.len() < needed) {
-            return Err(invalid("truncated chunk"));
-        }
-        out.extend_from_slice(&body[..size]);
-        body = &body[size + 2..];
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Parses the JSON of `/server_info`. Never panics on any input (fuzzed).
@@ -236,27 +205,108 @@ pub fn parse_server_info(body: &[u8]) -> io::Result<ServerInfo> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_huge_chunk_size_is_an_error_not_an_overflow() {
-        let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nffffffffffffffff\r\nab\r\n0\r\n\r\n";
-        assert!(parse_response(raw).is_err());
+    /// An admin endpoint on a local port that answers each connection with `raw`
+    /// (written as is, then the connection is closed).
+    async fn serve(raw: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let raw = raw.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = stream.write_all(&raw).await;
+                });
+            }
+        });
+        addr
     }
 
-    #[test]
-    fn decodes_a_chunked_200() {
-        let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\n\r\n";
-        assert_eq!(parse_response(raw).unwrap(), b"hello world");
+    const INFO: &str =
+        r#"{"state":"LIVE","command_line_options":{"restart_epoch":3,"base_id":"7"}}"#;
+
+    #[tokio::test]
+    async fn reads_a_chunked_server_info_as_envoy_sends_it() {
+        let (a, b) = INFO.split_at(20);
+        let raw = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
+             {:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        let client = AdminClient::new(serve(raw.into_bytes()).await, Duration::from_secs(5));
+        assert_eq!(
+            client.probe().await,
+            PredecessorStatus::Live {
+                epoch: 3,
+                base_id: 7
+            }
+        );
     }
 
-    #[test]
-    fn honours_content_length_and_rejects_other_statuses() {
-        let raw = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokXX";
-        assert_eq!(parse_response(raw).unwrap(), b"ok");
-        let raw = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n";
-        assert!(parse_response(raw).is_err());
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\n").is_err());
-        let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nff\r\nshort";
-        assert!(parse_response(raw).is_err());
+    #[tokio::test]
+    async fn a_non_200_is_an_error_that_names_the_status_and_the_request() {
+        let raw = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n".to_vec();
+        let addr = serve(raw).await;
+        let client = AdminClient::new(addr.clone(), Duration::from_secs(5));
+        let e = client
+            .drain_listeners_gracefully()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("503") && e.contains(&addr) && e.contains("/drain_listeners"),
+            "{e}"
+        );
+        assert_eq!(client.probe().await, PredecessorStatus::Unreachable);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_refused() {
+        let big = MAX_RESPONSE_BYTES + 1;
+        let mut raw = format!("HTTP/1.1 200 OK\r\ncontent-length: {big}\r\n\r\n").into_bytes();
+        raw.resize(raw.len() + big, b' ');
+        let client = AdminClient::new(serve(raw).await, Duration::from_secs(20));
+        let e = client.server_info().await.unwrap_err().to_string();
+        assert!(e.contains("body") && e.contains("limit"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn connection_refused_says_connect() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = AdminClient::new(format!("127.0.0.1:{port}"), Duration::from_secs(5));
+        let e = client.server_info().await.unwrap_err();
+        assert!(e.to_string().contains("connect"), "{e}");
+    }
+
+    /// An endpoint that accepts but never answers: the timeout ends the request (on
+    /// a paused clock, so the test does not wait for it).
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_endpoint_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let _held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                conns.push(s);
+            }
+        });
+        let client = AdminClient::new(addr, Duration::from_secs(1));
+        let e = client.server_info().await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("no answer in 1s"), "{e}");
     }
 
     #[test]

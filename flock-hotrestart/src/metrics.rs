@@ -7,13 +7,19 @@
 //! heartbeat, mode `0644` (metrics are not secret and the collector usually runs as
 //! another user), and never written through a symlink.
 
-use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use std::sync::atomic::AtomicU64;
+
 use nix::fcntl::OFlag;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 /// The counters and gauges of one supervisor.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -41,81 +47,88 @@ pub struct Metrics {
     pub last_restart_seconds: f64,
 }
 
+/// The `cause` label of `flock_supervisor_restarts_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Cause {
+    cause: &'static str,
+}
+
 impl Metrics {
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition (encoded by `prometheus_client`).
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            let _ = writeln!(out, "{name} {value}");
+        let mut registry = Registry::default();
+        let counter = |registry: &mut Registry, name: &str, help: &str, value: u64| {
+            let c = Counter::<u64>::default();
+            c.inc_by(value);
+            registry.register(name, help, c);
         };
-        metric(
-            "flock_supervisor_triggers_total",
-            "counter",
+        let gauge = |registry: &mut Registry, name: &str, help: &str, value: i64| {
+            let g = Gauge::<i64>::default();
+            g.set(value);
+            registry.register(name, help, g);
+        };
+        counter(
+            &mut registry,
+            "flock_supervisor_triggers",
             "Hot-restart triggers received (SIGHUP, config file changes).",
-            self.triggers.to_string(),
+            self.triggers,
         );
-        let mut restarts = String::new();
-        let _ = writeln!(
+        let restarts = Family::<Cause, Counter>::default();
+        restarts
+            .get_or_create(&Cause { cause: "trigger" })
+            .inc_by(self.restarts_trigger);
+        restarts
+            .get_or_create(&Cause { cause: "crash" })
+            .inc_by(self.restarts_crash);
+        registry.register(
+            "flock_supervisor_restarts",
+            "Envoy epochs started after the first, by cause.",
             restarts,
-            "# HELP flock_supervisor_restarts_total Envoy epochs started after the first, by cause."
         );
-        let _ = writeln!(restarts, "# TYPE flock_supervisor_restarts_total counter");
-        let _ = writeln!(
-            restarts,
-            "flock_supervisor_restarts_total{{cause=\"trigger\"}} {}",
-            self.restarts_trigger
-        );
-        let _ = writeln!(
-            restarts,
-            "flock_supervisor_restarts_total{{cause=\"crash\"}} {}",
-            self.restarts_crash
-        );
-        metric(
-            "flock_supervisor_deferrals_total",
-            "counter",
+        counter(
+            &mut registry,
+            "flock_supervisor_deferrals",
             "Restarts deferred: the newest epoch was not LIVE, or its predecessor was still draining.",
-            self.deferrals.to_string(),
+            self.deferrals,
         );
-        metric(
-            "flock_supervisor_validation_failures_total",
-            "counter",
+        counter(
+            &mut registry,
+            "flock_supervisor_validation_failures",
             "Configs rejected by envoy --mode validate (never started).",
-            self.validation_failures.to_string(),
+            self.validation_failures,
         );
-        metric(
+        gauge(
+            &mut registry,
             "flock_supervisor_current_epoch",
-            "gauge",
             "The newest Envoy restart epoch of this supervisor (-1: none).",
-            self.current_epoch.to_string(),
+            self.current_epoch,
         );
-        metric(
+        gauge(
+            &mut registry,
             "flock_supervisor_base_id",
-            "gauge",
             "The Envoy base id of this supervisor's chain.",
-            self.base_id.to_string(),
+            i64::from(self.base_id),
         );
-        metric(
+        gauge(
+            &mut registry,
             "flock_supervisor_epoch_live",
-            "gauge",
             "1 while the newest epoch is LIVE on the admin endpoint.",
-            u8::from(self.live).to_string(),
+            i64::from(self.live),
         );
-        metric(
+        gauge(
+            &mut registry,
             "flock_supervisor_envoy_processes",
-            "gauge",
             "Envoy processes (all epochs) of this supervisor still running.",
-            self.children.to_string(),
+            i64::try_from(self.children).unwrap_or(i64::MAX),
         );
-        metric(
+        let last = Gauge::<f64, AtomicU64>::default();
+        last.set(self.last_restart_seconds);
+        registry.register(
             "flock_supervisor_last_restart_seconds",
-            "gauge",
             "Seconds from the last hot-restart fork to the new epoch LIVE.",
-            format!("{:.3}", self.last_restart_seconds),
+            last,
         );
-        out.push_str(&restarts);
-        out
+        flock_telemetry::metrics::render(&registry)
     }
 
     /// Writes [`render`](Self::render) to `path` atomically (see the module docs).
@@ -183,6 +196,8 @@ mod tests {
         assert!(text.contains("\nflock_supervisor_current_epoch 3\n"));
         assert!(text.contains("\nflock_supervisor_epoch_live 1\n"));
         assert!(text.contains("# TYPE flock_supervisor_validation_failures_total counter\n"));
+        assert!(text.contains("\nflock_supervisor_current_epoch 3\n"));
+        assert!(text.contains("flock_supervisor_restarts_total{cause=\"crash\"} 0\n"));
         // Every sample line is `name[{labels}] value`.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let (_, value) = line.rsplit_once(' ').unwrap();
