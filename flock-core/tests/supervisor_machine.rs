@@ -11,7 +11,7 @@ use flock_core::epoch::supervisor::{
     Action, Event, Exit, Failure, Policy, SpawnReason, Stage, StartInputs, Stop, Supervisor,
     Target, Why,
 };
-use flock_core::epoch::{EpochRecord, PredecessorStatus, WriterId};
+use flock_core::epoch::{EpochRecord, PredecessorStatus, WriteDecision, WriterId, write_decision};
 use flock_core::{MonoMs, UnixMs};
 use proptest::prelude::*;
 
@@ -487,16 +487,9 @@ fn shutdown_during_a_handoff_waits_for_it_bounded_by_the_handoff_timeout() {
 }
 
 #[test]
-fn superseded_epochs_are_killed_if_they_outlive_the_successor_bound() {
+fn an_exit_with_a_fresh_successor_recorded_is_a_supersession_not_a_failure() {
     let mut h = Host::new(policy());
     h.run_until(1_000);
-    h.obeys_term = false;
-    h.feed(Event::Heartbeat(Some(
-        flock_core::epoch::WriteDecision::Skip {
-            reason: flock_core::epoch::SkipReason::NotLive { epoch: 0 },
-        },
-    )));
-    assert!(!h.m.is_stopping());
     // Our epoch exits: a fresh successor's record on our base id is on disk.
     h.on_disk = Some(EpochRecord::new(
         1,
@@ -508,6 +501,48 @@ fn superseded_epochs_are_killed_if_they_outlive_the_successor_bound() {
     h.run_until(1_001);
     assert_eq!(h.finished, Some(Ok(Exit::Superseded)));
     assert_eq!(h.m.failures(), 0);
+    assert_eq!(h.spawns().len(), 1, "no restart on the successor's base id");
+}
+
+#[test]
+fn superseded_epochs_are_killed_if_they_outlive_the_successor_bound() {
+    let mut h = Host::new(policy());
+    h.run_until(1_000);
+    h.procs.values_mut().for_each(|p| p.obeys_term = false);
+    // The heartbeat finds a successor's fresh, higher record: yield.
+    let successor = EpochRecord::new(1, 7, UNIX0 + 1_000, WriterId::new("other").unwrap());
+    let mine = EpochRecord::new(0, 7, 0, WriterId::new("me").unwrap());
+    let decision = write_decision(Some(&successor), &mine, true, UNIX0 + 1_000, 5_000);
+    assert!(
+        matches!(decision, WriteDecision::Yield { .. }),
+        "{decision}"
+    );
+    h.feed(Event::Heartbeat(Some(decision)));
+    assert!(h.m.is_stopping());
+    // A trigger while superseded is ignored: the chain is the successor's.
+    h.feed(Event::Trigger);
+    assert!(!h.m.gate().is_pending());
+    let t0 = h.now;
+    // Envoy's parent shutdown should end our epoch; it does not. The bound is the
+    // successor's drain + parent-shutdown time + the margin: 2 + 3 + 1 s.
+    h.run_until(t0 + 5_999);
+    assert!(h.actions(|a| matches!(a, Action::Signal { .. })).is_empty());
+    assert!(h.finished.is_none());
+    h.run_until(t0 + 6_000);
+    assert_eq!(
+        h.actions(|a| matches!(a, Action::Signal { .. })),
+        vec![(
+            t0 + 6_000,
+            Action::Signal {
+                target: Target::All,
+                stop: Stop::Kill,
+                why: Why::SupersededTooLong
+            }
+        )]
+    );
+    h.run_until(t0 + 6_001);
+    assert_eq!(h.finished, Some(Ok(Exit::Superseded)));
+    assert_eq!(h.spawns().len(), 1);
 }
 
 // ---------------------------------------------------------------------------------
