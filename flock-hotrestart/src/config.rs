@@ -1,6 +1,6 @@
 //! The supervisor's configuration: its defaults, the rules a configuration must
 //! follow, and its translation into the lifecycle machine's
-//! [`Policy`](flock_core::epoch::supervisor::Policy).
+//! [`Policy`].
 //!
 //! The binary maps its flags onto [`Config`] and calls [`Config::check`]; every
 //! default and limit lives here so a library user gets the same ones.
