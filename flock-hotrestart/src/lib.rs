@@ -14,6 +14,7 @@
 //! | [`config`] | the supervisor's configuration, defaults and limits, and its policy |
 //! | [`supervisor`] | the I/O loop around the lifecycle machine: signals, inotify, child exits, timers |
 //! | [`admin`] | `GET /server_info` (which epoch is LIVE), graceful drain |
+//! | [`envoys`] | the Envoy side behind one trait (real, or a test's fake): validate, spawn, signal, admin probe and drain |
 //! | [`envoy`] | `--mode validate`, spawning an epoch, the parent-death exec shim |
 //! | [`statefile`] | `<state-dir>/epoch`: lock-free reads, `flock(2)`-locked writes (R8) |
 //! | [`watch`] | inotify on the config's directory |
@@ -24,10 +25,12 @@
 pub mod admin;
 pub mod config;
 pub mod envoy;
+pub mod envoys;
 pub mod metrics;
 pub mod statefile;
 pub mod supervisor;
 pub mod watch;
 
 pub use config::{Config, ConfigError};
-pub use supervisor::{Envoys, Exit, RealEnvoys, SupervisorError, run, run_with};
+pub use envoys::{Envoys, RealEnvoys};
+pub use supervisor::{Exit, SupervisorError, run, run_with};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use flock_core::epoch::supervisor::Stop;
 use flock_core::epoch::{PredecessorStatus, WriterId};
-use flock_hotrestart::supervisor::ExitFuture;
+use flock_hotrestart::envoys::ExitFuture;
 use flock_hotrestart::{Config, Envoys, SupervisorError, run_with};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
