@@ -6,7 +6,7 @@ use flock_cni::proto::v1::{
     AddPodRequest, Availability, CheckRequest, GarbageCollectRequest, GarbageCollectResponse,
     Outcome, PodResponse, RemovePodRequest, StatusRequest, StatusResponse,
 };
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use std::path::Path;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};

@@ -9,7 +9,7 @@ use flock_bird::agent::{
 use flock_bird::model::Endpoint;
 use flock_bird::registry::{self, Registry, RegistryError, RegistryOptions, RegistrySpec, View};
 use flock_bird::store::PodStore;
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use flock_xds::cache::Cache;
 use flock_xds::types::{CLUSTER, LISTENER};
 use std::collections::BTreeMap;

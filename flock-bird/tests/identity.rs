@@ -6,7 +6,7 @@ use flock_bird::identity::{
     validate_trust_domain,
 };
 use flock_core::UnixMs;
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use proptest::prelude::*;
 use std::path::Path;
 use std::process::Command;

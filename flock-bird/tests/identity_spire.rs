@@ -8,7 +8,7 @@ mod spire_double;
 use flock_bird::identity::{
     IdentityProvider, IdentityView, PodIdentity, SpireBridge, SpireOptions,
 };
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use spire_double::SpireDouble;
 use std::sync::Arc;
 use std::time::Duration;

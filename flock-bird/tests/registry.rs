@@ -4,7 +4,7 @@
 
 use flock_bird::model::{Endpoint, Health, Protocol};
 use flock_bird::registry::{self, Registry, RegistryError, RegistryOptions, RegistrySpec};
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 

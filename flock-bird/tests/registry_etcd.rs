@@ -9,7 +9,7 @@
 use flock_bird::model::{Endpoint, Health, Protocol};
 use flock_bird::registry::etcd::EtcdRegistry;
 use flock_bird::registry::{Registry, RegistryOptions, View};
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

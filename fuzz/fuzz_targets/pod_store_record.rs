@@ -7,7 +7,7 @@
 use flock_bird::store::{
     MAX_FILE_BYTES, decode_record, encode_record, file_name_for, validate_record,
 };
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use libfuzzer_sys::fuzz_target;
 
 const OTHER_NAME: &str = "pod-00000000000000000000000000000000.json";

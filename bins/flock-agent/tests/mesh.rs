@@ -18,7 +18,7 @@
 mod common;
 
 use common::*;
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use serde_json::{Value, json};
 use std::time::Duration;
 

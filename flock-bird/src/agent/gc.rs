@@ -1,7 +1,8 @@
 //! The orphan-GC executor: flock-core plans, this removes.
 
 use super::{Agent, PodOutcome};
-use flock_core::gc::{GcInputs, Owned, PodKey};
+use flock_core::gc::{GcInputs, Owned};
+use flock_core::pod::PodKey;
 use flock_core::sync::lock;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -3,9 +3,9 @@
 use super::{AddPodInput, Agent, PodError, PodOutcome};
 use crate::identity::PodIdentity;
 use crate::model::{Endpoint, Health, PodRecord, SERVICE_ANNOTATION};
-use flock_core::gc::PodKey;
 use flock_core::lifecycle::liveness::Liveness;
 use flock_core::lifecycle::steps::{ADD_POD, REMOVE_POD, Step};
+use flock_core::pod::PodKey;
 use flock_core::sync::lock;
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 
 use super::Agent;
 use crate::model::{Health, PodRecord};
-use flock_core::gc::PodKey;
 use flock_core::lifecycle::liveness::{Health as Live, Liveness};
+use flock_core::pod::PodKey;
 use flock_core::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::Arc;

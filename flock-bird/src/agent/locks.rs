@@ -1,7 +1,7 @@
 //! Per-pod locks: the operations on one pod (AddPod, RemovePod, a GC removal) run one
 //! at a time; operations on different pods proceed in parallel.
 
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use flock_core::sync::Mutex;
 use flock_core::sync::lock;
 use std::collections::HashMap;

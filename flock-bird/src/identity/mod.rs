@@ -28,7 +28,7 @@ use flock_core::UnixMs;
 pub use spire::{SpireBridge, SpireOptions};
 
 use crate::model::PodRecord;
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;

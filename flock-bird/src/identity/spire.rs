@@ -32,7 +32,7 @@
 
 use super::{Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid};
 use flock_core::backoff::Backoff;
-use flock_core::gc::PodKey;
+use flock_core::pod::PodKey;
 use flock_core::sync::Mutex;
 use hyper_util::rt::TokioIo;
 use spire_api::pb::spire::api::agent::delegatedidentity::v1 as pb;
