@@ -123,8 +123,9 @@ async fn hot_restarts_under_load_fail_no_request() {
 /// (each takes about a second: `with_slow_init`):
 /// the gate defers instead of forking into an initializing epoch (R7), no epoch
 /// dies, the supervisor survives, and it converges to one LIVE newest epoch.
-/// `flock-hotrestart/scripts/r7-gate-mutant.sh` re-introduces R7 in flock-core's gate
-/// and requires this test to fail (forked epochs exit "still initializing").
+/// `scripts/test --mutants r7` re-introduces R7 in flock-core's gate (the gate fires
+/// when the debounce ends, whatever the liveness) and requires this test, run alone
+/// against real Envoy, to fail (forked epochs exit "still initializing").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rapid_triggers_never_fork_an_initializing_epoch() {
     let tmp = TempDir::new("rapid");
