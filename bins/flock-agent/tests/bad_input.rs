@@ -63,7 +63,7 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
                 container_id: "x".repeat(300),
                 ..add("")
             },
-            "container id must be 1 to 256 bytes",
+            "must be 1 to 256 bytes",
         ),
         (
             AddPodRequest {
@@ -80,14 +80,14 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
                 }],
                 ..add("c3")
             },
-            "is not an address",
+            "is not an IP address",
         ),
         (
             AddPodRequest {
                 netns: String::new(),
                 ..add("c4")
             },
-            "netns must be an absolute path",
+            "netns: must be an absolute path",
         ),
         (
             AddPodRequest {

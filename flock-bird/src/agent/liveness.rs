@@ -3,7 +3,7 @@
 
 use super::Agent;
 use crate::model::{Health, PodRecord};
-use flock_core::lifecycle::liveness::{Health as Live, Liveness};
+use flock_core::lifecycle::liveness::Liveness;
 use flock_core::pod::PodKey;
 use flock_core::sync::lock;
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 impl Agent {
     /// Each live pod's health decision.
-    pub fn health(&self) -> BTreeMap<PodKey, Live> {
+    pub fn health(&self) -> BTreeMap<PodKey, Health> {
         lock(&self.liveness)
             .iter()
             .map(|(k, l)| (k.clone(), l.health()))
@@ -38,7 +38,9 @@ impl Agent {
             return;
         };
         let health = match lock(&self.liveness).get(key).map(Liveness::health) {
-            Some(Live::Unhealthy) => Health::Unhealthy,
+            Some(Health::Unhealthy) => Health::Unhealthy,
+            // Not decided yet (a new pod) registers as serving: it is not kept out
+            // of the mesh until its first probes pass.
             _ => Health::Healthy,
         };
         for ep in self.endpoints_of(&rec, health) {
