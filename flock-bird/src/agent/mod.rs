@@ -16,13 +16,15 @@
 //!   in parallel.
 //!
 //! # Where each job lives
-//! * [`config`]: [`AgentConfig`]; [`error`]: [`PodError`], [`PodOutcome`]; [`metrics`]: [`AgentMetrics`];
-//! * [`request`]: an AddPod request ([`AddPodInput`]) checked into a pod record;
+//! * `config`: [`AgentConfig`]; `error`: [`PodError`], [`PodOutcome`]; `metrics`:
+//!   [`AgentMetrics`];
+//! * `request`: an AddPod request ([`AddPodInput`]) checked into a pod record by the
+//!   shared pod validator (`flock_core::pod`);
 //! * `locks`: the per-pod locks; `lifecycle`: AddPod, RemovePod, CHECK and startup load;
 //! * `liveness`: the probe round and the guarded re-registration;
-//! * `mesh`: the registry view and the live pods as a translation model;
+//! * [`mesh`]: the registry view and the live pods as a translation model;
 //! * `publish`: the one publish point, translating through each node group's
-//!   [`Memo`](flock_xds::translate::Memo); `gc`: the orphan-GC executor.
+//!   `flock_xds::translate::Memo`; `gc`: the orphan-GC executor.
 
 mod config;
 mod error;
