@@ -43,6 +43,11 @@ impl<T> Mutex<T> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The data, through an exclusive borrow (no locking needed).
+    pub fn get_mut(&mut self) -> &mut T {
+        self.0.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// The data, consuming the mutex.
     pub fn into_inner(self) -> T {
         self.0
