@@ -32,9 +32,10 @@ use etcd_client::{
     LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use flock_core::backoff::Backoff;
+use flock_core::sync::Mutex as SyncMutex;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
@@ -42,7 +43,7 @@ use tokio::task::JoinHandle;
 /// The etcd backend (see the module docs).
 pub struct EtcdRegistry {
     shared: Arc<Shared>,
-    task: StdMutex<Option<JoinHandle<()>>>,
+    task: SyncMutex<Option<JoinHandle<()>>>,
 }
 
 struct Shared {
@@ -56,7 +57,7 @@ struct Shared {
     /// Serializes this agent's writes with lease replacement, so a re-put after lease
     /// loss sees every successful put and no deleted key.
     ops: Mutex<Ops>,
-    view: StdMutex<ViewState>,
+    view: SyncMutex<ViewState>,
 }
 
 struct Ops {
@@ -216,7 +217,7 @@ impl Shared {
         let lease = ops.lease.unwrap_or(0);
         for (key, ep) in &ops.own {
             let rev = self.put_raw(key, ep, lease).await?;
-            let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+            let mut view = self.view.lock();
             if view.apply_put(key.clone(), ep.clone(), rev) {
                 self.publish(&view);
             }
@@ -264,7 +265,7 @@ impl Shared {
                 entries.insert(key, (ep, kv.mod_revision()));
             }
         }
-        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = self.view.lock();
         view.entries = entries;
         view.tombstones.clear();
         view.revision = rev;
@@ -316,7 +317,7 @@ impl Shared {
         if resp.events().is_empty() {
             return;
         }
-        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = self.view.lock();
         let mut changed = false;
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
@@ -347,7 +348,7 @@ impl Shared {
     }
 
     fn mark_unsynced(&self) {
-        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = self.view.lock();
         if view.synced {
             view.synced = false;
             self.publish(&view);
@@ -400,7 +401,7 @@ impl Shared {
             }
         };
         let (resume, needs_list) = {
-            let view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+            let view = self.view.lock();
             (view.revision, view.needs_list || view.revision == 0)
         };
         let stream = if needs_list {
@@ -422,7 +423,7 @@ impl Shared {
                     })?
             }
         };
-        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = self.view.lock();
         view.synced = true;
         view.generation += 1;
         tracing::info!(registry = %self.describe, node = %self.node, generation = view.generation, revision = view.revision, endpoints = view.entries.len(), "registry synced");
@@ -474,7 +475,7 @@ impl Shared {
                     Ok(Some(resp)) => {
                         if resp.canceled() {
                             if resp.compact_revision() > 0 {
-                                self.view.lock().unwrap_or_else(|p| p.into_inner()).needs_list = true;
+                                self.view.lock().needs_list = true;
                             }
                             return SessionEnd::Failed(format!("watch canceled (compact revision {}): {}", resp.compact_revision(), resp.cancel_reason()));
                         }
@@ -585,13 +586,13 @@ impl EtcdRegistry {
                 reput_pending: false,
                 own: BTreeMap::new(),
             }),
-            view: StdMutex::new(ViewState::default()),
+            view: SyncMutex::new(ViewState::default()),
         });
         let first = shared.establish().await?;
         let task = tokio::spawn(shared.clone().run(first));
         Ok(Self {
             shared,
-            task: StdMutex::new(Some(task)),
+            task: SyncMutex::new(Some(task)),
         })
     }
 
@@ -605,7 +606,7 @@ impl EtcdRegistry {
     /// SIGKILLed. For tests, and for a handover where a successor keeps the endpoints
     /// alive. The view is marked unsynced; later puts fail.
     pub fn shutdown_without_revoke(&self) {
-        if let Some(task) = self.task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(task) = self.task.lock().take() {
             task.abort();
         }
         self.shared.mark_unsynced();
@@ -639,12 +640,7 @@ impl EtcdRegistry {
 impl Drop for EtcdRegistry {
     /// Stops the background task; the lease is not revoked (see [`EtcdRegistry::close`]).
     fn drop(&mut self) {
-        if let Some(task) = self
-            .task
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(task) = self.task.lock().take() {
             task.abort();
         }
     }
@@ -671,7 +667,7 @@ impl Registry for EtcdRegistry {
         };
         let rev = self.shared.put_raw(&key, ep, lease).await?;
         ops.own.insert(key.clone(), ep.clone());
-        let mut view = self.shared.view.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = self.shared.view.lock();
         if view.apply_put(key, ep.clone(), rev) {
             self.shared.publish(&view);
         }
@@ -689,7 +685,7 @@ impl Registry for EtcdRegistry {
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         let deleted = resp.deleted() > 0;
         if deleted {
-            let mut view = self.shared.view.lock().unwrap_or_else(|p| p.into_inner());
+            let mut view = self.shared.view.lock();
             if view.apply_delete(key.to_string(), rev) {
                 self.shared.publish(&view);
             }
@@ -718,7 +714,7 @@ impl Registry for EtcdRegistry {
         // The key was at `revision`: if it was ours, that registration is gone now.
         ops.own.remove(key);
         let at = resp.header().map(|h| h.revision()).unwrap_or(0);
-        let mut view = self.shared.view.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = self.shared.view.lock();
         if view.apply_delete(key.to_string(), at) {
             self.shared.publish(&view);
         }
