@@ -53,8 +53,8 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
-pub mod debounce;
 pub mod cniconf;
+pub mod debounce;
 pub mod epoch;
 pub mod gc;
 pub mod hash;

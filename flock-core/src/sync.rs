@@ -45,7 +45,9 @@ impl<T> Mutex<T> {
 
     /// The data, through an exclusive borrow (no locking needed).
     pub fn get_mut(&mut self) -> &mut T {
-        self.0.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The data, consuming the mutex.
