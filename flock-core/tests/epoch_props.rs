@@ -9,7 +9,7 @@
 //!   a live epoch without comparing with the record on disk, so
 //!   `write_rule_never_regresses_a_fresh_higher_epoch` fails its "file regressed"
 //!   assertion (a draining parent whose last probe said LIVE overwrites its child's
-//!   fresh record), `seed_r8_interleaving_does_not_regress` fails the same way on the
+//!   fresh record), `r8_interleaving_does_not_regress` fails the same way on the
 //!   seed's exact interleaving, and `write_decision_contract` fails either its
 //!   "overwrote a fresh record" assertion or, for an epoch that is not LIVE, its
 //!   Skip assertion (the mutant skips where the rule yields).
@@ -530,7 +530,7 @@ proptest! {
 /// The seed's R8 interleaving, step by step: the draining parent's out-of-date probe
 /// must not regress the file to its epoch.
 #[test]
-fn seed_r8_interleaving_does_not_regress() {
+fn r8_interleaving_does_not_regress() {
     let mut host = Host::new();
     let script = [
         Step::Spawn,         // pod-0: epoch 0

@@ -23,7 +23,7 @@ fn json(text: &str) -> Value {
 /// shell installer with one shared hash patched them forever). Run as two installers
 /// at once so the quiet window is shared.
 #[test]
-fn seed2_two_configs_within_a_millisecond_both_orders_no_loop() {
+fn two_configs_within_a_millisecond_both_orders_never_loop() {
     let ab = Installer::prepare().start(&[]);
     let ba = Installer::prepare().start(&[]);
     let a = conflist("aws-cni", "foo");

@@ -26,11 +26,11 @@ use super::patch::{ConfPolicy, OurPlugin, patch};
 
 /// Re-introduces the patch loop's first cause (one hash slot shared by all files) so the property test
 /// can show it catches it; never enabled in builds.
-const SEED2_SHARED_HASH: bool = cfg!(flock_reintroduce = "seed2-shared-hash");
+const SHARED_HASH: bool = cfg!(flock_reintroduce = "ledger-shared-hash");
 
 /// Re-introduces the patch loop's second cause (every external change is rewritten, even when already
 /// patched) so the property test can show it catches it; never enabled in builds.
-const SEED2_REWRITE: bool = cfg!(flock_reintroduce = "seed2-rewrite");
+const REWRITE_PATCHED: bool = cfg!(flock_reintroduce = "ledger-rewrite");
 
 /// Per-file record of the bytes flock last wrote (or adopted as already patched): path →
 /// [`ContentHash`].
@@ -50,7 +50,7 @@ impl Ledger {
 
     /// The key a path is stored under: the path itself.
     fn slot(path: &str) -> &str {
-        if SEED2_SHARED_HASH { "" } else { path }
+        if SHARED_HASH { "" } else { path }
     }
 
     /// Records that `path` now holds `bytes` written (or adopted) by us; returns the hash.
@@ -190,7 +190,7 @@ pub fn decide(path: &str, bytes: &[u8], ledger: &Ledger, policy: &InstallPolicy)
         Ok(patched) => patched,
         Err(e) => return Action::Skip(SkipReason::Refused(e)),
     };
-    if !patched.changed && !SEED2_REWRITE {
+    if !patched.changed && !REWRITE_PATCHED {
         return Action::AlreadyPatched;
     }
     let file_name_change = if patched.converted_from_conf {
