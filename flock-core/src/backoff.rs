@@ -21,9 +21,9 @@
 //! # Durations
 //!
 //! Delays and settings are [`Duration`]s (they are only ever slept on; instants
-//! elsewhere in flock-core are `u64` milliseconds). Arithmetic is done in `u128`
-//! nanoseconds and saturates, so no attempt count overflows: once the ceiling reaches
-//! `max` it stays there.
+//! elsewhere in flock-core are `MonoMs`, or Unix milliseconds where other processes
+//! read them). Arithmetic is done in `u128` nanoseconds and saturates, so no attempt
+//! count overflows: once the ceiling reaches `max` it stays there.
 //!
 //! # Example
 //!

@@ -11,7 +11,7 @@
 //! # Why a sweep exists at all
 //!
 //! The lifecycle ordering ([`crate::lifecycle`]) and the register-then-recheck guard
-//! make the races of the concurrency audit impossible *while the agent runs*: R4's
+//! make races R4 and R6 (docs/races.md) impossible *while the agent runs*: R4's
 //! ghost endpoint (liveness re-registers a pod that `RemovePod` is tearing down) and
 //! R6's leaked subscription (the resubscriber subscribes a pod that was just
 //! removed). What they cannot cover is the agent crashing between two steps, a CNI

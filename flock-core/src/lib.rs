@@ -8,7 +8,8 @@
 //! agent:
 //!
 //! * **no I/O and no async runtime**: inputs are values, outputs are decisions;
-//! * **no clock reads**: every time-dependent function takes `now_ms: u64`;
+//! * **no clock reads**: time is an argument (`MonoMs` for deadlines and windows, Unix
+//!   milliseconds for what other processes read);
 //! * **no randomness**: jitter is an argument;
 //! * **concurrent types use [`sync`]**, which is `loom::sync` under `--cfg loom`, so a
 //!   loom test model-checks the code that ships.
@@ -17,7 +18,7 @@
 //! |---|---|---|
 //! | [`snapshot`] | one publish point for state changes, versions, subscribers | R1 stale snapshot wins; R2 aliased mutation |
 //! | [`resources`] | typed resource sets and their diff, content hash as version | unchanged resources resent; O(all) per change |
-//! | [`cniconf`] | parsing, patching and unpatching CNI configs; the per-file ledger | seed 2: infinite patch loop, corrupted configs |
+//! | [`cniconf`] | parsing, patching and unpatching CNI configs; the per-file ledger | the two-file patch loop, corrupted configs |
 //! | [`pod`] | a pod's key, ports and the one validator of its fields | a pod accepted at ADD that the translation refuses (stored, registered, never served) |
 //! | [`gc`] | which orphans to remove, with hysteresis and a breaker | leaks after crashes; mass deletion after a bug |
 //! | [`lifecycle`] | pod add/remove order, loading, re-registration, liveness | R3 lost pod at startup; R4 ghost endpoint; R6 leaked subscription |
@@ -26,8 +27,7 @@
 //! | [`debounce`] | when a burst of events becomes one action (quiet period, cap) | an action per event; a never-quiet source postponing it forever |
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //!
-//! The names R1–R8 refer to the concurrency audit this design answers (see the
-//! repository's `ARCHITECTURE.md`). Each can be re-introduced with
+//! The names R1–R8 are the races described in the repository's `docs/races.md`. Each can be re-introduced with
 //! `--cfg flock_reintroduce="<name>"` (never in a real build): the repository's test
 //! script builds every such mutant and requires the test guarding the fix to fail.
 //!

@@ -16,7 +16,7 @@
 //! of sets is diffed by a merge walk that skips every type whose map is shared
 //! (`Arc::ptr_eq`), so it is O(size of the types that differ). `benches/resources.rs` measures both against re-hashing everything.
 //!
-//! **Immutability (seed race R2).** Maps and values are behind `Arc`s and a built set
+//! **Immutability (race R2).** Maps and values are behind `Arc`s and a built set
 //! has no mutating method: a builder copies the map of a type the first time it changes
 //! it (copy-on-write), so a set that a stream is encoding is never touched.
 //!

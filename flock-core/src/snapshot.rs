@@ -8,17 +8,17 @@
 //! 3. stores the new [`Snapshot`] as the latest, hands it to every sink and wakes
 //!    every waiter.
 //!
-//! **Why (seed race R1, lost update):** the audited agent computed a version from an
-//! atomic counter, then read its maps, then set the cache, with nothing holding those
-//! three steps together. Two writers could interleave so that version 11 (with both
-//! changes) was set first and version 10 (with only one) set last: the stale snapshot
-//! won and a removed listener stayed resurrected. Here the three steps are one step;
+//! **Why (race R1, lost update):** an agent that computes a version from an atomic
+//! counter, then reads its maps, then sets the cache, with nothing holding the three
+//! steps together, can have two writers interleave so that version 11 (with both
+//! changes) is set first and version 10 (with only one) set last: the stale snapshot
+//! wins and a removed listener stays resurrected. Here the three steps are one step;
 //! `tests/loom_snapshot.rs` explores every interleaving of several writers and a reader
 //! and checks that versions only grow and every completed write is in the latest state.
-//! Building with `--cfg flock_reintroduce="r1"` restores the audited code's shape (a
+//! Building with `--cfg flock_reintroduce="r1"` restores that shape (a
 //! counter outside the lock) and that loom test fails.
 //!
-//! **Why (seed race R2, aliased mutation):** a published [`Snapshot`] is behind an
+//! **Why (race R2, aliased mutation):** a published [`Snapshot`] is behind an
 //! `Arc` and only ever handed out as `&S`; the closure that builds the next state gets
 //! the previous state by shared reference and must return a new value. There is no
 //! `&mut` path to a value a reader may be encoding, so a torn read is impossible by
@@ -97,7 +97,7 @@ struct Inner<S> {
 pub struct Publisher<S> {
     inner: Mutex<Inner<S>>,
     published: Condvar,
-    /// The audited agent's version counter, outside any lock. Only compiled in to show
+    /// A version counter outside any lock (the R1 shape). Only compiled in to show
     /// that the loom test catches R1.
     #[cfg(flock_reintroduce = "r1")]
     racy_counter: crate::sync::atomic::AtomicU64,
@@ -159,7 +159,7 @@ impl<S> Publisher<S> {
         Some(snapshot)
     }
 
-    /// Re-introduces seed race R1 — version from a counter outside the lock, state read
+    /// Re-introduces race R1 — version from a counter outside the lock, state read
     /// and cache set in separate critical sections — so `tests/loom_snapshot.rs` can
     /// show that it catches it. Never enabled in a build.
     #[cfg(flock_reintroduce = "r1")]

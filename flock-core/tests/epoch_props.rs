@@ -2,7 +2,7 @@
 //! Property tests of the epoch module: the record format, the start decision, the
 //! state-file write rule (R8) and the restart gate (R7).
 //!
-//! Mutation checks (the `flock_reintroduce` switch re-introduces one seed bug):
+//! Mutation checks (the `flock_reintroduce` switch re-introduces one race):
 //!
 //! * `RUSTFLAGS='--cfg flock_reintroduce="r8"' cargo test -p flock-core --test epoch_props
 //!   --target-dir target/mutants` fails: the R8 mutation makes `write_decision` write
@@ -10,7 +10,7 @@
 //!   `write_rule_never_regresses_a_fresh_higher_epoch` fails its "file regressed"
 //!   assertion (a draining parent whose last probe said LIVE overwrites its child's
 //!   fresh record), `r8_interleaving_does_not_regress` fails the same way on the
-//!   seed's exact interleaving, and `write_decision_contract` fails either its
+//!   R8 interleaving, and `write_decision_contract` fails either its
 //!   "overwrote a fresh record" assertion or, for an epoch that is not LIVE, its
 //!   Skip assertion (the mutant skips where the rule yields).
 //! * `RUSTFLAGS='--cfg flock_reintroduce="r7"' cargo test -p flock-core --test
@@ -527,7 +527,7 @@ proptest! {
     }
 }
 
-/// The seed's R8 interleaving, step by step: the draining parent's out-of-date probe
+/// The R8 interleaving, step by step: the draining parent's out-of-date probe
 /// must not regress the file to its epoch.
 #[test]
 fn r8_interleaving_does_not_regress() {

@@ -1,5 +1,5 @@
 #![cfg(loom)]
-//! Loom models of the pod-lifecycle races R3, R4 and R6 of the concurrency audit,
+//! Loom models of the pod-lifecycle races R3, R4 and R6 (docs/races.md),
 //! run against the real `flock_core::lifecycle` code (its step constants, its
 //! `PodTable`, its `register_if_live`) with loom's `Mutex` from `flock_core::sync`.
 //!
@@ -102,7 +102,7 @@ impl World {
 /// with the added pod's fresh value.
 ///
 /// Fails with `--cfg flock_reintroduce="r3"` (`load_merge` replaces the table
-/// wholesale, the seed's bug): A reads storage, B writes storage and table, A's
+/// wholesale): A reads storage, B writes storage and table, A's
 /// replace wipes B's pod.
 #[test]
 fn r3_startup_load_never_wipes_a_concurrent_add() {
@@ -154,7 +154,7 @@ fn r3_startup_load_never_wipes_a_concurrent_add() {
 /// `register_if_live`. At the end the registry never holds pod 1: no ghost
 /// endpoint.
 ///
-/// Fails with `--cfg flock_reintroduce="r4"` (the seed's `RemovePod` order:
+/// Fails with `--cfg flock_reintroduce="r4"` (the racy `RemovePod` order:
 /// unregister first, store delete last: B's re-check runs before the store delete
 /// and keeps the ghost), and with `--cfg flock_reintroduce="r6"` or the re-check
 /// removed from `register_if_live` by hand (B checks, A deletes and unregisters,
@@ -192,7 +192,7 @@ fn r4_liveness_reregistration_never_leaves_a_ghost_endpoint() {
 ///
 /// Fails with `--cfg flock_reintroduce="r4"` (store delete last: the resubscriber's
 /// re-check still sees pod 1) and with `--cfg flock_reintroduce="r6"` or the
-/// re-check removed from `register_if_live` by hand (the seed's resubscriber).
+/// re-check removed from `register_if_live` by hand (a resubscriber without the re-check).
 #[test]
 fn r6_resubscribe_never_leaks_a_removed_pods_subscription() {
     model(|| {

@@ -1,4 +1,4 @@
-//! Loom models of the snapshot [`Publisher`]: seed race R1 (lost update, stale
+//! Loom models of the snapshot [`Publisher`]: race R1 (lost update, stale
 //! snapshot wins) cannot happen.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p flock-core
@@ -6,8 +6,8 @@
 //!
 //! Shown to fail when R1 is re-introduced: with
 //! `RUSTFLAGS='--cfg loom --cfg flock_reintroduce="r1"'` (version taken from a counter
-//! outside the lock, state read and cache set in separate critical sections, as in the
-//! audited agent) loom finds an interleaving where the sink sees version 2 before
+//! outside the lock, state read and cache set in separate critical sections: the R1
+//! shape) loom finds an interleaving where the sink sees version 2 before
 //! version 1 (`writers_publish_in_version_order_and_lose_nothing`) and one where the
 //! latest snapshot lacks a completed write (`a_reader_never_sees_time_go_backwards`).
 #![cfg(loom)]

@@ -1,6 +1,6 @@
 //! libcni >= 1.3 subdirectory drop-ins: chaining without editing the primary's file.
 //!
-//! What libcni v1.3.0 does (`libcni/conf.go`, added by containernetworking/cni#928):
+//! What libcni does since v1.3.0 (`libcni/conf.go`):
 //!
 //! * `NetworkConfFromFile` (used by `ConfListFromFile`, i.e. only for `.conflist`
 //!   files) parses the list, then, unless `loadOnlyInlinedPlugins` is true (a boolean,

@@ -25,9 +25,9 @@
 //! * **Drop-ins** ([`dropin`]): libcni >= 1.3 subdirectory mode, an alternative to
 //!   patching the primary's file.
 //! * **Ledger and decide** ([`Ledger`], [`decide`]): the fix for an installer's infinite
-//!   patch loop. A shell installer that kept *one* hash for all files, with two
-//!   configs, had its own write to file A was compared against the hash
-//!   of its write to file B, looked external, and was "patched" again, forever. Here the
+//!   patch loop. A shell installer that kept *one* hash for all files compared, with
+//!   two configs, its own write to file A against the hash of its write to file B; it
+//!   looked external and was "patched" again, forever. Here the
 //!   ledger keeps one [`ContentHash`](crate::ContentHash) *per file*, and [`decide`]
 //!   never writes a file that is already semantically patched: two independent brakes.
 //! * **The installer's machine** ([`installer`]): every decision of the daemon that

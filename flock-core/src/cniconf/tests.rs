@@ -1,4 +1,4 @@
-//! Unit tests: one per installer scenario of CNI.md that is a pure decision, plus the
+//! Unit tests: one per installer scenario of docs/cni.md that is a pure decision, plus the
 //! building blocks.
 
 use serde_json::{Value, json};

@@ -1,5 +1,5 @@
 //! The restart gate: a trailing debounce that never forks while the current epoch is
-//! not LIVE (race R7 of the concurrency audit).
+//! not LIVE (race R7, docs/races.md).
 
 use crate::debounce::{Debounce, DebouncePoll};
 use crate::time::MonoMs;
@@ -49,8 +49,8 @@ pub enum GateDecision {
 /// not fired.
 ///
 /// A persistently deferred restart ([`consecutive_deferrals`](Self::consecutive_deferrals)
-/// growing) means the epoch never becomes LIVE, e.g. Envoy's stuck init flag
-/// (envoy#33446); the supervisor alarms and recovers on its own schedule.
+/// growing) means the epoch never becomes LIVE, e.g. Envoy's init flag left set after
+/// a child exited early, which blocks later restarts; the supervisor alarms and recovers on its own schedule.
 ///
 /// If the caller's clock ever goes backwards, the gate only waits longer; it never
 /// fires early.

@@ -1,7 +1,7 @@
 //! Envoy hot-restart epochs: the state-file record, the cross-process start decision,
 //! the state-file write rule, the restart gate and the supervisor's in-process rules.
 //!
-//! Envoy hot restart (see `HOTRESTART.md`) hands the listen sockets from epoch `N` to
+//! Envoy hot restart (see docs/hot-restart.md) hands the listen sockets from epoch `N` to
 //! epoch `N + 1` of the *same* base id. flock runs it in two ways: in place, inside one
 //! supervisor (Strategy A: a config change), and across processes (Strategy B: a surge
 //! replica of the DaemonSet reads a small state file, confirms that the epoch recorded
@@ -13,10 +13,11 @@
 //!
 //! # Time
 //!
-//! * Instants are `u64` milliseconds whose name ends in `_ms`. Heartbeats and
-//!   `now_unix_ms` are **unix-epoch** milliseconds (`SystemTime`), because several
-//!   processes compare them through the state file. The [`RestartGate`] takes a
-//!   **monotonic** [`MonoMs`](crate::time::MonoMs).
+//! * Heartbeats and `now_unix_ms` are **unix-epoch** milliseconds (`u64`, named
+//!   `*_unix_ms`), because several processes compare them through the state file. The
+//!   [`RestartGate`] and the [`supervisor`] machine take **monotonic** instants,
+//!   [`MonoMs`](crate::time::MonoMs); [`predecessor_drained`] takes monotonic `u64`
+//!   milliseconds.
 //! * Spans in this module are `u64` milliseconds too (`heartbeat_max_age_ms`,
 //!   `debounce_ms`), because they are added to instants. Arithmetic saturates; no
 //!   input makes these functions panic.
@@ -31,7 +32,7 @@
 //!   (Strategy B), or why it must wait.
 //! * [`write_decision`] — whether a supervisor may write its record now. Only a LIVE
 //!   epoch is recorded, and a fresh record with a higher epoch is never overwritten
-//!   (race R8 of the concurrency audit).
+//!   (race R8).
 //! * [`RestartGate`] — the trailing debounce in front of an in-place hot restart that
 //!   never forks while the current epoch is not LIVE (race R7).
 //! * [`after_newest_exit`], [`start_input`], [`predecessor_drained`] — the

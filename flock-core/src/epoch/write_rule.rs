@@ -1,4 +1,4 @@
-//! The state-file write rule (race R8 of the concurrency audit).
+//! The state-file write rule (race R8, docs/races.md).
 
 use std::fmt;
 
@@ -168,7 +168,7 @@ pub fn write_decision(
 ) -> WriteDecision {
     let verdict = if cfg!(flock_reintroduce = "r8") {
         // Re-introduces R8 so the property test can show it catches it; never enabled
-        // in builds: the seed's writer wrote its own epoch whenever it was live,
+        // in builds: a writer that writes its own epoch whenever it is live,
         // without comparing with the record on disk.
         Verdict::Write(WriteReason::Heartbeat)
     } else {
@@ -308,7 +308,7 @@ mod tests {
 
     #[test]
     fn fresh_higher_epoch_is_never_overwritten_the_writer_yields() {
-        // The seed's R8 interleaving: the draining parent (epoch 3) probed LIVE just
+        // The R8 interleaving: the draining parent (epoch 3) probed LIVE just
         // before its child (epoch 4) took over and wrote; its heartbeat write comes
         // after the child's.
         let child = rec(4, "b", 100);

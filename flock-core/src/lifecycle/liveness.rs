@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 /// Probe scheduling and thresholds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LivenessPolicy {
-    /// Time between probes of one pod. Default 5 000 ms (the seed's liveness tick).
+    /// Time between probes of one pod. Default 5 000 ms.
     pub interval_ms: u64,
     /// After the pod was added, failures do not count for this long. Default
     /// 10 000 ms (two probe intervals: enough for a typical sidecar and app to

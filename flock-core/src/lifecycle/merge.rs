@@ -1,9 +1,9 @@
 //! Loading stored pods into the live in-memory table: merge, never replace (R3).
 //!
 //! At startup the xDS side loads every stored pod (`GetAll`) and installs it in the
-//! live table while the CNI server is already serving `AddPod`s. The seed replaced
-//! the table wholesale with what it had read, so an `AddPod` that wrote the table
-//! between the read and the replacement was wiped (its pod lost its mTLS identity
+//! live table while the CNI server is already serving `AddPod`s. Replacing the table
+//! wholesale with what was read would wipe an `AddPod` that wrote the table
+//! between the read and the replacement (its pod would lose its mTLS identity
 //! mapping until re-added). Here the load only *adds keys that are absent*: a key
 //! already in memory was written by a concurrent `AddPod` and is newer than the
 //! stored copy, so it is kept; nothing is removed or replaced.
@@ -67,7 +67,7 @@ where
     K: Ord + Clone,
 {
     // Re-introduces R3 so the loom test can show it catches it; never enabled in
-    // builds: the seed replaced the table wholesale with what it loaded.
+    // builds: it replaces the table wholesale with what was loaded.
     #[cfg(flock_reintroduce = "r3")]
     live.clear();
 

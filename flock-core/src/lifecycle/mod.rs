@@ -2,7 +2,7 @@
 //! are loaded into the live table, the register-then-recheck guard, and the
 //! per-pod liveness state machine.
 //!
-//! Each rule closes one race of the concurrency audit (seed `000`) by construction;
+//! Each rule closes one race of docs/races.md by construction;
 //! the agent (`flock-bird`) performs the I/O and must follow these rules exactly,
 //! and the loom models in `tests/loom_lifecycle.rs` run the real code from here.
 //!
@@ -19,7 +19,7 @@
 //! does so either *before* `RemovePod`'s unregister step, which then removes it, or
 //! *after* it; in the latter case its re-check runs after the unregister, which runs
 //! after the store delete, so the re-check sees `p` gone and undoes the
-//! registration. Either way nothing for `p` survives. With the seed's order
+//! registration. Either way nothing for `p` survives. With the opposite order
 //! (unregister first, store delete last) the re-check can run before the store
 //! delete, see `p` still present, and keep a ghost — which is what the loom model
 //! shows under `--cfg flock_reintroduce="r4"`.

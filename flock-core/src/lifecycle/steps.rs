@@ -130,7 +130,7 @@ pub const REMOVE_POD: &[Step] = &[
 ];
 
 /// Re-introduces R4 so the loom test can show it catches it; never enabled in
-/// builds. This is the seed's order: unregister first, store delete last.
+/// builds. This is the racy order: unregister first, store delete last.
 #[cfg(flock_reintroduce = "r4")]
 pub const REMOVE_POD: &[Step] = &[
     Step::RegistryUnregister,
