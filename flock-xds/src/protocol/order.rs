@@ -3,9 +3,10 @@
 //! **Adds and changes ("make")** go out in Envoy's documented order
 //! SDS → CDS → EDS → LDS → RDS: a type's new or changed resources are withheld while
 //! any type before it in that order has new or changed resources not yet *sent*. So
-//! a cluster's endpoints never arrive before the cluster (go-control-plane #526), a
-//! changed cluster is sent before its endpoints' change, listeners arrive after the
-//! clusters they route to, and route configurations after their listeners.
+//! a cluster's endpoints never arrive before the cluster (Envoy can drop endpoints of
+//! a cluster it does not have yet and then wait forever), a changed cluster is sent
+//! before its endpoints' change, listeners arrive after the clusters they route to,
+//! and route configurations after their listeners.
 //!
 //! **Removals ("break")** go out in the order LDS → RDS → CDS → EDS → SDS: a type's
 //! removals are withheld while any type before it in that order has anything unsent

@@ -139,8 +139,8 @@ impl<V, H: Held<V>> Core<V, H> {
     }
 
     /// The client no longer subscribes to `name`: forget it without a removal, and
-    /// drop anything pending for it (go-control-plane #1498: a response for an old
-    /// subscription is never sent after the unsubscribe).
+    /// drop anything pending for it (a response for an old subscription is never sent
+    /// after the unsubscribe).
     pub fn forget(&mut self, name: &Name) {
         self.held.remove(name);
         self.brk.remove(name);
@@ -218,7 +218,7 @@ impl<V, H: Held<V>> Core<V, H> {
             return RequestKind::Initial;
         }
         // From here on, an empty or foreign nonce is stale, as in go-control-plane
-        // (clients keep their latest nonce, e.g. grpc-java #11796).
+        // (clients may keep their latest nonce across streams and requests).
         let parsed = nonce.parse::<u64>().ok();
         #[cfg(flock_reintroduce = "xds-stale-nonce")]
         // The bug class: any ACK/NACK is matched to the latest response.

@@ -8,7 +8,7 @@
 //!    polled, so requests sent together (a reconnect's `initial_resource_versions` for
 //!    every type) are all known before the first response is chosen (make-before-break
 //!    across a reconnect), and an unsubscribe that arrived is applied before a
-//!    response for the old subscription could be built (go-control-plane #1498);
+//!    response for the old subscription could be built;
 //! 3. **snapshots**: the group's publisher hands each new snapshot to a
 //!    `watch` channel under its publish lock, so the stream sees versions in content
 //!    order and only the newest one waits (a slow stream coalesces; no queue);
