@@ -281,7 +281,7 @@ impl Registry for Gated {
     }
 }
 
-/// R4 with the audit's interleaving forced: the liveness loop's re-registration is
+/// R4 with its interleaving forced: the liveness loop's re-registration is
 /// in flight (its put held at the gate) while RemovePod runs to completion; then the
 /// put lands. The re-check after registering sees the pod gone and undoes it, so no
 /// ghost endpoint survives. Without the re-check (`--cfg flock_reintroduce="r4-agent"`,
@@ -502,7 +502,7 @@ impl flock_bird::identity::IdentityProvider for GatedIdentity {
     }
 }
 
-/// R6 with the audit's interleaving forced: after a restart, the agent resubscribes
+/// R6 with its interleaving forced: after a restart, the agent resubscribes
 /// the identities of its stored pods; one resubscription is in flight (held at the
 /// gate) while RemovePod of that pod runs to completion, then it lands. The re-check
 /// after subscribing sees the pod gone and withdraws it: no leaked subscription, no

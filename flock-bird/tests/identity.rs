@@ -1,4 +1,4 @@
-//! Workload identity (issue 7): the builtin CA's SVIDs verify against its bundle, are
+//! Workload identity: the builtin CA's SVIDs verify against its bundle, are
 //! shared per SPIFFE ID, rotate at half-life and never show their keys when formatted.
 
 use flock_bird::identity::{

@@ -1,4 +1,4 @@
-//! The SPIRE bridge (`--identity spire:PATH`, issue 7) against a test double of the
+//! The SPIRE bridge (`--identity spire:PATH`) against a test double of the
 //! Delegated Identity API (`spire_double`: built from the proto `spire-api` ships; not
 //! a SPIRE agent): subscribe, rotation, a SPIRE agent restart with resubscription, and
 //! a pod removed while its resubscription is in flight (R6).

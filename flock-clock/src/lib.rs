@@ -1,7 +1,8 @@
 //! Reads the clocks and the jitter source for flock's I/O crates; flock-core takes their values as parameters.
 //!
 //! Everything time-dependent in flock is decided in `flock-core` from a time passed
-//! in. This crate is the one place that reads it:
+//! in. This crate is the one place that reads the time flock-core's decisions take
+//! (plain I/O timeouts and file ages elsewhere use tokio's or std's clock directly):
 //!
 //! * [`unix_now`]: wall-clock time as [`UnixMs`], for values other processes read
 //!   (heartbeats in the hot-restart state file, timestamps in records);

@@ -271,8 +271,9 @@ impl<E: Envoys> Io<E> {
                 };
                 match why {
                     Why::LiveTimeout => error!(
-                        "epoch {epochs:?} is not LIVE {:?} after it started (a stuck initialization, \
-                         e.g. envoy#33446); stopping it, it counts as a failed start",
+                        "epoch {epochs:?} is not LIVE {:?} after it started (a stuck initialization: \
+                         Envoy's init flag can stay set after a child exits early); stopping it, it \
+                         counts as a failed start",
                         self.cfg.live_timeout
                     ),
                     Why::DrainOver => {

@@ -1,4 +1,4 @@
-//! Benchmarks of issue 6, printed as plain numbers (each sample is a real process run):
+//! Benchmarks of the node agent, printed as plain numbers (each sample is a real process run):
 //!
 //! 1. AddPod latency through the real plugin: `flock-cni` exec'd as the runtime does
 //!    (CNI env, config with `prevResult` on stdin) against the real `flock-agent`,

@@ -30,7 +30,7 @@ struct Args {
     /// Pod store directory (one 0600 file per pod).
     #[arg(long, default_value = "/var/lib/flock", value_name = "DIR")]
     state_dir: PathBuf,
-    /// The CNI plugin's socket (created 0600; flock-cni's `agentSocket`).
+    /// The CNI plugin's socket (created 0600; flock-cni's `agent_socket`).
     #[arg(long, default_value = "/run/flock/cni.sock", value_name = "PATH")]
     cni_socket: PathBuf,
     /// Serve xDS (ADS, SotW and Delta) on this TCP address.
@@ -73,8 +73,9 @@ struct Args {
     /// Orphan GC period, seconds.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     gc_interval: u64,
-    /// Try-it-out mode: state, CNI socket and registry in a fresh temporary directory,
-    /// everything on loopback. Explicit flags still win for addresses.
+    /// Try-it-out mode: state and CNI socket in a fresh temporary directory, the
+    /// embedded in-memory registry (the `--registry` default), everything on loopback.
+    /// Explicit flags still win for the registry and addresses.
     #[arg(long)]
     dev: bool,
     /// Log format.

@@ -1,4 +1,4 @@
-//! Churn (issue 6): at least 1,000 AddPod/RemovePod operations, 32 at a time, through
+//! Churn: at least 1,000 AddPod/RemovePod operations, 32 at a time, through
 //! the real CNI gRPC API of the real `flock-agent` process, while its liveness probes
 //! (every 200 ms; they fail, so health transitions re-register endpoints under churn),
 //! registry refresher and orphan GC (every second) run. At the end the store files,

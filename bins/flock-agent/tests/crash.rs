@@ -1,4 +1,4 @@
-//! Crash consistency (issue 6): the real `flock-agent` is SIGKILLed at 20+ random
+//! Crash consistency: the real `flock-agent` is SIGKILLed at 20+ random
 //! points while 32 AddPod/RemovePod operations are in flight through its CNI socket.
 //! After each restart (same state dir, `--registry file:` so the registry survives the
 //! agent too) and one orphan-GC pass (CNI GC with the runtime's valid attachments,

@@ -1,4 +1,4 @@
-//! The mesh on one machine (issue 6), end to end with every real peer:
+//! The mesh on one machine, end to end with every real peer:
 //!
 //! the real `flock-install-cni` patches a Debian `bridge` + `host-local` conflist; the
 //! libcni driver (what containerd and CRI-O use) ADDs two pods in real network

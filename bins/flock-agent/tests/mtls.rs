@@ -1,4 +1,4 @@
-//! Workload identity end to end (issue 7): the real agent with its built-in CA
+//! Workload identity end to end: the real agent with its built-in CA
 //! (`--identity builtin`, the default) gives two pods in real network namespaces
 //! SPIFFE SVIDs, delivered to a real Envoy over SDS; pod A's request to service `web`
 //! goes A's outbound listener → mTLS cluster (A's SVID, B's SPIFFE ID verified) →

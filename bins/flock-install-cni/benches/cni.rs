@@ -1,5 +1,5 @@
-//! Benchmarks of issue 4, printed as plain numbers (no criterion: each sample is a real
-//! process run on a real network namespace).
+//! Benchmarks of the CNI plugin and installer, printed as plain numbers (no criterion:
+//! each sample is a real process run on a real network namespace).
 //!
 //! 1. ADD latency through libcni, 200 iterations each: `bridge` + `host-local` alone,
 //!    then with `flock-cni` chained (talking to the in-test agent double). p50/p99 and

@@ -1,7 +1,7 @@
 //! The agent: pod lifecycle (AddPod / RemovePod in flock-core's step order), the mesh
 //! model built from local pods and the registry, and the one publisher of xDS.
 //!
-//! # Where each race of the audit is closed
+//! # Where each race is closed (docs/races.md)
 //! * **R1** (version vs content): every publish goes through the node group's
 //!   `flock_core::snapshot::Publisher`, and the mesh is read *inside* the publish
 //!   closure, under its lock, so a later version is always built from later state.

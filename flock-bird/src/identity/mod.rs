@@ -1,4 +1,4 @@
-//! Workload identity (issue 7): pods subscribe to X.509-SVIDs and trust bundles.
+//! Workload identity: pods subscribe to X.509-SVIDs and trust bundles.
 //!
 //! An [`IdentityProvider`] maps each subscribed pod (by its [`PodKey`]) to a SPIFFE ID
 //! and keeps exactly one SVID per SPIFFE ID that has at least one subscriber: pods
@@ -17,8 +17,8 @@
 //! or logging any identity type (for `/debug/*` output, say) cannot leak key material.
 //! Error messages carry names and reasons, never PEM.
 //!
-//! Providers: [`BuiltinCa`] (a node-local CA). A SPIRE bridge will use
-//! [`PodIdentity::selectors`].
+//! Providers: [`BuiltinCa`] (a node-local CA) and [`spire::SpireBridge`] (a SPIRE
+//! agent's Delegated Identity API, subscribing pods by [`PodIdentity::selectors`]).
 
 mod builtin;
 pub mod spire;
