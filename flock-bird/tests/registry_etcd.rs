@@ -10,7 +10,7 @@ use flock_bird::model::{Endpoint, Health, Protocol};
 use flock_bird::registry::etcd::EtcdRegistry;
 use flock_bird::registry::{Registry, RegistryOptions, View};
 use flock_core::pod::PodKey;
-use std::net::TcpListener;
+use flock_testkit::free_port;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -25,14 +25,6 @@ struct Etcd {
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Etcd {

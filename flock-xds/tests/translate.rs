@@ -1183,14 +1183,7 @@ fn envoy_accepts_the_translation() {
     };
     use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain};
 
-    let envoy = std::env::var("FLOCK_ENVOY_BIN").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../.venv-peers/lib/python3.11/site-packages/envoy/_bin/envoy"
-        )
-        .into()
-    });
-    assert!(std::path::Path::new(&envoy).exists(), "no Envoy at {envoy}");
+    let envoy = flock_testkit::envoy_bin();
 
     // Host-namespace pods only: validate mode does not open network namespaces, but a
     // real run rejects a listener in one that does not exist.
@@ -1218,6 +1211,10 @@ fn envoy_accepts_the_translation() {
         resources
     };
 
+    // Not flock_testkit's ADS bootstrap: that one receives resources over ADS at run
+    // time, while `--mode validate` never connects anywhere, so the translated
+    // resources must sit in the bootstrap itself as static resources — built from the
+    // same protobuf types the translation emits, so nothing is lost in a YAML rendering.
     let mut statics = bootstrap::StaticResources::default();
     let mut port = 30000;
     for r in &resources {
@@ -1352,51 +1349,18 @@ fn envoy_accepts_the_translation() {
 }
 
 /// A real Envoy fed over ADS by [`flock_xds::server::Server`] from a
-/// [`flock_xds::cache::Cache`] holding the translation of a mesh (bootstrap: ADS for
-/// LDS and CDS, nothing else). Stopped (Envoy killed, files removed) on drop.
+/// [`flock_xds::cache::Cache`] holding the translation of a mesh (bootstrap:
+/// [`flock_testkit::ads_bootstrap`], ADS for LDS and CDS, nothing else). Stopped (Envoy
+/// killed, files removed) on drop.
 mod live {
     use super::*;
-    use envoy_types::pb::envoy::config::bootstrap::v3::{Admin, Bootstrap, bootstrap};
-    use envoy_types::pb::envoy::config::core::v3::{
-        Address, AggregatedConfigSource, ApiConfigSource, ConfigSource, GrpcService, Node,
-        api_config_source, grpc_service,
-    };
-    use envoy_types::pb::envoy::config::endpoint::v3::{LbEndpoint, LocalityLbEndpoints};
     use flock_xds::cache::Cache;
     use flock_xds::server::Server;
     use std::io::{Read, Write};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    pub fn envoy_binary() -> String {
-        let envoy = std::env::var("FLOCK_ENVOY_BIN").unwrap_or_else(|_| {
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../.venv-peers/lib/python3.11/site-packages/envoy/_bin/envoy"
-            )
-            .into()
-        });
-        assert!(std::path::Path::new(&envoy).exists(), "no Envoy at {envoy}");
-        envoy
-    }
-
-    pub fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
-    fn sock_addr(port: u16) -> Address {
-        Address {
-            address: Some(address::Address::SocketAddress(SocketAddress {
-                address: "127.0.0.1".into(),
-                port_specifier: Some(socket_address::PortSpecifier::PortValue(port.into())),
-                ..Default::default()
-            })),
-        }
-    }
+    pub use flock_testkit::free_port;
 
     pub struct LiveEnvoy {
         pub server: Server,
@@ -1408,7 +1372,7 @@ mod live {
 
     impl LiveEnvoy {
         pub fn start(mesh: &Mesh) -> LiveEnvoy {
-            let envoy = envoy_binary();
+            let envoy = flock_testkit::envoy_bin();
             let rt = tokio::runtime::Runtime::new().unwrap();
             let cache: Arc<Cache<Any>> = Arc::new(Cache::by_node_id());
             cache
@@ -1438,96 +1402,18 @@ mod live {
                 });
             }
 
-            let ads = ConfigSource {
-                config_source_specifier: Some(ConfigSourceSpecifier::Ads(
-                    AggregatedConfigSource {},
-                )),
-                resource_api_version: ApiVersion::V3 as i32,
-                ..Default::default()
-            };
-            let mut xds_cluster = Cluster {
-                name: "xds".into(),
-                cluster_discovery_type: Some(ClusterDiscoveryType::Type(
-                    DiscoveryType::Static as i32,
-                )),
-                connect_timeout: Some(envoy_types::pb::google::protobuf::Duration {
-                    seconds: 1,
-                    nanos: 0,
-                }),
-                load_assignment: Some(ClusterLoadAssignment {
-                    cluster_name: "xds".into(),
-                    endpoints: vec![LocalityLbEndpoints {
-                        lb_endpoints: vec![LbEndpoint {
-                            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
-                                envoy_types::pb::envoy::config::endpoint::v3::Endpoint {
-                                    address: Some(sock_addr(xds_port)),
-                                    ..Default::default()
-                                },
-                            )),
-                            ..Default::default()
-                        }],
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
-            // HTTP/2 to the xDS server: borrow the options of a translated gRPC cluster.
-            let grpc_cluster = translate::service_resources(&Service {
-                name: "x".into(),
-                namespace: "default".into(),
-                ports: vec![ServicePort {
-                    name: None,
-                    port: 1,
-                    protocol: Protocol::Grpc,
-                }],
-                endpoints: vec![],
-            });
-            xds_cluster.typed_extension_protocol_options =
-                decode::<Cluster>(&grpc_cluster[0]).typed_extension_protocol_options;
-            let bootstrap = Bootstrap {
-                node: Some(Node {
-                    id: "flock-e2e".into(),
-                    cluster: "flock-e2e".into(),
-                    ..Default::default()
-                }),
-                admin: Some(Admin {
-                    address: Some(sock_addr(free_port())),
-                    ..Default::default()
-                }),
-                static_resources: Some(bootstrap::StaticResources {
-                    clusters: vec![xds_cluster],
-                    ..Default::default()
-                }),
-                dynamic_resources: Some(bootstrap::DynamicResources {
-                    ads_config: Some(ApiConfigSource {
-                        api_type: api_config_source::ApiType::Grpc as i32,
-                        transport_api_version: ApiVersion::V3 as i32,
-                        grpc_services: vec![GrpcService {
-                            target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
-                                grpc_service::EnvoyGrpc {
-                                    cluster_name: "xds".into(),
-                                    ..Default::default()
-                                },
-                            )),
-                            ..Default::default()
-                        }],
-                        ..Default::default()
-                    }),
-                    lds_config: Some(ads.clone()),
-                    cds_config: Some(ads),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
             let dir = std::env::temp_dir().join(format!(
                 "flock-translate-e2e-{}-{}",
                 std::process::id(),
                 free_port()
             ));
             std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join("bootstrap.pb");
-            std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
+            let path = dir.join("bootstrap.yaml");
+            std::fs::write(
+                &path,
+                flock_testkit::ads_bootstrap("flock-e2e", "GRPC", xds_port, free_port()),
+            )
+            .unwrap();
             let child = std::process::Command::new(&envoy)
                 .args(["--disable-hot-restart", "--log-level", "warn", "-c"])
                 .arg(&path)

@@ -18,6 +18,7 @@ use flock_bird::agent::{AddPodInput, Agent, AgentConfig, group_of};
 use flock_bird::registry::{self, RegistryOptions, RegistrySpec};
 use flock_bird::store::PodStore;
 use flock_cni::proto::v1::{AddPodRequest, IpConfig, Outcome, PodRef};
+use flock_testkit::free_port;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -122,14 +123,6 @@ async fn grpc_add(socket: &Path, i: usize) {
     .await
     .unwrap();
     assert_eq!(resp.outcome, Outcome::Success as i32, "{}", resp.message);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn add_latency() {

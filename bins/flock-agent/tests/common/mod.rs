@@ -19,7 +19,7 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -54,14 +54,7 @@ pub fn wait_some<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option
     }
 }
 
-/// A TCP port on 127.0.0.1 free right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use flock_testkit::free_port;
 
 /// One HTTP/1.1 `GET path` to `addr` (`host:port`) with `Connection: close`; the status
 /// and the body (the whole rest of the stream after the headers; no chunked decoding,
@@ -125,10 +118,8 @@ pub fn required_env(name: &str) -> PathBuf {
     }
 }
 
-/// The real Envoy ELF (`FLOCK_ENVOY_BIN`).
-pub fn envoy_bin() -> PathBuf {
-    required_env("FLOCK_ENVOY_BIN")
-}
+/// The real Envoy ELF: `FLOCK_ENVOY_BIN`, else the one `.venv-peers` holds.
+pub use flock_testkit::envoy_bin;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
