@@ -314,25 +314,16 @@ fn env_string(
     }
 }
 
-/// The spec's container ID rule (libcni `ValidateContainerID`): non-empty, starts with
-/// an ASCII letter or digit, then letters, digits, `_`, `.`, `-`.
+/// The spec's container ID rule (libcni `ValidateContainerID`), checked by the same
+/// function the agent applies to every pod it is handed, so the plugin refuses
+/// exactly the IDs the agent would (bound on length included).
 pub fn validate_container_id(id: &str) -> Result<(), CniError> {
-    let ok = id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(CniError::new(
+    flock_core::pod::check_container_id(id).map_err(|why| {
+        CniError::new(
             ErrorCode::InvalidEnv,
-            format!(
-                "CNI_CONTAINERID {:?} is invalid: it must start with a letter or digit and \
-                 contain only letters, digits, '_', '.' and '-'",
-                shorten(id)
-            ),
-        ))
-    }
+            format!("CNI_CONTAINERID is invalid: {why}"),
+        )
+    })
 }
 
 /// The spec's interface name rule (libcni `ValidateInterfaceName`): 1–15 bytes, not

@@ -10,33 +10,19 @@
 //! at once rather than after a timeout. The periodic rescan, which would repair it
 //! much later, is set to an hour.
 
+mod common;
+
 use std::fs;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flock_cni::install::{self, Config, Hooks, Mode, OnExit};
-use flock_core::cniconf::{ConfPolicy, ConfigKind, OurPlugin, is_patched, parse};
-
-fn conflist(network: &str) -> String {
-    format!(r#"{{"cniVersion": "1.0.0", "name": "{network}", "plugins": [{{"type": "bridge"}}]}}"#)
-}
-
-fn patched(path: &Path, ours: &OurPlugin) -> bool {
-    fs::read(path)
-        .ok()
-        .and_then(|b| parse(&b, ConfigKind::ConfList).ok())
-        .is_some_and(|c| is_patched(&c, ours))
-}
+use common::{conflist, patched};
+use flock_cni::install::{self, Hooks};
 
 #[test]
 fn a_config_created_between_arming_the_watch_and_the_scan_is_patched() {
-    let tmp = tempfile::tempdir().unwrap();
-    let conf = tmp.path().join("net.d");
-    fs::create_dir(&conf).unwrap();
-    let plugin = tmp.path().join("flock-cni-binary");
-    fs::write(&plugin, b"#!/bin/sh\n").unwrap();
-    let ready = tmp.path().join("ready");
+    let d = common::dirs();
+    let (conf, ready) = (d.conf.clone(), d.ready.clone());
     // One config before the start, so the daemon can become ready without the other.
     fs::write(conf.join("10-before.conflist"), conflist("before")).unwrap();
     let gap_file = conf.join("50-in-the-gap.conflist");
@@ -49,25 +35,15 @@ fn a_config_created_between_arming_the_watch_and_the_scan_is_patched() {
             fs::write(&gap_file, conflist("gap")).unwrap();
         })
     };
-    let ours =
-        OurPlugin::from_bytes(br#"{"type": "flock-cni", "agent_socket": "/run/flock/cni.sock"}"#)
-            .unwrap();
-    let config = Config {
-        conf_dir: conf.clone(),
-        bin_dir: tmp.path().join("bin"),
-        plugin_bin: plugin,
-        ours: ours.clone(),
-        mode: Mode::Chained,
-        conf_policy: ConfPolicy::ConvertToList,
-        ready_file: Some(ready.clone()),
-        on_exit: OnExit::Restore,
-        resync: Duration::from_secs(3_600),
-        write_burst: 5,
-        write_interval: Duration::from_millis(1_000),
-        hooks: Hooks {
+    let config = common::config(
+        &d,
+        Duration::from_secs(3_600),
+        5,
+        Duration::from_millis(1_000),
+        Hooks {
             between_arm_and_scan: Some(hook),
         },
-    };
+    );
     let daemon = std::thread::spawn(move || install::run(config));
 
     // Readiness is declared only once the first scan has been handled in full.
@@ -82,9 +58,9 @@ fn a_config_created_between_arming_the_watch_and_the_scan_is_patched() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(hook_calls.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert!(patched(&conf.join("10-before.conflist"), &ours));
+    assert!(patched(&conf.join("10-before.conflist")));
     assert!(
-        patched(&gap_file, &ours),
+        patched(&gap_file),
         "the config created between arming the watch and the scan was missed: {}",
         fs::read_to_string(&gap_file).unwrap_or_default()
     );

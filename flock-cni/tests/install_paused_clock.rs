@@ -7,28 +7,13 @@
 //! clock never auto-advances: time moves only through `tokio::time::advance`. Real
 //! inotify events still arrive from the watch thread.
 
+mod common;
+
 use std::fs;
-use std::path::Path;
 use std::time::Duration;
 
-use flock_cni::install::{self, Config, Hooks, Mode, OnExit};
-use flock_core::cniconf::{ConfPolicy, ConfigKind, OurPlugin, is_patched, parse};
-
-fn conflist(network: &str) -> String {
-    format!(r#"{{"cniVersion": "1.0.0", "name": "{network}", "plugins": [{{"type": "bridge"}}]}}"#)
-}
-
-fn ours() -> OurPlugin {
-    OurPlugin::from_bytes(br#"{"type": "flock-cni", "agent_socket": "/run/flock/cni.sock"}"#)
-        .unwrap()
-}
-
-fn patched(path: &Path) -> bool {
-    fs::read(path)
-        .ok()
-        .and_then(|b| parse(&b, ConfigKind::ConfList).ok())
-        .is_some_and(|c| is_patched(&c, &ours()))
-}
+use common::{conflist, patched};
+use flock_cni::install::{self, Hooks};
 
 /// Yields until `cond` holds (the daemon's task runs meanwhile); fails after 30 s of
 /// real time.
@@ -43,30 +28,19 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 #[tokio::test(start_paused = true)]
 async fn a_throttled_config_is_repatched_when_its_write_token_is_due() {
     const INTERVAL: Duration = Duration::from_secs(600);
-    let tmp = tempfile::tempdir().unwrap();
-    let conf = tmp.path().join("net.d");
-    fs::create_dir(&conf).unwrap();
-    let plugin = tmp.path().join("flock-cni-binary");
-    fs::write(&plugin, b"#!/bin/sh\n").unwrap();
-    let ready = tmp.path().join("ready");
+    let d = common::dirs();
+    let (conf, ready) = (d.conf.clone(), d.ready.clone());
     let file = conf.join("10-a.conflist");
     fs::write(&file, conflist("a")).unwrap();
-    let config = Config {
-        conf_dir: conf.clone(),
-        bin_dir: tmp.path().join("bin"),
-        plugin_bin: plugin,
-        ours: ours(),
-        mode: Mode::Chained,
-        conf_policy: ConfPolicy::ConvertToList,
-        ready_file: Some(ready.clone()),
-        on_exit: OnExit::Restore,
+    let config = common::config(
+        &d,
         // Far beyond anything this test advances: no resync interferes.
-        resync: Duration::from_secs(86_400),
+        Duration::from_secs(86_400),
         // One write, then one per ten minutes.
-        write_burst: 1,
-        write_interval: INTERVAL,
-        hooks: Hooks::default(),
-    };
+        1,
+        INTERVAL,
+        Hooks::default(),
+    );
     let daemon = tokio::spawn(install::run_async(config));
     until("patched at startup and ready", || {
         patched(&file) && ready.exists()
