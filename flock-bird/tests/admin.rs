@@ -2,37 +2,18 @@
 //! typed client reads back what the agent holds, and `/metrics` carries the agent's
 //! and the xDS server's metrics in one exposition.
 
+mod common;
+
 use envoy_types::pb::google::protobuf::Any;
 use flock_bird::admin::api::{Health, Route};
 use flock_bird::admin::client::AdminClient;
 use flock_bird::admin::server::{AgentViews, ServeOptions, serve_with};
-use flock_bird::agent::{AddPodInput, Agent, AgentConfig, ENVOY_GROUP, group_of};
+use flock_bird::agent::{Agent, AgentConfig, ENVOY_GROUP, group_of};
 use flock_bird::registry::{self, RegistryOptions, RegistrySpec};
 use flock_bird::store::PodStore;
 use flock_xds::cache::Cache;
 use flock_xds::server::Server;
-use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// A network namespace file that exists on every Linux machine.
-const NETNS: &str = "/proc/self/ns/net";
-
-fn input(id: &str) -> AddPodInput {
-    AddPodInput {
-        container_id: id.into(),
-        ifname: "eth0".into(),
-        netns: NETNS.into(),
-        name: format!("pod-{id}"),
-        namespace: "default".into(),
-        uid: "u-1".into(),
-        ips: vec!["10.1.0.5/24".into()],
-        annotations: BTreeMap::from([
-            ("flock.io/service".to_string(), "web".to_string()),
-            ("flock.io/ports".to_string(), "8080/http".to_string()),
-        ]),
-        network_name: "net".into(),
-    }
-}
 
 #[tokio::test]
 async fn the_client_reads_what_the_agent_holds() {
@@ -77,7 +58,10 @@ async fn the_client_reads_what_the_agent_holds() {
     assert_eq!(readyz.body, status.readiness_line().into_bytes());
 
     agent.load().await.unwrap();
-    agent.add_pod(&input("c1")).await.unwrap();
+    agent
+        .add_pod(&common::input("c1", Some("web"), "8080/http"))
+        .await
+        .unwrap();
 
     let status = client.status().await.unwrap();
     assert!(status.ready, "{status:?}");

@@ -2,6 +2,9 @@
 //! AddPod/RemovePod steps and answers, bad input, restart merge, and the R4 guard
 //! under a forced interleaving.
 
+mod common;
+
+use common::input;
 use envoy_types::pb::google::protobuf::Any;
 use flock_bird::agent::{
     AddPodInput, Agent, AgentConfig, ENVOY_GROUP, PodError, PodOutcome, group_of,
@@ -12,13 +15,8 @@ use flock_bird::store::PodStore;
 use flock_core::pod::PodKey;
 use flock_xds::cache::Cache;
 use flock_xds::types::{CLUSTER, LISTENER};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::{Notify, watch};
-
-/// A network namespace file that exists on every Linux machine (the agent serves a
-/// pod only if its netns exists; these tests do not start Envoy).
-const NETNS: &str = "/proc/self/ns/net";
 
 async fn memory() -> Arc<dyn Registry> {
     registry::connect(
@@ -36,27 +34,6 @@ fn agent_over(dir: &std::path::Path, reg: Arc<dyn Registry>) -> Arc<Agent> {
     let store = Arc::new(PodStore::open(dir).unwrap());
     let cache: Arc<Cache<Any>> = Arc::new(Cache::new(group_of));
     Arc::new(Agent::new(AgentConfig::new("n1"), store, reg, cache))
-}
-
-fn input(id: &str, service: Option<&str>, ports: &str) -> AddPodInput {
-    let mut annotations = BTreeMap::new();
-    if let Some(s) = service {
-        annotations.insert("flock.io/service".to_string(), s.to_string());
-    }
-    if !ports.is_empty() {
-        annotations.insert("flock.io/ports".to_string(), ports.to_string());
-    }
-    AddPodInput {
-        container_id: id.into(),
-        ifname: "eth0".into(),
-        netns: NETNS.into(),
-        name: format!("pod-{id}"),
-        namespace: "default".into(),
-        uid: "u-1".into(),
-        ips: vec!["10.1.0.5/24".into()],
-        annotations,
-        network_name: "net".into(),
-    }
 }
 
 /// The keys of every endpoint in the agent's registry view.
