@@ -6,6 +6,7 @@
 use flock_core::epoch::{
     AfterExit, EpochRecord, WriterId, after_newest_exit, predecessor_drained, start_input,
 };
+use flock_core::time::{MonoMs, UnixMs};
 use proptest::prelude::*;
 
 fn writer() -> impl Strategy<Value = WriterId> {
@@ -29,7 +30,7 @@ fn record(now: u64) -> impl Strategy<Value = EpochRecord> {
         ],
         writer(),
     )
-        .prop_map(|(epoch, base_id, hb, w)| EpochRecord::new(epoch, base_id, hb, w))
+        .prop_map(|(epoch, base_id, hb, w)| EpochRecord::new(epoch, base_id, UnixMs(hb), w))
 }
 
 const NOW: u64 = 1_764_400_000_000;
@@ -48,12 +49,12 @@ proptest! {
         max_restarts in prop_oneof![0u32..10, Just(u32::MAX)],
         max_age in prop_oneof![Just(0u64), 1u64..30_000, Just(u64::MAX)],
     ) {
-        let decision = after_newest_exit(on_disk.as_ref(), &ours, failures, max_restarts, NOW, max_age);
+        let decision = after_newest_exit(on_disk.as_ref(), &ours, failures, max_restarts, UnixMs(NOW), max_age);
         let successor = on_disk.as_ref().is_some_and(|r| {
             r.writer != ours.writer
                 && r.base_id == ours.base_id
                 && r.epoch > ours.epoch
-                && r.is_fresh(NOW, max_age)
+                && r.is_fresh(UnixMs(NOW), max_age)
         });
         match decision {
             AfterExit::Superseded { by } => {
@@ -83,11 +84,11 @@ proptest! {
         max_age in 1u64..30_000,
     ) {
         let me = WriterId::new("me").expect("valid");
-        let ours = EpochRecord::new(3, 1, 0, me);
+        let ours = EpochRecord::new(3, 1, UnixMs::ZERO, me);
         let mut failures = 0u32;
         let mut restarts = 0u32;
         for on_disk in &records {
-            match after_newest_exit(on_disk.as_ref(), &ours, failures + 1, max_restarts, NOW, max_age) {
+            match after_newest_exit(on_disk.as_ref(), &ours, failures + 1, max_restarts, UnixMs(NOW), max_age) {
                 AfterExit::Superseded { .. } => return Ok(()),
                 AfterExit::Restart { attempt, max } => {
                     prop_assert_eq!(max, max_restarts);
@@ -132,7 +133,7 @@ proptest! {
         later in prop_oneof![0u64..200_000, any::<u64>()],
         drain in prop_oneof![Just(0u64), 0u64..100_000, any::<u64>()],
     ) {
-        let drained = predecessor_drained(running, live_since, now, drain);
+        let drained = predecessor_drained(running, live_since.map(MonoMs), MonoMs(now), drain);
         if running <= 1 {
             prop_assert!(drained, "no predecessor, yet not drained");
         } else if drained {
@@ -147,7 +148,7 @@ proptest! {
         }
         let then = now.saturating_add(later);
         if drained {
-            prop_assert!(predecessor_drained(running, live_since, then, drain), "undrained at {then}");
+            prop_assert!(predecessor_drained(running, live_since.map(MonoMs), MonoMs(then), drain), "undrained at {then}");
         }
     }
 }

@@ -19,11 +19,11 @@
 //!   `gate_never_fires_while_not_live` fails its "fired while not LIVE" assertion.
 //!   The other eight tests pass under either mutation.
 
-use flock_core::MonoMs;
 use flock_core::epoch::{
     BaseId, EpochRecord, GateDecision, MAX_RECORD_BYTES, PredecessorStatus, RestartGate,
     START_RETRY_MS, StartDecision, WriteDecision, WriterId, start_epoch, write_decision,
 };
+use flock_core::{MonoMs, UnixMs};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ fn record() -> impl Strategy<Value = EpochRecord> {
         prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()],
         writer(),
     )
-        .prop_map(|(epoch, base_id, hb, w)| EpochRecord::new(epoch, base_id, hb, w))
+        .prop_map(|(epoch, base_id, hb, w)| EpochRecord::new(epoch, base_id, UnixMs(hb), w))
 }
 
 /// A byte-level edit of a valid record: the inputs a parser gets wrong.
@@ -157,7 +157,7 @@ fn small_record() -> impl Strategy<Value = EpochRecord> {
             EpochRecord::new(
                 epoch,
                 base,
-                T0 - MAX_AGE + age,
+                UnixMs(T0 - MAX_AGE + age),
                 WriterId::new(format!("w{w}")).unwrap(),
             )
         })
@@ -174,6 +174,7 @@ proptest! {
         now in T0 - 10..T0 + 2 * MAX_AGE,
         pred in predecessor(),
     ) {
+        let now = UnixMs(now);
         let d = start_epoch(record.as_ref(), now, MAX_AGE, pred);
         let fresh = record.as_ref().is_some_and(|r| r.is_fresh(now, MAX_AGE));
         match d {
@@ -203,7 +204,7 @@ proptest! {
                 }
             }
             StartDecision::Wait { until_ms, .. } => {
-                prop_assert!(until_ms > now && until_ms <= now + START_RETRY_MS);
+                prop_assert!(until_ms > now && until_ms <= now.plus(START_RETRY_MS));
                 prop_assert!(fresh || pred != PredecessorStatus::Unreachable);
             }
             StartDecision::Refuse { .. } => {
@@ -225,6 +226,7 @@ proptest! {
         live in any::<bool>(),
         now in T0 - 10..T0 + 2 * MAX_AGE,
     ) {
+        let now = UnixMs(now);
         let owned_by_other = |d: &EpochRecord| {
             d.is_fresh(now, MAX_AGE)
                 && (d.epoch > mine.epoch || (d.epoch == mine.epoch && d.writer != mine.writer))
@@ -402,7 +404,7 @@ impl Host {
             epoch,
             base_id,
             reason,
-        } = start_epoch(record.as_ref(), self.now, MAX_AGE, admin)
+        } = start_epoch(record.as_ref(), UnixMs(self.now), MAX_AGE, admin)
         else {
             return Ok(());
         };
@@ -470,12 +472,18 @@ impl Host {
         }
         // --- under the exclusive file lock ---
         let on_disk = self.read();
-        let mine = EpochRecord::new(s.epoch, s.base_id, 0, s.writer.clone());
-        match write_decision(on_disk.as_ref(), &mine, s.observed_live, self.now, MAX_AGE) {
+        let mine = EpochRecord::new(s.epoch, s.base_id, UnixMs::ZERO, s.writer.clone());
+        match write_decision(
+            on_disk.as_ref(),
+            &mine,
+            s.observed_live,
+            UnixMs(self.now),
+            MAX_AGE,
+        ) {
             WriteDecision::Write { record, .. } => {
                 if let Some(old) = &on_disk {
                     prop_assert!(
-                        record.epoch >= old.epoch || !old.is_fresh(self.now, MAX_AGE),
+                        record.epoch >= old.epoch || !old.is_fresh(UnixMs(self.now), MAX_AGE),
                         "file regressed from fresh {} to {} at {}",
                         old,
                         record,

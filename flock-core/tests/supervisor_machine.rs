@@ -494,7 +494,7 @@ fn an_exit_with_a_fresh_successor_recorded_is_a_supersession_not_a_failure() {
     h.on_disk = Some(EpochRecord::new(
         1,
         7,
-        UNIX0 + 1_000,
+        UnixMs(UNIX0 + 1_000),
         WriterId::new("other").unwrap(),
     ));
     h.crash(0);
@@ -510,9 +510,9 @@ fn superseded_epochs_are_killed_if_they_outlive_the_successor_bound() {
     h.run_until(1_000);
     h.procs.values_mut().for_each(|p| p.obeys_term = false);
     // The heartbeat finds a successor's fresh, higher record: yield.
-    let successor = EpochRecord::new(1, 7, UNIX0 + 1_000, WriterId::new("other").unwrap());
-    let mine = EpochRecord::new(0, 7, 0, WriterId::new("me").unwrap());
-    let decision = write_decision(Some(&successor), &mine, true, UNIX0 + 1_000, 5_000);
+    let successor = EpochRecord::new(1, 7, UnixMs(UNIX0 + 1_000), WriterId::new("other").unwrap());
+    let mine = EpochRecord::new(0, 7, UnixMs::ZERO, WriterId::new("me").unwrap());
+    let decision = write_decision(Some(&successor), &mine, true, UnixMs(UNIX0 + 1_000), 5_000);
     assert!(
         matches!(decision, WriteDecision::Yield { .. }),
         "{decision}"

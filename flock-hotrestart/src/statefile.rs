@@ -177,6 +177,7 @@ fn read_record(path: &Path) -> io::Result<ReadRecord> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flock_core::UnixMs;
     use flock_core::epoch::{WriterId, write_decision};
     use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -201,7 +202,7 @@ mod tests {
     }
 
     fn rec(epoch: u32, writer: &str) -> EpochRecord {
-        EpochRecord::new(epoch, 7, 0, WriterId::new(writer).unwrap())
+        EpochRecord::new(epoch, 7, UnixMs::ZERO, WriterId::new(writer).unwrap())
     }
 
     #[test]
@@ -210,13 +211,15 @@ mod tests {
         let dir = StateDir::open(tmp.0.join("state")).unwrap();
         assert_eq!(dir.read().unwrap(), ReadRecord::Missing);
         let (_, d) = dir
-            .locked_update(|on_disk| write_decision(on_disk, &rec(2, "a"), true, 1_000, 5_000))
+            .locked_update(|on_disk| {
+                write_decision(on_disk, &rec(2, "a"), true, UnixMs(1_000), 5_000)
+            })
             .unwrap();
         assert!(matches!(d, WriteDecision::Write { .. }), "{d}");
         let ReadRecord::Record(r) = dir.read().unwrap() else {
             panic!()
         };
-        assert_eq!((r.epoch, r.heartbeat_unix_ms), (2, 1_000));
+        assert_eq!((r.epoch, r.heartbeat_unix_ms), (2, UnixMs(1_000)));
         let mode = |p: PathBuf| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(dir.state_file()), 0o600);
         assert_eq!(mode(tmp.0.join("state").join(LOCK_FILE)), 0o600);
@@ -230,7 +233,7 @@ mod tests {
         fs::write(dir.state_file(), b"garbage").unwrap();
         assert!(matches!(dir.read().unwrap(), ReadRecord::Invalid(_)));
         let (before, _) = dir
-            .locked_update(|on_disk| write_decision(on_disk, &rec(0, "a"), true, 1, 5_000))
+            .locked_update(|on_disk| write_decision(on_disk, &rec(0, "a"), true, UnixMs(1), 5_000))
             .unwrap();
         assert!(matches!(before, ReadRecord::Invalid(_)));
         assert!(matches!(dir.read().unwrap(), ReadRecord::Record(_)));
@@ -249,7 +252,7 @@ mod tests {
         // A symlinked lock file: refused.
         std::os::unix::fs::symlink(&target, tmp.0.join("state").join(LOCK_FILE)).unwrap();
         assert!(
-            dir.locked_update(|d| write_decision(d, &rec(0, "a"), true, 1, 5_000))
+            dir.locked_update(|d| write_decision(d, &rec(0, "a"), true, UnixMs(1), 5_000))
                 .is_err()
         );
         assert_eq!(fs::read(&target).unwrap(), b"precious");
@@ -277,7 +280,7 @@ mod tests {
                         rec(4, "new")
                     };
                     for i in 0..200u64 {
-                        let now = 10_000 + i;
+                        let now = UnixMs(10_000 + i);
                         dir.locked_update(|on_disk| {
                             let seen = on_disk.map_or(0, |r| r.epoch);
                             let min = floor.load(Ordering::SeqCst);

@@ -15,11 +15,11 @@ use std::io;
 use std::process::ExitStatus;
 
 use flock_clock::{jitter, mono_instant, mono_now, unix_now};
-use flock_core::ContentHash;
 use flock_core::epoch::supervisor::{
     Action, Event, Failure, SpawnReason, StartInputs, Supervisor as Machine, Target, Why,
 };
 use flock_core::epoch::{EpochRecord, WriteDecision, write_decision};
+use flock_core::{ContentHash, UnixMs};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
@@ -421,13 +421,11 @@ impl<E: Envoys> Io<E> {
 
     /// The locked state-file update; `None` if it failed.
     async fn heartbeat(&mut self, epoch: u32, base_id: u32, live: bool) -> Option<WriteDecision> {
-        let mine = EpochRecord::new(epoch, base_id, 0, self.cfg.writer.clone());
+        let mine = EpochRecord::new(epoch, base_id, UnixMs::ZERO, self.cfg.writer.clone());
         let max_age = self.cfg.heartbeat_max_age_ms;
         let state = self.state.clone();
         let result = tokio::task::spawn_blocking(move || {
-            state.locked_update(|on_disk| {
-                write_decision(on_disk, &mine, live, unix_now().as_millis(), max_age)
-            })
+            state.locked_update(|on_disk| write_decision(on_disk, &mine, live, unix_now(), max_age))
         })
         .await;
         match result {

@@ -14,14 +14,15 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
+use flock_core::UnixMs;
 use flock_core::epoch::{EpochRecord, WriteDecision, WriterId, write_decision};
 use flock_hotrestart::statefile::StateDir;
 
-const NOW: u64 = 1_764_400_000_000;
+const NOW: UnixMs = UnixMs(1_764_400_000_000);
 const MAX_AGE: u64 = 5_000;
 
 fn rec(epoch: u32, writer: &str) -> EpochRecord {
-    EpochRecord::new(epoch, 7, 0, WriterId::new(writer).unwrap())
+    EpochRecord::new(epoch, 7, UnixMs::ZERO, WriterId::new(writer).unwrap())
 }
 
 #[test]
@@ -42,7 +43,7 @@ fn a_newer_epoch_written_while_an_older_writer_decides_is_never_overwritten() {
             let mut newer_landed = false;
             let result = old_dir.locked_update(|on_disk| {
                 // Decided on what it read: refresh its own fresh record.
-                let d = write_decision(on_disk, &rec(3, "old"), true, NOW + 1_000, MAX_AGE);
+                let d = write_decision(on_disk, &rec(3, "old"), true, NOW.plus(1_000), MAX_AGE);
                 assert!(matches!(d, WriteDecision::Write { .. }), "{d}");
                 read_tx.send(()).unwrap();
                 // The test hook: pause between the read and the write.
@@ -56,7 +57,7 @@ fn a_newer_epoch_written_while_an_older_writer_decides_is_never_overwritten() {
             read_rx.recv().unwrap();
             // Epoch 4 became LIVE and takes the file over.
             let result = new_dir.locked_update(|on_disk| {
-                write_decision(on_disk, &rec(4, "new"), true, NOW + 1_100, MAX_AGE)
+                write_decision(on_disk, &rec(4, "new"), true, NOW.plus(1_100), MAX_AGE)
             });
             let _ = done_tx.send(());
             result
@@ -72,7 +73,7 @@ fn a_newer_epoch_written_while_an_older_writer_decides_is_never_overwritten() {
         // The newer writer read the older writer's refresh, and wrote over it.
         assert_eq!(
             new_saw.record().map(|r| r.heartbeat_unix_ms),
-            Some(NOW + 1_000)
+            Some(NOW.plus(1_000))
         );
         assert!(
             matches!(new_decision, WriteDecision::Write { .. }),

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
+use flock_core::UnixMs;
 use flock_core::epoch::{EpochRecord, WriterId};
 use nix::sys::signal::Signal;
 
@@ -158,7 +159,7 @@ async fn stale_heartbeat_means_a_cold_start_at_epoch_zero() {
         &envoy_config(admin_port, listen_port, backend.port, 0),
     );
     std::fs::create_dir_all(&setup.state_dir).unwrap();
-    let stale = EpochRecord::new(7, recorded, 1_000, WriterId::new("gone").unwrap());
+    let stale = EpochRecord::new(7, recorded, UnixMs(1_000), WriterId::new("gone").unwrap());
     std::fs::write(setup.state_dir.join("epoch"), stale.encode()).unwrap();
 
     let mut sup = setup.spawn("stale", &[]);

@@ -13,14 +13,14 @@
 //!
 //! # Time
 //!
-//! * Heartbeats and `now_unix_ms` are **unix-epoch** milliseconds (`u64`, named
-//!   `*_unix_ms`), because several processes compare them through the state file. The
-//!   [`RestartGate`] and the [`supervisor`] machine take **monotonic** instants,
-//!   [`MonoMs`](crate::time::MonoMs); [`predecessor_drained`] takes monotonic `u64`
-//!   milliseconds.
-//! * Spans in this module are `u64` milliseconds too (`heartbeat_max_age_ms`,
-//!   `debounce_ms`), because they are added to instants. Arithmetic saturates; no
-//!   input makes these functions panic.
+//! * Heartbeats and `now_unix_ms` are **wall-clock** instants,
+//!   [`UnixMs`](crate::time::UnixMs), because several processes compare them through
+//!   the state file (the record's field keeps the name `heartbeat_unix_ms`: it is
+//!   part of the record format). The [`RestartGate`], [`predecessor_drained`] and the
+//!   [`supervisor`] machine take **monotonic** instants, [`MonoMs`](crate::time::MonoMs).
+//! * Spans in this module are `u64` milliseconds named `*_ms`
+//!   (`heartbeat_max_age_ms`, `debounce_ms`): they are durations, added to instants
+//!   with `plus`. Arithmetic saturates; no input makes these functions panic.
 //!
 //! # The pieces
 //!
@@ -81,14 +81,14 @@
 //! # Example
 //!
 //! ```
-//! use flock_core::MonoMs;
 //! use flock_core::epoch::{
 //!     BaseId, EpochRecord, GateDecision, PredecessorStatus, RestartGate, StartDecision,
 //!     WriteDecision, WriterId, start_epoch, write_decision,
 //! };
+//! use flock_core::{MonoMs, UnixMs};
 //!
 //! let max_age = 15_000;
-//! let now = 1_764_400_000_000;
+//! let now = UnixMs(1_764_400_000_000);
 //! // The predecessor (epoch 3, base id 7) heartbeated one second ago and is LIVE.
 //! let on_disk = EpochRecord::parse(
 //!     b"flock-epoch v1 epoch=3 base_id=7 heartbeat_unix_ms=1764399999000 writer=node-a\n",
@@ -107,13 +107,13 @@
 //! ));
 //! // Once it is LIVE, it takes the file over; the old supervisor then yields.
 //! let WriteDecision::Write { record, .. } =
-//!     write_decision(Some(&on_disk), &mine, true, now + 2_000, max_age)
+//!     write_decision(Some(&on_disk), &mine, true, now.plus(2_000), max_age)
 //! else {
 //!     panic!()
 //! };
-//! let old = EpochRecord::new(3, 7, now + 2_500, WriterId::new("node-a")?);
+//! let old = EpochRecord::new(3, 7, now.plus(2_500), WriterId::new("node-a")?);
 //! assert!(matches!(
-//!     write_decision(Some(&record), &old, true, now + 2_500, max_age),
+//!     write_decision(Some(&record), &old, true, now.plus(2_500), max_age),
 //!     WriteDecision::Yield { .. }
 //! ));
 //!

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::time::UnixMs;
+
 /// The largest record [`EpochRecord::parse`] accepts, in bytes (newline included).
 ///
 /// The longest valid version-1 record is 162 bytes; the limit leaves room and bounds
@@ -85,7 +87,7 @@ pub struct EpochRecord {
     /// The Envoy base id (`--base-id`) the epoch runs under.
     pub base_id: u32,
     /// When the writer last confirmed the epoch LIVE, in unix-epoch milliseconds.
-    pub heartbeat_unix_ms: u64,
+    pub heartbeat_unix_ms: UnixMs,
     /// The supervisor instance that wrote the record.
     pub writer: WriterId,
 }
@@ -147,7 +149,7 @@ impl fmt::Display for Freshness {
 
 impl EpochRecord {
     /// A record.
-    pub fn new(epoch: u32, base_id: u32, heartbeat_unix_ms: u64, writer: WriterId) -> Self {
+    pub fn new(epoch: u32, base_id: u32, heartbeat_unix_ms: UnixMs, writer: WriterId) -> Self {
         Self {
             epoch,
             base_id,
@@ -160,7 +162,10 @@ impl EpochRecord {
     pub fn encode(&self) -> String {
         format!(
             "{MAGIC} v{FORMAT_VERSION} epoch={} base_id={} heartbeat_unix_ms={} writer={}\n",
-            self.epoch, self.base_id, self.heartbeat_unix_ms, self.writer
+            self.epoch,
+            self.base_id,
+            self.heartbeat_unix_ms.as_millis(),
+            self.writer
         )
     }
 
@@ -171,16 +176,16 @@ impl EpochRecord {
     }
 
     /// How far the heartbeat is from `now_unix_ms`.
-    pub fn heartbeat_age(&self, now_unix_ms: u64) -> HeartbeatAge {
+    pub fn heartbeat_age(&self, now_unix_ms: UnixMs) -> HeartbeatAge {
         if self.heartbeat_unix_ms <= now_unix_ms {
-            HeartbeatAge::Ago(now_unix_ms - self.heartbeat_unix_ms)
+            HeartbeatAge::Ago(now_unix_ms.since(self.heartbeat_unix_ms))
         } else {
-            HeartbeatAge::Ahead(self.heartbeat_unix_ms - now_unix_ms)
+            HeartbeatAge::Ahead(self.heartbeat_unix_ms.since(now_unix_ms))
         }
     }
 
     /// The heartbeat's age judged against `heartbeat_max_age_ms`.
-    pub fn freshness(&self, now_unix_ms: u64, heartbeat_max_age_ms: u64) -> Freshness {
+    pub fn freshness(&self, now_unix_ms: UnixMs, heartbeat_max_age_ms: u64) -> Freshness {
         Freshness {
             age: self.heartbeat_age(now_unix_ms),
             max_age_ms: heartbeat_max_age_ms,
@@ -188,15 +193,13 @@ impl EpochRecord {
     }
 
     /// Whether the heartbeat is at most `heartbeat_max_age_ms` from `now_unix_ms`.
-    pub fn is_fresh(&self, now_unix_ms: u64, heartbeat_max_age_ms: u64) -> bool {
+    pub fn is_fresh(&self, now_unix_ms: UnixMs, heartbeat_max_age_ms: u64) -> bool {
         self.freshness(now_unix_ms, heartbeat_max_age_ms).is_fresh()
     }
 
     /// The first instant at which the record is stale (saturating).
-    pub(crate) fn stale_at_ms(&self, heartbeat_max_age_ms: u64) -> u64 {
-        self.heartbeat_unix_ms
-            .saturating_add(heartbeat_max_age_ms)
-            .saturating_add(1)
+    pub(crate) fn stale_at(&self, heartbeat_max_age_ms: u64) -> UnixMs {
+        self.heartbeat_unix_ms.plus(heartbeat_max_age_ms).plus(1)
     }
 }
 
@@ -205,7 +208,10 @@ impl fmt::Display for EpochRecord {
         write!(
             f,
             "epoch {} (base id {}, writer {}, heartbeat at {} ms)",
-            self.epoch, self.base_id, self.writer, self.heartbeat_unix_ms
+            self.epoch,
+            self.base_id,
+            self.writer,
+            self.heartbeat_unix_ms.as_millis()
         )
     }
 }
@@ -432,7 +438,7 @@ fn parse(bytes: &[u8]) -> Result<EpochRecord, EpochRecordError> {
     Ok(EpochRecord {
         epoch: parse_u32(FIELDS[0], epoch)?,
         base_id: parse_u32(FIELDS[1], base_id)?,
-        heartbeat_unix_ms: parse_decimal(FIELDS[2], heartbeat, u64::MAX)?,
+        heartbeat_unix_ms: UnixMs(parse_decimal(FIELDS[2], heartbeat, u64::MAX)?),
         writer: WriterId::new(writer)?,
     })
 }
@@ -503,7 +509,12 @@ mod tests {
         "flock-epoch v1 epoch=3 base_id=7 heartbeat_unix_ms=1764400000123 writer=node-a\n";
 
     fn record() -> EpochRecord {
-        EpochRecord::new(3, 7, 1_764_400_000_123, WriterId::new("node-a").unwrap())
+        EpochRecord::new(
+            3,
+            7,
+            UnixMs(1_764_400_000_123),
+            WriterId::new("node-a").unwrap(),
+        )
     }
 
     fn err(text: &str) -> String {
@@ -525,7 +536,7 @@ mod tests {
         let longest = EpochRecord::new(
             u32::MAX,
             u32::MAX,
-            u64::MAX,
+            UnixMs(u64::MAX),
             WriterId::new("w".repeat(MAX_WRITER_LEN)).unwrap(),
         );
         let text = longest.encode();
@@ -536,7 +547,7 @@ mod tests {
 
     #[test]
     fn zero_values_round_trip() {
-        let zero = EpochRecord::new(0, 0, 0, WriterId::new("0").unwrap());
+        let zero = EpochRecord::new(0, 0, UnixMs::ZERO, WriterId::new("0").unwrap());
         assert_eq!(
             zero.encode(),
             "flock-epoch v1 epoch=0 base_id=0 heartbeat_unix_ms=0 writer=0\n"
@@ -736,19 +747,20 @@ mod tests {
     fn freshness_is_symmetric_around_now() {
         let r = record(); // heartbeat 1_764_400_000_123
         let hb = r.heartbeat_unix_ms;
+        let before = |ms| UnixMs(hb.as_millis() - ms);
         assert!(r.is_fresh(hb, 0));
-        assert!(r.is_fresh(hb + 1_000, 1_000));
-        assert!(!r.is_fresh(hb + 1_001, 1_000));
-        assert!(r.is_fresh(hb - 1_000, 1_000));
-        assert!(!r.is_fresh(hb - 1_001, 1_000));
-        assert_eq!(r.heartbeat_age(hb + 5), HeartbeatAge::Ago(5));
-        assert_eq!(r.heartbeat_age(hb - 5), HeartbeatAge::Ahead(5));
+        assert!(r.is_fresh(hb.plus(1_000), 1_000));
+        assert!(!r.is_fresh(hb.plus(1_001), 1_000));
+        assert!(r.is_fresh(before(1_000), 1_000));
+        assert!(!r.is_fresh(before(1_001), 1_000));
+        assert_eq!(r.heartbeat_age(hb.plus(5)), HeartbeatAge::Ago(5));
+        assert_eq!(r.heartbeat_age(before(5)), HeartbeatAge::Ahead(5));
         assert_eq!(
-            r.freshness(hb + 1_001, 1_000).to_string(),
+            r.freshness(hb.plus(1_001), 1_000).to_string(),
             "heartbeat 1001 ms old (stale; limit 1000 ms)"
         );
         assert_eq!(
-            r.freshness(hb - 5, 1_000).to_string(),
+            r.freshness(before(5), 1_000).to_string(),
             "heartbeat 5 ms in the future (fresh; limit 1000 ms)"
         );
     }
@@ -756,9 +768,9 @@ mod tests {
     #[test]
     fn stale_at_saturates() {
         let mut r = record();
-        r.heartbeat_unix_ms = u64::MAX - 1;
-        assert_eq!(r.stale_at_ms(10), u64::MAX);
-        assert!(r.is_fresh(u64::MAX, 1));
-        assert!(!r.is_fresh(0, u64::MAX - 2));
+        r.heartbeat_unix_ms = UnixMs(u64::MAX - 1);
+        assert_eq!(r.stale_at(10), UnixMs(u64::MAX));
+        assert!(r.is_fresh(UnixMs(u64::MAX), 1));
+        assert!(!r.is_fresh(UnixMs::ZERO, u64::MAX - 2));
     }
 }

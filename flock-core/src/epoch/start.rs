@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::record::{EpochRecord, Freshness};
+use crate::time::UnixMs;
 
 /// How long a [`StartDecision::Wait`] waits at most before the caller re-reads the
 /// state file and re-probes the admin endpoint, in milliseconds.
@@ -118,7 +119,7 @@ pub enum StartDecision {
     Wait {
         /// When to decide again: at most [`START_RETRY_MS`] away, never after the
         /// record goes stale, and after `now_unix_ms` (unless that is `u64::MAX`).
-        until_ms: u64,
+        until_ms: UnixMs,
         /// Why, for the log.
         reason: WaitReason,
     },
@@ -137,7 +138,9 @@ impl fmt::Display for StartDecision {
                 base_id,
                 reason,
             } => write!(f, "start epoch {epoch} on {base_id}: {reason}"),
-            Self::Wait { until_ms, reason } => write!(f, "wait until {until_ms} ms: {reason}"),
+            Self::Wait { until_ms, reason } => {
+                write!(f, "wait until {} ms: {reason}", until_ms.as_millis())
+            }
             Self::Refuse { reason } => write!(f, "refuse to start: {reason}"),
         }
     }
@@ -321,11 +324,11 @@ impl fmt::Display for RefuseReason {
 /// second one exit, and its supervisor restarts.
 pub fn start_epoch(
     record: Option<&EpochRecord>,
-    now_unix_ms: u64,
+    now_unix_ms: UnixMs,
     heartbeat_max_age_ms: u64,
     predecessor: PredecessorStatus,
 ) -> StartDecision {
-    let retry_at = now_unix_ms.saturating_add(START_RETRY_MS);
+    let retry_at = now_unix_ms.plus(START_RETRY_MS);
     let Some(record) = record else {
         return if predecessor.is_reachable() {
             StartDecision::Wait {
@@ -362,8 +365,8 @@ pub fn start_epoch(
         };
     }
     let until_ms = retry_at
-        .min(record.stale_at_ms(heartbeat_max_age_ms))
-        .max(now_unix_ms.saturating_add(1));
+        .min(record.stale_at(heartbeat_max_age_ms))
+        .max(now_unix_ms.plus(1));
     match predecessor {
         PredecessorStatus::Live { epoch, base_id }
             if (epoch, base_id) == (record.epoch, record.base_id) =>
@@ -409,13 +412,13 @@ mod tests {
     use crate::epoch::WriterId;
 
     const MAX_AGE: u64 = 15_000;
-    const NOW: u64 = 1_764_400_000_000;
+    const NOW: UnixMs = UnixMs(1_764_400_000_000);
 
     fn rec(epoch: u32, heartbeat_age: u64) -> EpochRecord {
         EpochRecord::new(
             epoch,
             7,
-            NOW - heartbeat_age,
+            UnixMs(NOW.as_millis() - heartbeat_age),
             WriterId::new("node-a").unwrap(),
         )
     }
@@ -461,7 +464,7 @@ mod tests {
         assert_eq!(
             d,
             StartDecision::Wait {
-                until_ms: NOW + START_RETRY_MS,
+                until_ms: NOW.plus(START_RETRY_MS),
                 reason: WaitReason::PredecessorNotLive {
                     record: rec(3, 1_000),
                     predecessor: not_live(3)
@@ -541,7 +544,7 @@ mod tests {
         let StartDecision::Wait { until_ms, .. } = d else {
             panic!("{d:?}")
         };
-        assert_eq!(until_ms, NOW + 101);
+        assert_eq!(until_ms, NOW.plus(101));
         assert!(!rec(3, age).is_fresh(until_ms, MAX_AGE));
     }
 
@@ -565,7 +568,7 @@ mod tests {
             assert_eq!(
                 d,
                 StartDecision::Wait {
-                    until_ms: NOW + START_RETRY_MS,
+                    until_ms: NOW.plus(START_RETRY_MS),
                     reason: WaitReason::UnrecordedEnvoy { predecessor: p }
                 }
             );
@@ -629,10 +632,10 @@ mod tests {
     #[test]
     fn heartbeat_far_in_the_future_is_stale() {
         let mut r = rec(3, 0);
-        r.heartbeat_unix_ms = NOW + MAX_AGE + 1;
+        r.heartbeat_unix_ms = NOW.plus(MAX_AGE + 1);
         let d = start_epoch(Some(&r), NOW, MAX_AGE, PredecessorStatus::Unreachable);
         assert!(matches!(d, StartDecision::Start { epoch: 0, .. }), "{d}");
-        r.heartbeat_unix_ms = NOW + MAX_AGE;
+        r.heartbeat_unix_ms = NOW.plus(MAX_AGE);
         let d = start_epoch(Some(&r), NOW, MAX_AGE, PredecessorStatus::Unreachable);
         assert!(matches!(d, StartDecision::Wait { .. }), "{d}");
     }
@@ -640,21 +643,26 @@ mod tests {
     #[test]
     fn extreme_clock_values_do_not_overflow() {
         let mut r = rec(3, 0);
-        r.heartbeat_unix_ms = u64::MAX;
-        let d = start_epoch(Some(&r), u64::MAX, u64::MAX, PredecessorStatus::Unreachable);
+        r.heartbeat_unix_ms = UnixMs(u64::MAX);
+        let d = start_epoch(
+            Some(&r),
+            UnixMs(u64::MAX),
+            u64::MAX,
+            PredecessorStatus::Unreachable,
+        );
         assert_eq!(
             d,
             StartDecision::Wait {
-                until_ms: u64::MAX,
+                until_ms: UnixMs(u64::MAX),
                 reason: WaitReason::PredecessorUnreachable {
                     record: r.clone(),
-                    heartbeat: r.freshness(u64::MAX, u64::MAX)
+                    heartbeat: r.freshness(UnixMs(u64::MAX), u64::MAX)
                 }
             }
         );
-        r.heartbeat_unix_ms = 0;
+        r.heartbeat_unix_ms = UnixMs::ZERO;
         assert!(matches!(
-            start_epoch(Some(&r), u64::MAX, 0, live(3)),
+            start_epoch(Some(&r), UnixMs(u64::MAX), 0, live(3)),
             StartDecision::Start { epoch: 0, .. }
         ));
     }

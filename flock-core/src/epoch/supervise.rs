@@ -9,6 +9,7 @@
 //! reads the state file, the clock and its child table and passes the results in.
 
 use super::record::{EpochRecord, WriterId};
+use crate::time::{MonoMs, UnixMs};
 
 /// What the supervisor does after its newest epoch exited.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +63,7 @@ pub fn after_newest_exit(
     ours: &EpochRecord,
     failures: u32,
     max_restarts: u32,
-    now_unix_ms: u64,
+    now_unix_ms: UnixMs,
     heartbeat_max_age_ms: u64,
 ) -> AfterExit {
     if let Some(by) = on_disk.filter(|r| {
@@ -134,17 +135,17 @@ pub fn start_input<'a>(on_disk: Option<&'a EpochRecord>, me: &WriterId) -> Optio
 ///
 /// * `epochs_running` counts this supervisor's Envoy processes still running,
 ///   the newest included. With at most one there is no predecessor: drained.
-/// * `newest_live_since_ms` is when the newest epoch was first seen LIVE, `None` if
-///   it is not LIVE; `now_ms` is now, both on the same monotonic clock (the
-///   [`RestartGate`](super::RestartGate)'s). Round `newest_live_since_ms` up and
-///   `now_ms` down if they come from a finer clock, so the drain is never cut short
+/// * `newest_live_since` is when the newest epoch was first seen LIVE, `None` if
+///   it is not LIVE; `now` is now, both on the same monotonic clock (the
+///   [`RestartGate`](super::RestartGate)'s). Round `newest_live_since` up and
+///   `now` down if they come from a finer clock, so the drain is never cut short
 ///   by the rounding.
 /// * `drain_time_ms` is Envoy's `--drain-time-s`, in milliseconds.
 ///
 /// The predecessor started draining when the newest epoch became LIVE (Envoy's child
 /// tells its parent to drain its listeners then), so it is drained once
-/// `now_ms - newest_live_since_ms >= drain_time_ms`. A clock that went backwards
-/// (`now_ms` before `newest_live_since_ms`) counts as no time elapsed.
+/// `now - newest_live_since >= drain_time_ms`. A clock that went backwards
+/// (`now` before `newest_live_since`) counts as no time elapsed.
 ///
 /// # Failure mode prevented
 ///
@@ -155,24 +156,31 @@ pub fn start_input<'a>(on_disk: Option<&'a EpochRecord>, me: &WriterId) -> Optio
 /// drain time, whatever the trigger rate.
 pub fn predecessor_drained(
     epochs_running: usize,
-    newest_live_since_ms: Option<u64>,
-    now_ms: u64,
+    newest_live_since: Option<MonoMs>,
+    now: MonoMs,
     drain_time_ms: u64,
 ) -> bool {
-    epochs_running <= 1
-        || newest_live_since_ms.is_some_and(|since| now_ms.saturating_sub(since) >= drain_time_ms)
+    epochs_running <= 1 || newest_live_since.is_some_and(|since| now.since(since) >= drain_time_ms)
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
-    const NOW: u64 = 1_000_000;
+    const NOW: UnixMs = UnixMs(1_000_000);
     fn rec(epoch: u32, base_id: u32, writer: &str, age: u64) -> EpochRecord {
-        EpochRecord::new(epoch, base_id, NOW - age, WriterId::new(writer).unwrap())
+        EpochRecord::new(
+            epoch,
+            base_id,
+            UnixMs(NOW.as_millis() - age),
+            WriterId::new(writer).unwrap(),
+        )
     }
     fn me() -> WriterId {
         WriterId::new("me").unwrap()
+    }
+    fn drained(running: usize, live_since: Option<u64>, now: u64, drain_ms: u64) -> bool {
+        predecessor_drained(running, live_since.map(MonoMs), MonoMs(now), drain_ms)
     }
     fn ours() -> EpochRecord {
         rec(3, 7, "me", 0)
@@ -265,26 +273,26 @@ mod tests {
 
     #[test]
     fn a_single_epoch_has_no_predecessor_to_drain() {
-        assert!(predecessor_drained(0, None, 0, 10_000));
-        assert!(predecessor_drained(1, None, 0, 10_000));
-        assert!(predecessor_drained(1, Some(500), 500, 10_000));
+        assert!(drained(0, None, 0, 10_000));
+        assert!(drained(1, None, 0, 10_000));
+        assert!(drained(1, Some(500), 500, 10_000));
     }
 
     #[test]
     fn a_predecessor_drains_for_the_full_drain_time_after_live() {
-        assert!(!predecessor_drained(2, Some(1_000), 10_999, 10_000));
-        assert!(predecessor_drained(2, Some(1_000), 11_000, 10_000));
-        assert!(predecessor_drained(3, Some(1_000), 50_000, 10_000));
+        assert!(!drained(2, Some(1_000), 10_999, 10_000));
+        assert!(drained(2, Some(1_000), 11_000, 10_000));
+        assert!(drained(3, Some(1_000), 50_000, 10_000));
         // Not LIVE yet: its predecessor has not started draining.
-        assert!(!predecessor_drained(2, None, u64::MAX, 0));
+        assert!(!drained(2, None, u64::MAX, 0));
         // Zero drain time: drained as soon as LIVE.
-        assert!(predecessor_drained(2, Some(1_000), 1_000, 0));
+        assert!(drained(2, Some(1_000), 1_000, 0));
     }
 
     #[test]
     fn a_clock_going_backwards_never_shortens_the_drain() {
-        assert!(!predecessor_drained(2, Some(5_000), 4_000, 1));
-        assert!(!predecessor_drained(2, Some(u64::MAX), 0, 1));
-        assert!(predecessor_drained(2, Some(0), u64::MAX, u64::MAX));
+        assert!(!drained(2, Some(5_000), 4_000, 1));
+        assert!(!drained(2, Some(u64::MAX), 0, 1));
+        assert!(drained(2, Some(0), u64::MAX, u64::MAX));
     }
 }

@@ -332,7 +332,7 @@ impl Supervisor {
         let input = start_input(inputs.on_disk.as_ref(), &self.policy.writer);
         let decision = start_epoch(
             input,
-            inputs.now_unix.as_millis(),
+            inputs.now_unix,
             self.policy.heartbeat_max_age_ms,
             inputs.status,
         );
@@ -357,7 +357,7 @@ impl Supervisor {
                         self.policy.start_timeout_ms
                     ))));
                 }
-                let wait = until_ms.saturating_sub(inputs.now_unix.as_millis()).max(10);
+                let wait = until_ms.since(inputs.now_unix).max(10);
                 self.start_at = Some(now.plus(wait));
                 self.actions.push_back(Action::StartDecided(decision));
             }
@@ -464,13 +464,18 @@ impl Supervisor {
         self.live_since = None;
         self.started_at = None;
         self.set_not_ready();
-        let ours = EpochRecord::new(epoch, self.base_id, 0, self.policy.writer.clone());
+        let ours = EpochRecord::new(
+            epoch,
+            self.base_id,
+            UnixMs::ZERO,
+            self.policy.writer.clone(),
+        );
         let decision = after_newest_exit(
             on_disk.as_ref(),
             &ours,
             self.failures.saturating_add(1),
             self.policy.max_restarts,
-            now_unix.as_millis(),
+            now_unix,
             self.policy.heartbeat_max_age_ms,
         );
         match decision {
@@ -602,8 +607,8 @@ impl Supervisor {
     fn ready_to_fork(&self, now: MonoMs) -> bool {
         let drained = predecessor_drained(
             self.running.len(),
-            self.live_since.map(MonoMs::as_millis),
-            now.as_millis(),
+            self.live_since,
+            now,
             self.policy.drain_time_ms,
         );
         self.live_since.is_some() && drained && self.start_at.is_none()

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::record::{EpochRecord, Freshness};
+use crate::time::UnixMs;
 
 /// What a supervisor does with the state file at one heartbeat.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,7 +164,7 @@ pub fn write_decision(
     on_disk: Option<&EpochRecord>,
     mine: &EpochRecord,
     my_epoch_live: bool,
-    now_unix_ms: u64,
+    now_unix_ms: UnixMs,
     heartbeat_max_age_ms: u64,
 ) -> WriteDecision {
     let verdict = if cfg!(flock_reintroduce = "r8") {
@@ -197,7 +198,7 @@ enum Verdict {
 fn compare(
     on_disk: Option<&EpochRecord>,
     mine: &EpochRecord,
-    now_unix_ms: u64,
+    now_unix_ms: UnixMs,
     heartbeat_max_age_ms: u64,
 ) -> Verdict {
     let Some(on_disk) = on_disk else {
@@ -233,13 +234,13 @@ mod tests {
     use crate::epoch::WriterId;
 
     const MAX_AGE: u64 = 15_000;
-    const NOW: u64 = 1_764_400_000_000;
+    const NOW: UnixMs = UnixMs(1_764_400_000_000);
 
     fn rec(epoch: u32, writer: &str, heartbeat_age: u64) -> EpochRecord {
         EpochRecord::new(
             epoch,
             7,
-            NOW - heartbeat_age,
+            UnixMs(NOW.as_millis() - heartbeat_age),
             WriterId::new(writer).unwrap(),
         )
     }
@@ -397,10 +398,16 @@ mod tests {
     #[test]
     fn extreme_clock_values_do_not_overflow() {
         let mut on_disk = rec(4, "b", 0);
-        on_disk.heartbeat_unix_ms = u64::MAX;
-        let d = write_decision(Some(&on_disk), &rec(3, "a", 0), true, 0, u64::MAX);
+        on_disk.heartbeat_unix_ms = UnixMs(u64::MAX);
+        let d = write_decision(
+            Some(&on_disk),
+            &rec(3, "a", 0),
+            true,
+            UnixMs::ZERO,
+            u64::MAX,
+        );
         assert!(matches!(d, WriteDecision::Yield { .. }), "{d}");
-        let d = write_decision(Some(&on_disk), &rec(3, "a", 0), true, 0, 0);
+        let d = write_decision(Some(&on_disk), &rec(3, "a", 0), true, UnixMs::ZERO, 0);
         assert!(matches!(d, WriteDecision::Write { .. }), "{d}");
     }
 }
