@@ -36,7 +36,7 @@ pub struct PodRecord {
     /// The CNI network name the pod was added on.
     pub network_name: String,
     /// When the agent added it (ms since the Unix epoch).
-    pub added_at_ms: u64,
+    pub added_at_ms: UnixMs,
 }
 
 impl PodRecord {
@@ -74,7 +74,7 @@ impl PodRecord {
             service_account: pod.service_account,
             ports: pod.ports,
             network_name: pod.network_name,
-            added_at_ms: added_at.as_millis(),
+            added_at_ms: added_at,
         }
     }
 

@@ -140,7 +140,7 @@ async fn svid_verifies_against_the_bundle_with_exactly_its_spiffe_id() {
     );
 
     // Validity: not_before is a minute back (clock skew), not_after = issue + TTL.
-    assert_eq!(svid.not_after_ms, svid.issued_ms + 3_600_000);
+    assert_eq!(svid.not_after_ms, svid.issued_ms.plus(3_600_000));
 }
 
 #[tokio::test]
@@ -233,7 +233,7 @@ async fn rotation_happens_at_half_life_with_a_new_key_and_serial() {
     let id = ca.subscribe(&pod("a", "ns", "sa")).await.unwrap();
     let before = rx.borrow_and_update().clone();
     let old = before.svids[&id].clone();
-    assert_eq!(ca.next_rotation_ms(), Some(t0 + 1_800_000));
+    assert_eq!(ca.next_rotation_ms(), Some(UnixMs(t0 + 1_800_000)));
 
     now.store(t0 + 1_800_000 - 1, Ordering::SeqCst);
     assert_eq!(ca.rotate_due(), 0, "before half-life");
@@ -248,10 +248,13 @@ async fn rotation_happens_at_half_life_with_a_new_key_and_serial() {
     assert_ne!(new.private_key_pem, old.private_key_pem);
     assert_ne!(new.cert_chain_pem, old.cert_chain_pem);
     assert_eq!(after.generation, before.generation + 1);
-    assert_eq!(new.not_after_ms, t0 + 1_800_000 + 3_600_000);
+    assert_eq!(new.not_after_ms, UnixMs(t0 + 1_800_000 + 3_600_000));
     assert!(new.not_after_ms > old.not_after_ms);
     assert_eq!(ca.rotate_due(), 0, "fresh again");
-    assert_eq!(ca.next_rotation_ms(), Some(t0 + 1_800_000 + 1_800_000));
+    assert_eq!(
+        ca.next_rotation_ms(),
+        Some(UnixMs(t0 + 1_800_000 + 1_800_000))
+    );
 }
 
 fn key_lines(svid: &Svid) -> Vec<String> {
@@ -358,7 +361,7 @@ fn names_and_selectors() {
         service_account: String::new(),
         ports: vec![],
         network_name: "net".into(),
-        added_at_ms: 0,
+        added_at_ms: UnixMs::ZERO,
     };
     let id = PodIdentity::from(&record);
     assert_eq!(id.service_account, "default");

@@ -12,6 +12,7 @@ use flock_bird::model::{PodPort, PodRecord, Protocol};
 use flock_bird::store::{
     self, LoadReport, MAX_FILE_BYTES, PodStore, QUARANTINE_DIR, StoreError, file_name_for,
 };
+use flock_core::UnixMs;
 use flock_core::pod::{self, PodKey};
 use proptest::prelude::*;
 
@@ -38,7 +39,7 @@ fn rec(id: &str, ifname: &str) -> PodRecord {
             },
         ],
         network_name: "k8s-pod-network".into(),
-        added_at_ms: 1_700_000_000_000,
+        added_at_ms: UnixMs(1_700_000_000_000),
     }
 }
 
@@ -107,7 +108,7 @@ fn overwrite_replaces_the_record() {
     let mut r = rec("c1", "eth0");
     store.put(&r).unwrap();
     r.ips = vec!["10.9.9.9".parse().unwrap()];
-    r.added_at_ms += 1;
+    r.added_at_ms = r.added_at_ms.plus(1);
     store.put(&r).unwrap();
     assert_eq!(store.get(&r.key).unwrap(), Some(r.clone()));
     assert_eq!(store.load_all().unwrap().pods, vec![r]);
@@ -349,7 +350,7 @@ fn crash_before_rename_leaves_no_pod() {
     let old = rec("c", "eth0");
     store.put(&old).unwrap();
     let mut new = old.clone();
-    new.added_at_ms += 1;
+    new.added_at_ms = new.added_at_ms.plus(1);
     let new_pod = rec("never-renamed", "eth0");
     let n1 = format!(
         "{}.tmp-999999999-0000000000000001-3",
@@ -505,7 +506,7 @@ fn put_refuses_invalid_and_oversized_records() {
                 protocol: Protocol::Grpc,
             })
             .collect(),
-        added_at_ms: u64::MAX,
+        added_at_ms: UnixMs(u64::MAX),
         ..rec(
             &label(pod::MAX_CONTAINER_ID_LEN),
             &label(pod::MAX_IFNAME_LEN),
@@ -660,7 +661,7 @@ fn arb_record() -> impl Strategy<Value = PodRecord> {
                 service_account,
                 ports,
                 network_name,
-                added_at_ms,
+                added_at_ms: UnixMs(added_at_ms),
             },
         )
         // A regex can still give `a..b` or a `/../` path: keep the valid ones.

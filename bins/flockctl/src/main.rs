@@ -203,7 +203,7 @@ mod tests {
                     },
                 ],
                 health: Health::Unhealthy,
-                added_at_ms: 1,
+                added_at_ms: flock_core::UnixMs(1),
             }],
         };
         let out = render_pods(&doc);

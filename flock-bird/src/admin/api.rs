@@ -3,6 +3,7 @@
 //! two cannot disagree on a key.
 
 use crate::model::{Endpoint, PodPort};
+pub use flock_core::UnixMs;
 pub use flock_core::pod::Health;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -119,7 +120,7 @@ pub struct Pod {
     /// The liveness decision, a word on the wire (`"unknown"` until probes decide).
     pub health: Health,
     /// When the agent added it (ms since the Unix epoch).
-    pub added_at_ms: u64,
+    pub added_at_ms: UnixMs,
 }
 
 /// `/debug/snapshot`: the xDS snapshots served, by node group.

@@ -40,7 +40,7 @@ pub struct BuiltinCa {
     ttl: Duration,
     clock: Clock,
     issuer: Issuer<'static, KeyPair>,
-    ca_not_after_ms: u64,
+    ca_not_after_ms: UnixMs,
     bundle: Bundle,
     /// Mixed into serials so two leaves never share one, even with equal keys' hashes.
     serials: AtomicU64,
@@ -67,15 +67,15 @@ impl fmt::Debug for BuiltinCa {
     }
 }
 
-/// Sets a certificate's validity to `[from_ms, to_ms]` (ms since the Unix epoch).
+/// Sets a certificate's validity to `[from, to]`.
 ///
 /// rcgen takes `time::OffsetDateTime`; building it from rcgen's own epoch value (and
 /// `+ std::time::Duration`) keeps this crate free of a direct `time` dependency and of
 /// any version skew with rcgen's.
-fn set_validity(params: &mut CertificateParams, from_ms: u64, to_ms: u64) {
+fn set_validity(params: &mut CertificateParams, from: UnixMs, to: UnixMs) {
     let epoch = rcgen::date_time_ymd(1970, 1, 1);
-    params.not_before = epoch + Duration::from_millis(from_ms);
-    params.not_after = epoch + Duration::from_millis(to_ms);
+    params.not_before = epoch + Duration::from_millis(from.as_millis());
+    params.not_after = epoch + Duration::from_millis(to.as_millis());
 }
 
 impl BuiltinCa {
@@ -99,8 +99,8 @@ impl BuiltinCa {
                 "{svid_ttl:?} not within {MIN_TTL:?}..={MAX_TTL:?}"
             )));
         }
-        let now = clock().as_millis();
-        let ca_not_after_ms = now + CA_LIFETIME.as_millis() as u64;
+        let now = clock();
+        let ca_not_after_ms = now.plus(CA_LIFETIME.as_millis() as u64);
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params
@@ -114,7 +114,10 @@ impl BuiltinCa {
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         set_validity(
             &mut params,
-            now.saturating_sub(CLOCK_SKEW.as_millis() as u64),
+            UnixMs(
+                now.as_millis()
+                    .saturating_sub(CLOCK_SKEW.as_millis() as u64),
+            ),
             ca_not_after_ms,
         );
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
@@ -165,9 +168,11 @@ impl BuiltinCa {
     /// It is *not* tracked in the view: subscriptions do that; this is the unit of work
     /// they (and the issuance benchmark) share.
     pub fn issue(&self, spiffe_id: &str) -> Result<Svid, IdentityError> {
-        let now = (self.clock)().as_millis();
+        let now = (self.clock)();
         // A leaf never outlives its CA (a chain with an expired root fails anyway).
-        let not_after_ms = (now + self.ttl.as_millis() as u64).min(self.ca_not_after_ms);
+        let not_after_ms = now
+            .plus(self.ttl.as_millis() as u64)
+            .min(self.ca_not_after_ms);
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
         let serial = self.serial_for(&key);
         let uri = spiffe_id.to_string().try_into().map_err(issue_error)?;
@@ -188,7 +193,10 @@ impl BuiltinCa {
         params.serial_number = Some(SerialNumber::from_slice(&serial));
         set_validity(
             &mut params,
-            now.saturating_sub(CLOCK_SKEW.as_millis() as u64),
+            UnixMs(
+                now.as_millis()
+                    .saturating_sub(CLOCK_SKEW.as_millis() as u64),
+            ),
             not_after_ms,
         );
         let cert = params.signed_by(&key, &self.issuer).map_err(issue_error)?;
@@ -220,19 +228,19 @@ impl BuiltinCa {
     /// Rotates every SVID past half its lifetime; returns how many. Call it from a loop
     /// (see [`BuiltinCa::next_rotation_ms`] for when next).
     pub fn rotate_due(&self) -> usize {
-        let now = (self.clock)().as_millis();
+        let now = (self.clock)();
         let mut state = self.state.lock();
         let ids: Vec<String> = state
             .svids
             .values()
-            .filter(|s| due(UnixMs(s.issued_ms), UnixMs(s.not_after_ms), UnixMs(now)))
+            .filter(|s| due(s.issued_ms, s.not_after_ms, now))
             .map(|s| s.spiffe_id.clone())
             .collect();
         let mut rotated = 0;
         for id in ids {
             match self.issue(&id) {
                 Ok(svid) => {
-                    tracing::info!(spiffe_id = %id, serial = %svid.serial, not_after_ms = svid.not_after_ms, "rotated SVID");
+                    tracing::info!(spiffe_id = %id, serial = %svid.serial, not_after_ms = svid.not_after_ms.as_millis(), "rotated SVID");
                     state.svids.insert(id, Arc::new(svid));
                     rotated += 1;
                 }
@@ -247,14 +255,13 @@ impl BuiltinCa {
         rotated
     }
 
-    /// When the next SVID is due for rotation (ms since the Unix epoch); `None` when
-    /// there is no SVID.
-    pub fn next_rotation_ms(&self) -> Option<u64> {
+    /// When the next SVID is due for rotation; `None` when there is no SVID.
+    pub fn next_rotation_ms(&self) -> Option<UnixMs> {
         self.state
             .lock()
             .svids
             .values()
-            .map(|s| rotation_at(UnixMs(s.issued_ms), UnixMs(s.not_after_ms)).as_millis())
+            .map(|s| rotation_at(s.issued_ms, s.not_after_ms))
             .min()
     }
 
@@ -264,12 +271,10 @@ impl BuiltinCa {
     pub async fn run_rotation(self: Arc<Self>, max_sleep: Duration) {
         loop {
             self.rotate_due();
-            let now = (self.clock)().as_millis();
+            let now = (self.clock)();
             let wait = self
                 .next_rotation_ms()
-                .map_or(max_sleep, |at| {
-                    Duration::from_millis(at.saturating_sub(now))
-                })
+                .map_or(max_sleep, |at| Duration::from_millis(at.since(now)))
                 .min(max_sleep)
                 // A failing issuance must not turn this into a busy loop.
                 .max(Duration::from_millis(100));
@@ -324,7 +329,7 @@ impl IdentityProvider for BuiltinCa {
         if !state.svids.contains_key(&id) {
             // Issue before touching the subscriptions: on failure nothing changes.
             let svid = self.issue(&id)?;
-            tracing::info!(spiffe_id = %id, serial = %svid.serial, not_after_ms = svid.not_after_ms, "issued SVID");
+            tracing::info!(spiffe_id = %id, serial = %svid.serial, not_after_ms = svid.not_after_ms.as_millis(), "issued SVID");
             state.svids.insert(id.clone(), Arc::new(svid));
         }
         // A pod re-subscribing under another identity (its service account changed)

@@ -146,9 +146,9 @@ pub struct Svid {
     /// The leaf's private key (PKCS#8 PEM), redacted when formatted.
     pub private_key_pem: SecretPem,
     /// When the leaf expires (ms since the Unix epoch).
-    pub not_after_ms: u64,
+    pub not_after_ms: UnixMs,
     /// When it was issued (ms since the Unix epoch); rotation is due at half-life.
-    pub issued_ms: u64,
+    pub issued_ms: UnixMs,
     /// The leaf's serial number, lowercase hex.
     pub serial: String,
 }

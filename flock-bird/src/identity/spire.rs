@@ -31,6 +31,7 @@
 //! formats a response message (they carry keys).
 
 use super::{Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid};
+use flock_core::UnixMs;
 use flock_core::backoff::Backoff;
 use flock_core::pod::PodKey;
 use flock_core::sync::Mutex;
@@ -404,7 +405,7 @@ impl Inner {
         }
         match svid {
             Some(svid) => {
-                tracing::info!(pod = %key, spiffe_id = %svid.spiffe_id, serial = %svid.serial, not_after_ms = svid.not_after_ms, "SVID from SPIRE");
+                tracing::info!(pod = %key, spiffe_id = %svid.spiffe_id, serial = %svid.serial, not_after_ms = svid.not_after_ms.as_millis(), "SVID from SPIRE");
                 let id = svid.spiffe_id.clone();
                 if st.subscriptions.get(key) != Some(&id) {
                     Self::drop_from_view(&mut st, key);
@@ -644,10 +645,12 @@ fn convert_svid(s: pb::X509svidWithKey) -> Result<Svid, String> {
         spiffe_id: format!("spiffe://{}{}", id.trust_domain, path),
         cert_chain_pem: x.cert_chain.iter().map(|c| pem("CERTIFICATE", c)).collect(),
         private_key_pem: SecretPem::new(pem("PRIVATE KEY", &s.x509_svid_key)),
-        not_after_ms: u64::try_from(x.expires_at)
-            .unwrap_or(0)
-            .saturating_mul(1000),
-        issued_ms: flock_clock::unix_now().as_millis(),
+        not_after_ms: UnixMs(
+            u64::try_from(x.expires_at)
+                .unwrap_or(0)
+                .saturating_mul(1000),
+        ),
+        issued_ms: flock_clock::unix_now(),
         serial,
     })
 }
