@@ -24,7 +24,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Semaphore;
@@ -247,7 +247,6 @@ impl AgentViews {
 /// The agent's metrics, read at scrape time from its counters and state.
 fn sample_agent(agent: &Agent, s: &mut Samples) {
     let m = &agent.metrics;
-    let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     s.gauge(
         "flock_agent_pods",
         "Meshed pods on this node",
@@ -258,68 +257,74 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
         "1 when /readyz is ready",
         u64::from(agent.not_ready().is_none()),
     );
-    s.counter(
-        "flock_agent_pods_added",
-        "AddPod requests that meshed a pod",
-        c(&m.pods_added),
-    );
-    s.counter(
-        "flock_agent_pods_removed",
-        "RemovePod requests that removed a pod",
-        c(&m.pods_removed),
-    );
-    s.counter(
-        "flock_agent_pods_ignored",
-        "CNI requests ignored (not meshed, unknown pod)",
-        c(&m.pods_ignored),
-    );
-    s.counter(
-        "flock_agent_pod_errors",
-        "CNI requests that failed",
-        c(&m.pod_errors),
-    );
-    s.counter(
-        "flock_agent_publishes",
-        "xDS snapshots published for Envoy",
-        c(&m.publishes),
-    );
-    s.counter("flock_agent_probes", "Liveness probes run", c(&m.probes));
-    s.counter(
-        "flock_agent_probe_failures",
-        "Liveness probes that failed",
-        c(&m.probe_failures),
-    );
-    s.counter(
-        "flock_agent_health_changes",
-        "Pod health transitions",
-        c(&m.health_changes),
-    );
-    s.counter(
-        "flock_agent_guard_undos",
-        "Late re-registrations undone because the pod was removed meanwhile",
-        c(&m.guard_undos),
-    );
-    s.counter("flock_agent_gc_sweeps", "Orphan GC sweeps", c(&m.gc_sweeps));
-    s.counter(
-        "flock_agent_gc_removed_pods",
-        "Stored pods the GC removed",
-        c(&m.gc_removed_store),
-    );
-    s.counter(
-        "flock_agent_gc_removed_endpoints",
-        "Orphan registry endpoints the GC removed",
-        c(&m.gc_removed_endpoints),
-    );
-    s.counter(
-        "flock_agent_gc_breaker_trips",
-        "GC sweeps on which the breaker refused removals",
-        c(&m.gc_breaker_trips),
-    );
-    s.counter(
-        "flock_agent_registry_errors",
-        "Registry operations that failed",
-        c(&m.registry_errors),
-    );
+    // Every agent counter: (metric name, help, the atomic it reads).
+    let counters: [(&'static str, &'static str, &AtomicU64); 14] = [
+        (
+            "flock_agent_pods_added",
+            "AddPod requests that meshed a pod",
+            &m.pods_added,
+        ),
+        (
+            "flock_agent_pods_removed",
+            "RemovePod requests that removed a pod",
+            &m.pods_removed,
+        ),
+        (
+            "flock_agent_pods_ignored",
+            "CNI requests ignored (not meshed, unknown pod)",
+            &m.pods_ignored,
+        ),
+        (
+            "flock_agent_pod_errors",
+            "CNI requests that failed",
+            &m.pod_errors,
+        ),
+        (
+            "flock_agent_publishes",
+            "xDS snapshots published for Envoy",
+            &m.publishes,
+        ),
+        ("flock_agent_probes", "Liveness probes run", &m.probes),
+        (
+            "flock_agent_probe_failures",
+            "Liveness probes that failed",
+            &m.probe_failures,
+        ),
+        (
+            "flock_agent_health_changes",
+            "Pod health transitions",
+            &m.health_changes,
+        ),
+        (
+            "flock_agent_guard_undos",
+            "Late re-registrations undone because the pod was removed meanwhile",
+            &m.guard_undos,
+        ),
+        ("flock_agent_gc_sweeps", "Orphan GC sweeps", &m.gc_sweeps),
+        (
+            "flock_agent_gc_removed_pods",
+            "Stored pods the GC removed",
+            &m.gc_removed_store,
+        ),
+        (
+            "flock_agent_gc_removed_endpoints",
+            "Orphan registry endpoints the GC removed",
+            &m.gc_removed_endpoints,
+        ),
+        (
+            "flock_agent_gc_breaker_trips",
+            "GC sweeps on which the breaker refused removals",
+            &m.gc_breaker_trips,
+        ),
+        (
+            "flock_agent_registry_errors",
+            "Registry operations that failed",
+            &m.registry_errors,
+        ),
+    ];
+    for (name, help, value) in counters {
+        s.counter(name, help, value.load(Ordering::Relaxed));
+    }
     let view = agent.registry().view().borrow().clone();
     s.gauge(
         "flock_agent_registry_endpoints",
