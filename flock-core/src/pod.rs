@@ -446,6 +446,24 @@ pub fn check_subdomain(s: &str) -> Result<(), String> {
     })
 }
 
+/// A node name (`--node-name`, `$FLOCK_NODE_NAME`): a DNS-1123 subdomain, as
+/// Kubernetes names nodes (lowercase letters, digits, `-` and `.`, each label starting
+/// and ending with a letter or digit, at most [`MAX_NAME_LEN`]). The node name owns this
+/// agent's registry endpoints and its GC scope, so two nodes must never share one: there
+/// is no fallback (a default such as `node` made every unnamed agent collect the others'
+/// endpoints as orphans). The error says what is wrong and how to set it.
+pub fn check_node_name(s: &str) -> Result<(), String> {
+    check_dns(s, MAX_NAME_LEN, true).map_err(|why| {
+        format!(
+            "node name {:?} {why}: it must be a DNS-1123 subdomain (a-z 0-9 - ., each \
+             label starting and ending with a letter or digit, at most {MAX_NAME_LEN}); \
+             set it with --node-name or $FLOCK_NODE_NAME (in Kubernetes: the downward \
+             API's spec.nodeName)",
+            bounded(s)
+        )
+    })
+}
+
 fn check_dns(s: &str, max: usize, dots: bool) -> Result<(), String> {
     if s.is_empty() {
         return Err("is empty".into());
