@@ -23,6 +23,7 @@
 //! | [`gc`] | which orphans to remove, with hysteresis and a breaker | leaks after crashes; mass deletion after a bug |
 //! | [`lifecycle`] | pod add/remove order, loading, re-registration, liveness | R3 lost pod at startup; R4 ghost endpoint; R6 leaked subscription |
 //! | [`epoch`] | Envoy hot-restart epochs, state-file writes, restart gate | R7 restart while initializing; R8 epoch file regresses |
+//! | [`access`] | what an xDS peer may see, from what the transport authenticated; non-loopback listeners | a client claiming to be Envoy receiving every workload key |
 //! | [`backoff`] | retry delays | synchronized retry storms |
 //! | [`debounce`] | when a burst of events becomes one action (quiet period, cap) | an action per event; a never-quiet source postponing it forever |
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
@@ -52,6 +53,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod backoff;
 pub mod cniconf;
 pub mod debounce;
