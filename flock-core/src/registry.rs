@@ -1,0 +1,551 @@
+//! Which shared-registry entries an agent believes: the key layout that lets etcd RBAC
+//! confine each node to its own prefix, and the check every entry written by another
+//! node passes on its own before it can reach the translation.
+//!
+//! The registry is written by every node of the mesh, so an entry is outside input: a
+//! buggy or compromised node (or anything else that can write to etcd) must not be able
+//! to take a whole service down with one invalid entry (the translation refuses a
+//! service whose endpoints are inconsistent, so one `0.0.0.0` address used to drop
+//! every endpoint of its service on every node), nor widen the set of SPIFFE IDs a
+//! caller accepts beyond the agent's trust domain and the service's namespace. The
+//! agent applies [`check_entry`] to each entry alone and drops only the ones that fail,
+//! with a [`Reject`] reason from a closed set (the metric's label).
+//!
+//! # Key layout
+//!
+//! `<prefix><node>/<namespace>/<service>/<container_id>/<ifname>/<service_port>`
+//! ([`endpoint_key`]). The node comes first so that one etcd role per node can grant
+//! `readwrite` on `<prefix><node>/` alone (and `read` on `<prefix>`): a node then cannot
+//! write under another node's prefix at all, and [`check_entry`] refuses an entry whose
+//! `node` field names another node than its key, so a node cannot pass its entries off
+//! as another's either.
+
+use crate::pod;
+use std::net::IpAddr;
+
+/// The largest encoded entry an agent decodes (16 KiB). A real entry is a few hundred
+/// bytes; the limit bounds what one hostile entry costs every agent that watches it.
+pub const MAX_ENTRY_BYTES: usize = 16 << 10;
+
+/// Longest region or zone name (a DNS subdomain's limit).
+pub const MAX_LOCALITY_LEN: usize = pod::MAX_NAME_LEN;
+
+/// Longest SPIFFE ID accepted (the SPIFFE spec's URI limit).
+pub const MAX_SPIFFE_ID_LEN: usize = 2048;
+
+/// Why an entry was dropped: a closed set, the `reason` label of the rejection metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reject {
+    /// Larger than [`MAX_ENTRY_BYTES`].
+    Oversized,
+    /// Not UTF-8 / not JSON / not an endpoint.
+    Undecodable,
+    /// The key is not `<node>/<namespace>/<service>/<container_id>/<ifname>/<port>` or
+    /// does not match the entry's fields.
+    Key,
+    /// The entry's `node` differs from its key's node segment.
+    Node,
+    /// A namespace, service, pod, container ID or interface name breaks its rule.
+    Name,
+    /// The address is unspecified, multicast, or loopback on another node.
+    Address,
+    /// The service port or the endpoint port is 0.
+    Port,
+    /// Region or zone too long or with control characters.
+    Locality,
+    /// The identity is not a SPIFFE ID.
+    Identity,
+    /// The identity is outside the agent's trust domain.
+    TrustDomain,
+    /// The identity's `/ns/<namespace>/` is not the endpoint's namespace.
+    IdentityNamespace,
+    /// An endpoint without an identity in a service port whose other endpoints have
+    /// one: excluded rather than turning the port's callers to plaintext.
+    Downgrade,
+}
+
+impl Reject {
+    /// Every reason, in label order.
+    pub const ALL: [Reject; 12] = [
+        Reject::Oversized,
+        Reject::Undecodable,
+        Reject::Key,
+        Reject::Node,
+        Reject::Name,
+        Reject::Address,
+        Reject::Port,
+        Reject::Locality,
+        Reject::Identity,
+        Reject::TrustDomain,
+        Reject::IdentityNamespace,
+        Reject::Downgrade,
+    ];
+
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reject::Oversized => "oversized",
+            Reject::Undecodable => "undecodable",
+            Reject::Key => "key",
+            Reject::Node => "node",
+            Reject::Name => "name",
+            Reject::Address => "address",
+            Reject::Port => "port",
+            Reject::Locality => "locality",
+            Reject::Identity => "identity",
+            Reject::TrustDomain => "trust_domain",
+            Reject::IdentityNamespace => "identity_namespace",
+            Reject::Downgrade => "downgrade",
+        }
+    }
+
+    /// The position of this reason in [`Reject::ALL`] (an index into a counter array).
+    pub fn index(self) -> usize {
+        Reject::ALL
+            .iter()
+            .position(|r| *r == self)
+            .unwrap_or_default()
+    }
+}
+
+/// A dropped entry: the reason (label) and what exactly is wrong (for the log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// The closed-set reason.
+    pub reason: Reject,
+    /// What is wrong, with the offending value bounded and escaped.
+    pub detail: String,
+}
+
+impl Rejected {
+    /// A rejection for `reason` with `detail`.
+    pub fn new(reason: Reject, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.detail, self.reason.as_str())
+    }
+}
+
+/// The registry key of an endpoint, relative to the prefix (see the module docs).
+pub fn endpoint_key(
+    node: &str,
+    namespace: &str,
+    service: &str,
+    container_id: &str,
+    ifname: &str,
+    service_port: u16,
+) -> String {
+    format!("{node}/{namespace}/{service}/{container_id}/{ifname}/{service_port}")
+}
+
+/// The key prefix (relative to the registry prefix) under which `node` writes: the
+/// path an etcd role grants `readwrite` on.
+pub fn node_prefix(node: &str) -> String {
+    format!("{node}/")
+}
+
+/// The node segment of a key (relative to the prefix), if the key has the six
+/// segments of [`endpoint_key`].
+pub fn key_node(key: &str) -> Option<&str> {
+    let parts: Vec<&str> = key.split('/').collect();
+    (parts.len() == 6).then_some(parts[0])
+}
+
+/// The fields of an entry [`check_entry`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryFields<'a> {
+    /// The key it was found under, relative to the registry prefix.
+    pub key: &'a str,
+    /// The node that claims it.
+    pub node: &'a str,
+    /// Service namespace.
+    pub namespace: &'a str,
+    /// Service name.
+    pub service: &'a str,
+    /// The service port.
+    pub service_port: u16,
+    /// The address to connect to.
+    pub address: IpAddr,
+    /// The port to connect to.
+    pub port: u16,
+    /// The pod, `<namespace>/<name>`.
+    pub pod: &'a str,
+    /// The pod's container ID.
+    pub container_id: &'a str,
+    /// The pod's interface name.
+    pub ifname: &'a str,
+    /// Region.
+    pub region: &'a str,
+    /// Zone.
+    pub zone: &'a str,
+    /// The SPIFFE ID, if the endpoint serves mTLS.
+    pub identity: Option<&'a str>,
+}
+
+/// What the agent trusts: who it is and its trust domain.
+#[derive(Debug, Clone, Copy)]
+pub struct Trust<'a> {
+    /// This agent's node name (its own entries may be loopback; no other node's may).
+    pub local_node: &'a str,
+    /// The agent's trust domain. `Some`: a remote identity must be in it. `None` (the
+    /// agent has no identity source, so its pods call plaintext and verify nobody): any
+    /// well-formed SPIFFE ID whose namespace matches is kept, so a service port that has
+    /// identities still counts as mTLS and is never downgraded.
+    pub trust_domain: Option<&'a str>,
+}
+
+/// `s` bounded to 64 characters and escaped, for messages about outside input.
+pub fn bounded(s: &str) -> String {
+    let cut: String = s.chars().take(64).collect();
+    let mut out = cut.escape_debug().to_string();
+    if s.chars().count() > 64 {
+        out.push('…');
+    }
+    out
+}
+
+/// Checks one entry on its own (see the module docs); `Ok` if the agent may serve it.
+pub fn check_entry(e: &EntryFields<'_>, trust: &Trust<'_>) -> Result<(), Rejected> {
+    let parts: Vec<&str> = e.key.split('/').collect();
+    if parts.len() != 6 {
+        return Err(Rejected::new(
+            Reject::Key,
+            format!(
+                "key \"{}\" is not <node>/<namespace>/<service>/<container_id>/<ifname>/<port>",
+                bounded(e.key)
+            ),
+        ));
+    }
+    if parts[0] != e.node {
+        return Err(Rejected::new(
+            Reject::Node,
+            format!(
+                "entry claims node \"{}\" but is under node \"{}\"'s prefix",
+                bounded(e.node),
+                bounded(parts[0])
+            ),
+        ));
+    }
+    let name = |what: &str, r: Result<(), String>| {
+        r.map_err(|why| Rejected::new(Reject::Name, format!("{what} {why}")))
+    };
+    name("node", pod::check_subdomain(e.node))?;
+    name("namespace", pod::check_label(e.namespace))?;
+    name("service", pod::check_label(e.service))?;
+    name("container ID", pod::check_container_id(e.container_id))?;
+    name("interface", pod::check_ifname(e.ifname))?;
+    match e.pod.split_once('/') {
+        Some((ns, pod_name)) if ns == e.namespace => {
+            name("pod name", pod::check_subdomain(pod_name))?;
+        }
+        _ => {
+            return Err(Rejected::new(
+                Reject::Name,
+                format!(
+                    "pod \"{}\" is not <namespace>/<name> in namespace {}",
+                    bounded(e.pod),
+                    e.namespace
+                ),
+            ));
+        }
+    }
+    if e.service_port == 0 || e.port == 0 {
+        return Err(Rejected::new(
+            Reject::Port,
+            format!(
+                "port {} / service port {}: ports must be 1-65535",
+                e.port, e.service_port
+            ),
+        ));
+    }
+    let expected = endpoint_key(
+        e.node,
+        e.namespace,
+        e.service,
+        e.container_id,
+        e.ifname,
+        e.service_port,
+    );
+    if expected != e.key {
+        return Err(Rejected::new(
+            Reject::Key,
+            format!(
+                "key \"{}\" does not match the entry (expected \"{}\")",
+                bounded(e.key),
+                bounded(&expected)
+            ),
+        ));
+    }
+    pod::check_ip(e.address).map_err(|why| Rejected::new(Reject::Address, why))?;
+    if e.address.is_loopback() && e.node != trust.local_node {
+        return Err(Rejected::new(
+            Reject::Address,
+            format!(
+                "loopback address {} from node {}: only reachable on that node",
+                e.address, e.node
+            ),
+        ));
+    }
+    for (what, v) in [("region", e.region), ("zone", e.zone)] {
+        if v.len() > MAX_LOCALITY_LEN || v.chars().any(char::is_control) {
+            return Err(Rejected::new(
+                Reject::Locality,
+                format!(
+                    "{what} must be at most {MAX_LOCALITY_LEN} bytes without control characters"
+                ),
+            ));
+        }
+    }
+    if let Some(id) = e.identity {
+        check_identity(id, e.namespace, trust.trust_domain)?;
+    }
+    Ok(())
+}
+
+/// A remote endpoint's identity: a SPIFFE ID `spiffe://<td>/ns/<namespace>/...` in the
+/// agent's trust domain (when it has one), naming the endpoint's own namespace.
+fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Result<(), Rejected> {
+    let malformed = || {
+        Rejected::new(
+            Reject::Identity,
+            format!(
+                "identity \"{}\" is not a SPIFFE ID (spiffe://<trust-domain>/ns/<namespace>/...)",
+                bounded(id)
+            ),
+        )
+    };
+    if id.len() > MAX_SPIFFE_ID_LEN
+        || id
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || c == '|')
+    {
+        return Err(malformed());
+    }
+    let rest = id.strip_prefix("spiffe://").ok_or_else(malformed)?;
+    let (td, path) = rest.split_once('/').ok_or_else(malformed)?;
+    if td.is_empty() || path.is_empty() {
+        return Err(malformed());
+    }
+    if let Some(ours) = trust_domain
+        && td != ours
+    {
+        return Err(Rejected::new(
+            Reject::TrustDomain,
+            format!(
+                "identity \"{}\" is outside the trust domain {ours}",
+                bounded(id)
+            ),
+        ));
+    }
+    let mut segs = path.split('/');
+    if segs.next() != Some("ns") || segs.next() != Some(namespace) {
+        return Err(Rejected::new(
+            Reject::IdentityNamespace,
+            format!(
+                "identity \"{}\" does not name the endpoint's namespace {namespace} (spiffe://{td}/ns/{namespace}/...)",
+                bounded(id)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good<'a>() -> EntryFields<'a> {
+        EntryFields {
+            key: "node-b/default/web/c1/eth0/8080",
+            node: "node-b",
+            namespace: "default",
+            service: "web",
+            service_port: 8080,
+            address: "10.0.0.7".parse().unwrap(),
+            port: 15006,
+            pod: "default/web-0",
+            container_id: "c1",
+            ifname: "eth0",
+            region: "eu",
+            zone: "eu-1",
+            identity: Some("spiffe://cluster.local/ns/default/sa/web"),
+        }
+    }
+
+    const TRUST: Trust<'static> = Trust {
+        local_node: "node-a",
+        trust_domain: Some("cluster.local"),
+    };
+
+    fn reason(e: EntryFields<'_>) -> Option<Reject> {
+        check_entry(&e, &TRUST).err().map(|r| r.reason)
+    }
+
+    #[test]
+    fn a_well_formed_entry_passes() {
+        assert_eq!(check_entry(&good(), &TRUST), Ok(()));
+        assert_eq!(
+            check_entry(
+                &EntryFields {
+                    identity: None,
+                    ..good()
+                },
+                &TRUST
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn each_bad_field_is_named_by_its_reason() {
+        let cases: Vec<(EntryFields<'_>, Reject)> = vec![
+            (
+                EntryFields {
+                    key: "default/web/node-b/c1/eth0/8080/x",
+                    ..good()
+                },
+                Reject::Key,
+            ),
+            (
+                EntryFields {
+                    node: "node-c",
+                    ..good()
+                },
+                Reject::Node,
+            ),
+            (
+                EntryFields {
+                    service: "Web",
+                    key: "node-b/default/Web/c1/eth0/8080",
+                    ..good()
+                },
+                Reject::Name,
+            ),
+            (
+                EntryFields {
+                    pod: "other/web-0",
+                    ..good()
+                },
+                Reject::Name,
+            ),
+            (
+                EntryFields {
+                    address: "0.0.0.0".parse().unwrap(),
+                    ..good()
+                },
+                Reject::Address,
+            ),
+            (
+                EntryFields {
+                    address: "224.0.0.1".parse().unwrap(),
+                    ..good()
+                },
+                Reject::Address,
+            ),
+            (
+                EntryFields {
+                    address: "127.0.0.1".parse().unwrap(),
+                    ..good()
+                },
+                Reject::Address,
+            ),
+            (EntryFields { port: 0, ..good() }, Reject::Port),
+            (
+                EntryFields {
+                    key: "node-b/default/web/c1/eth0/9090",
+                    ..good()
+                },
+                Reject::Key,
+            ),
+            (
+                EntryFields {
+                    zone: "a\nb",
+                    ..good()
+                },
+                Reject::Locality,
+            ),
+            (
+                EntryFields {
+                    identity: Some("http://x/ns/default"),
+                    ..good()
+                },
+                Reject::Identity,
+            ),
+            (
+                EntryFields {
+                    identity: Some("spiffe://evil.example/ns/default/sa/web"),
+                    ..good()
+                },
+                Reject::TrustDomain,
+            ),
+            (
+                EntryFields {
+                    identity: Some("spiffe://cluster.local/ns/kube-system/sa/admin"),
+                    ..good()
+                },
+                Reject::IdentityNamespace,
+            ),
+            (
+                EntryFields {
+                    identity: Some("spiffe://cluster.local/sa/web"),
+                    ..good()
+                },
+                Reject::IdentityNamespace,
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(reason(e), Some(want), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn own_loopback_entries_and_foreign_domains_without_a_trust_domain_pass() {
+        let own = EntryFields {
+            key: "node-a/default/web/c1/eth0/8080",
+            node: "node-a",
+            address: "127.0.0.1".parse().unwrap(),
+            ..good()
+        };
+        assert_eq!(check_entry(&own, &TRUST), Ok(()));
+        let no_td = Trust {
+            local_node: "node-a",
+            trust_domain: None,
+        };
+        let foreign = EntryFields {
+            identity: Some("spiffe://other.example/ns/default/sa/web"),
+            ..good()
+        };
+        assert_eq!(check_entry(&foreign, &no_td), Ok(()));
+    }
+
+    #[test]
+    fn messages_bound_and_escape_the_offending_value() {
+        let long = format!("{}\n\"", "x".repeat(500));
+        let e = EntryFields {
+            key: &long,
+            ..good()
+        };
+        let r = check_entry(&e, &TRUST).unwrap_err();
+        assert!(r.detail.len() < 200, "{}", r.detail);
+        assert!(!r.detail.contains('\n'), "{}", r.detail);
+    }
+
+    #[test]
+    fn reasons_are_a_closed_set_with_distinct_labels() {
+        let labels: std::collections::BTreeSet<_> =
+            Reject::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels.len(), Reject::ALL.len());
+        for (i, r) in Reject::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
+        assert_eq!(key_node("n/a/b/c/d/1"), Some("n"));
+        assert_eq!(key_node("a/b/c"), None);
+    }
+}
