@@ -284,6 +284,31 @@ impl<V> DeltaState<V> {
     }
 }
 
+/// How many names (`*` not counted) the subscription of the request's type holds once
+/// `req` is applied to `current` (`None`: the type has no machine on the stream yet).
+/// Follows [`DeltaState::on_request`]: subscriptions first, then unsubscriptions, so a
+/// name in both lists ends up unsubscribed; `initial_resource_versions` subscribes
+/// nothing by itself.
+pub fn names_after(current: Option<&Subscription>, req: &DeltaRequest) -> usize {
+    use std::collections::HashSet;
+    let held = current.map_or(0, |s| s.names.len());
+    let is_current = |n: &str| current.is_some_and(|s| s.names.contains(n));
+    let unsubscribe: HashSet<&str> = req
+        .resource_names_unsubscribe
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != WILDCARD)
+        .collect();
+    let added: HashSet<&str> = req
+        .resource_names_subscribe
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != WILDCARD && !is_current(n) && !unsubscribe.contains(n))
+        .collect();
+    let removed = unsubscribe.iter().filter(|n| is_current(n)).count();
+    held + added.len() - removed
+}
+
 impl<V> fmt::Debug for DeltaState<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeltaState")

@@ -65,6 +65,8 @@ pub trait TypeMachine<V> {
     fn poll_with(&mut self, gate: Gate, nonces: &mut Nonces) -> Option<Self::Response>;
     /// The machine's state size.
     fn state_stats(&self) -> StreamStats;
+    /// How many names the type's subscription holds (`*` not counted).
+    fn subscription_names(&self) -> usize;
 }
 
 impl<V> TypeMachine<V> for SotwState<V> {
@@ -83,6 +85,9 @@ impl<V> TypeMachine<V> for SotwState<V> {
     }
     fn state_stats(&self) -> StreamStats {
         self.stats()
+    }
+    fn subscription_names(&self) -> usize {
+        self.subscription().names().len()
     }
 }
 
@@ -106,6 +111,9 @@ impl<V> TypeMachine<V> for DeltaState<V> {
     }
     fn state_stats(&self) -> StreamStats {
         self.stats()
+    }
+    fn subscription_names(&self) -> usize {
+        self.subscription().names().len()
     }
 }
 
@@ -205,6 +213,22 @@ impl<V, M: TypeMachine<V>> Ads<V, M> {
         None
     }
 
+    /// Names explicitly subscribed on the stream, summed over its types (`*` is not a
+    /// name: a wildcard subscription is bounded by the snapshot, which the server
+    /// controls).
+    pub fn subscribed_names(&self) -> usize {
+        self.machines.values().map(|m| m.subscription_names()).sum()
+    }
+
+    /// [`subscribed_names`](Self::subscribed_names) without the type `type_url`.
+    fn subscribed_names_except(&self, type_url: &str) -> usize {
+        self.machines
+            .iter()
+            .filter(|(t, _)| &***t != type_url)
+            .map(|(_, m)| m.subscription_names())
+            .sum()
+    }
+
     /// The stream's state size (all types).
     pub fn stats(&self) -> StreamStats {
         self.machines
@@ -243,12 +267,28 @@ impl<V> Ads<V, SotwState<V>> {
     pub fn on_request(&mut self, req: &SotwRequest) -> RequestOutcome {
         self.machine(&req.type_url).on_request(req)
     }
+
+    /// [`subscribed_names`](Self::subscribed_names) once `req` would be applied,
+    /// without applying it: what a limit on the stream's subscription is checked
+    /// against before the request is fed.
+    pub fn subscribed_names_after(&self, req: &SotwRequest) -> usize {
+        self.subscribed_names_except(&req.type_url) + super::sotw::names_after(req)
+    }
 }
 
 impl<V> Ads<V, DeltaState<V>> {
     /// Feeds a request to its type's machine (created on the type's first request).
     pub fn on_request(&mut self, req: &DeltaRequest) -> RequestOutcome {
         self.machine(&req.type_url).on_request(req)
+    }
+
+    /// [`subscribed_names`](Self::subscribed_names) once `req` would be applied,
+    /// without applying it: Delta subscriptions accumulate over requests, so this is
+    /// the stream's names plus what `req` adds, minus what it removes.
+    pub fn subscribed_names_after(&self, req: &DeltaRequest) -> usize {
+        let current = self.machines.get(req.type_url.as_str());
+        self.subscribed_names_except(&req.type_url)
+            + super::delta::names_after(current.map(DeltaState::subscription), req)
     }
 }
 

@@ -186,6 +186,22 @@ impl<V> fmt::Debug for SotwState<V> {
     }
 }
 
+/// How many names (`*` not counted) the subscription of the request's type holds once
+/// `req` is applied: a SotW request replaces the subscription, so this is the number of
+/// distinct names it carries. (A stale request is ignored by the machine; counting it
+/// anyway only refuses a client whose next request would carry the same list.)
+pub fn names_after(req: &SotwRequest) -> usize {
+    let named = req.resource_names.iter().filter(|n| *n != WILDCARD);
+    let raw = named.clone().count();
+    if raw <= 1 {
+        return raw;
+    }
+    named
+        .map(String::as_str)
+        .collect::<std::collections::HashSet<&str>>()
+        .len()
+}
+
 /// The subscription a SotW request expresses. `resource_names` is complete: `*` means
 /// everything; an empty list means everything only under the legacy rule (first
 /// request of LDS/CDS, and for as long as the list stays empty); after a non-empty

@@ -2,7 +2,11 @@
 //!
 //! Every request is checked before the protocol machines see it: a client that sends
 //! a million names, a megabyte-long name or fifty type URLs on one stream gets a clear
-//! `INVALID_ARGUMENT` and the stream ends; nothing it sent is kept.
+//! `INVALID_ARGUMENT` and the stream ends; nothing it sent is kept. The `Node` of a
+//! stream's first request is checked the same way ([`checked_node`]): its ID, cluster
+//! and user agent are kept for the life of the stream and written into logs and
+//! callbacks, so an over-long one is refused, and an error message quotes at most
+//! [`PREVIEW_CHARS`] characters of it, escaped.
 
 use crate::callbacks::NodeInfo;
 use crate::protocol::{DeltaRequest, DeltaResponse, SotwRequest, SotwResponse};
@@ -11,9 +15,13 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
 use envoy_types::pb::google::protobuf::Any;
+use std::time::Duration;
 use tonic::Status;
 
-/// Limits on what one client may send. The defaults fit a node-local Envoy with tens of
+/// Most characters of a client-supplied string quoted back in an error message.
+pub(crate) const PREVIEW_CHARS: usize = 64;
+
+/// Limits on what one client may send. The defaults fit a node-local Envoy with
 /// thousands of clusters and are far below what would hurt the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -28,6 +36,29 @@ pub struct Limits {
     pub max_error_detail_len: usize,
     /// Largest encoded request accepted by the gRPC layer, in bytes.
     pub max_request_bytes: usize,
+    /// Most resource names one stream may be subscribed to at once, summed over its
+    /// types (SotW: the names of each type's latest request; Delta: every name
+    /// subscribed and not yet unsubscribed; `*` is not a name). The per-request limit
+    /// alone does not bound a stream: Delta subscriptions accumulate over requests,
+    /// and every subscribed name costs the stream memory for as long as it lives. A
+    /// request that would go over it ends the stream with `RESOURCE_EXHAUSTED`.
+    pub max_subscribed_names_per_stream: usize,
+    /// Longest `Node.id`, in bytes (`INVALID_ARGUMENT` over it).
+    pub max_node_id_len: usize,
+    /// Longest `Node.cluster`, in bytes (`INVALID_ARGUMENT` over it).
+    pub max_node_cluster_len: usize,
+    /// Longest `Node.user_agent_name`, in bytes (`INVALID_ARGUMENT` over it).
+    pub max_user_agent_len: usize,
+    /// How long a new stream may wait for its first request before it ends with
+    /// `DEADLINE_EXCEEDED`. An idle stream holds one of the
+    /// [`max_open_streams`](Self::max_open_streams) slots; without this a client could
+    /// hold them all by opening streams and sending nothing.
+    pub first_request_timeout: Duration,
+    /// Most streams open at once on the whole server (every listener, ADS and per-type,
+    /// SotW and Delta, counted from the moment the stream opens, before its first
+    /// request). A stream over it ends at once with `RESOURCE_EXHAUSTED`; streams
+    /// already open are unaffected.
+    pub max_open_streams: usize,
 }
 
 impl Default for Limits {
@@ -38,25 +69,61 @@ impl Default for Limits {
             max_types_per_stream: 32,
             max_error_detail_len: 16 * 1024,
             max_request_bytes: 16 * 1024 * 1024,
+            max_subscribed_names_per_stream: 10_000,
+            max_node_id_len: 256,
+            max_node_cluster_len: 256,
+            max_user_agent_len: 128,
+            first_request_timeout: Duration::from_secs(10),
+            max_open_streams: 4096,
         }
     }
 }
 
-pub(crate) fn node_info(node: &Node) -> NodeInfo {
-    NodeInfo {
+/// The node of a request, with its fields checked against `limits`.
+pub(crate) fn checked_node(node: &Node, limits: &Limits) -> Result<NodeInfo, Status> {
+    check_node_field("node.id", &node.id, limits.max_node_id_len)?;
+    check_node_field("node.cluster", &node.cluster, limits.max_node_cluster_len)?;
+    check_node_field(
+        "node.user_agent_name",
+        &node.user_agent_name,
+        limits.max_user_agent_len,
+    )?;
+    Ok(NodeInfo {
         id: node.id.clone(),
         cluster: node.cluster.clone(),
         user_agent_name: node.user_agent_name.clone(),
+    })
+}
+
+fn check_node_field(field: &str, value: &str, max: usize) -> Result<(), Status> {
+    if value.len() > max {
+        return Err(Status::invalid_argument(format!(
+            "{field} is {} bytes long, more than the limit of {max} (starts with {})",
+            value.len(),
+            preview(value)
+        )));
+    }
+    Ok(())
+}
+
+/// A client-supplied string as quoted in an error message or a log line: its first
+/// [`PREVIEW_CHARS`] characters, escaped (`{:?}`: quotes, newlines and control
+/// characters cannot end the quote or start a new log line), with `…` after the
+/// quote when cut.
+pub(crate) fn preview(s: &str) -> String {
+    match s.char_indices().nth(PREVIEW_CHARS) {
+        None => format!("{s:?}"),
+        Some((end, _)) => format!("{:?}…", &s[..end]),
     }
 }
 
 fn check_name(what: &str, name: &str, limits: &Limits) -> Result<(), Status> {
     if name.len() > limits.max_name_len {
         return Err(Status::invalid_argument(format!(
-            "{what} is {} bytes long, more than the limit of {} (starts with {:?})",
+            "{what} is {} bytes long, more than the limit of {} (starts with {})",
             name.len(),
             limits.max_name_len,
-            truncate(name, 64)
+            preview(name)
         )));
     }
     Ok(())
@@ -164,8 +231,8 @@ fn resolve_type(type_url: &str, fixed_type: Option<&str>) -> Result<String, Stat
         None => Ok(type_url.to_string()),
         Some(fixed) if type_url.is_empty() || type_url == fixed => Ok(fixed.to_string()),
         Some(fixed) => Err(Status::invalid_argument(format!(
-            "this service serves {fixed}, the request asks for {:?}",
-            truncate(type_url, 256)
+            "this service serves {fixed}, the request asks for {}",
+            preview(type_url)
         ))),
     }
 }
@@ -293,5 +360,84 @@ mod tests {
         };
         let req = sotw_request(&nack, None, &limits).unwrap();
         assert_eq!(req.error_detail.as_deref(), Some("bad c"));
+    }
+
+    #[test]
+    fn node_fields_over_their_limits_are_refused_naming_field_and_limit() {
+        let limits = Limits::default();
+        let ok = Node {
+            id: "i".repeat(256),
+            cluster: "c".repeat(256),
+            user_agent_name: "u".repeat(128),
+            ..Node::default()
+        };
+        let info = checked_node(&ok, &limits).unwrap();
+        assert_eq!(
+            (
+                info.id.len(),
+                info.cluster.len(),
+                info.user_agent_name.len()
+            ),
+            (256, 256, 128)
+        );
+        for (field, node, len, max) in [
+            (
+                "node.id",
+                Node {
+                    id: "i".repeat(257),
+                    ..ok.clone()
+                },
+                257,
+                256,
+            ),
+            (
+                "node.cluster",
+                Node {
+                    cluster: "c".repeat(1 << 20),
+                    ..ok.clone()
+                },
+                1 << 20,
+                256,
+            ),
+            (
+                "node.user_agent_name",
+                Node {
+                    user_agent_name: "u".repeat(129),
+                    ..ok.clone()
+                },
+                129,
+                128,
+            ),
+        ] {
+            let err = checked_node(&node, &limits).unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{field}");
+            let expected =
+                format!("{field} is {len} bytes long, more than the limit of {max} (starts with");
+            assert!(err.message().starts_with(&expected), "{}", err.message());
+            // The value is quoted, cut to 64 characters.
+            assert!(
+                err.message().len() < expected.len() + 64 + 10,
+                "{}",
+                err.message()
+            );
+        }
+    }
+
+    #[test]
+    fn a_quoted_client_string_is_cut_and_cannot_break_a_line() {
+        assert_eq!(preview("short"), "\"short\"");
+        let evil = format!("a\"b\nc\r{}", "é".repeat(100));
+        let p = preview(&evil);
+        assert!(!p.contains('\n') && !p.contains('\r'), "{p}");
+        assert!(p.starts_with("\"a\\\"b\\nc\\r"), "{p}");
+        assert!(p.ends_with("\"…"), "{p}");
+        // 64 characters of the value: 6 before the é's, then 58 of them.
+        assert_eq!(p.matches('é').count(), 58, "{p}");
+        let exact = "x".repeat(PREVIEW_CHARS);
+        assert_eq!(
+            preview(&exact),
+            format!("{exact:?}"),
+            "not cut at the limit"
+        );
     }
 }

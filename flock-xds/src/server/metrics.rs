@@ -91,6 +91,58 @@ impl EncodeLabelSet for ByType {
     }
 }
 
+/// Why a stream was ended by a server limit rather than by the protocol: the `reason`
+/// label of `flock_xds_streams_refused_total`, a closed set like [`TypeLabel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Refusal {
+    /// `max_open_streams` was reached when the stream opened.
+    OpenStreams,
+    /// No request within `first_request_timeout`.
+    FirstRequestTimeout,
+    /// A request would go over `max_subscribed_names_per_stream`.
+    SubscribedNames,
+    /// A `Node` field over its length limit.
+    NodeField,
+}
+
+impl Refusal {
+    const ALL: [Refusal; 4] = [
+        Refusal::OpenStreams,
+        Refusal::FirstRequestTimeout,
+        Refusal::SubscribedNames,
+        Refusal::NodeField,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Refusal::OpenStreams => "max_open_streams",
+            Refusal::FirstRequestTimeout => "first_request_timeout",
+            Refusal::SubscribedNames => "max_subscribed_names",
+            Refusal::NodeField => "node_field_too_long",
+        }
+    }
+}
+
+/// The `flock_xds_streams_refused_total{reason}` family, every series from the start.
+#[derive(Debug, Default)]
+struct Refusals([Counter; Refusal::ALL.len()]);
+
+impl Collector for Refusals {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "flock_xds_streams_refused",
+            "xDS streams ended by a server limit, by the limit's name.",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in Refusal::ALL {
+            let labels = [("reason", r.as_str())];
+            self.0[r as usize].encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 /// Per-type event counted by [`Metrics`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Event {
@@ -151,6 +203,7 @@ pub struct Metrics {
     streams_total: Counter,
     stream_errors: Counter,
     per_type: Arc<PerType>,
+    refusals: Arc<Refusals>,
 }
 
 /// One counter per [`Event`] and [`TypeLabel`], indexed by their discriminants: the
@@ -187,6 +240,20 @@ impl Metrics {
         if error {
             self.stream_errors.inc();
         }
+    }
+
+    pub(crate) fn refused(&self, reason: Refusal) {
+        self.refusals.0[reason as usize].inc();
+    }
+
+    /// Streams ended by a server limit, by the `reason` label value
+    /// (`"max_open_streams"`, `"first_request_timeout"`, `"max_subscribed_names"`,
+    /// `"node_field_too_long"`); 0 for any other.
+    pub fn refused_streams(&self, reason: &str) -> u64 {
+        Refusal::ALL
+            .into_iter()
+            .find(|r| r.as_str() == reason)
+            .map_or(0, |r| self.refusals.0[r as usize].get())
     }
 
     pub(crate) fn count(&self, type_url: &str, event: Event, n: u64) {
@@ -244,6 +311,7 @@ impl Metrics {
             self.stream_errors.clone(),
         );
         registry.register_collector(Box::new(Arc::clone(&self.per_type)));
+        registry.register_collector(Box::new(Arc::clone(&self.refusals)));
     }
 
     /// All counters in the Prometheus text exposition format.
@@ -326,6 +394,30 @@ mod tests {
         assert_eq!(m.counter("flock_xds_requests_total", "other"), 1000);
         assert_eq!(m.counter("flock_xds_acks_total", "other"), 1000);
         assert_eq!(m.counter("flock_xds_requests_total", "eds"), 1);
+    }
+
+    #[test]
+    fn refusals_are_counted_by_a_closed_reason_label() {
+        let m = Metrics::default();
+        m.refused(Refusal::OpenStreams);
+        m.refused(Refusal::OpenStreams);
+        m.refused(Refusal::FirstRequestTimeout);
+        let text = m.render_prometheus();
+        let lines: Vec<&str> = samples(&text)
+            .into_iter()
+            .filter(|l| l.starts_with("flock_xds_streams_refused_total"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "flock_xds_streams_refused_total{reason=\"max_open_streams\"} 2",
+                "flock_xds_streams_refused_total{reason=\"first_request_timeout\"} 1",
+                "flock_xds_streams_refused_total{reason=\"max_subscribed_names\"} 0",
+                "flock_xds_streams_refused_total{reason=\"node_field_too_long\"} 0",
+            ]
+        );
+        assert_eq!(m.refused_streams("max_open_streams"), 2);
+        assert_eq!(m.refused_streams("nonsense"), 0);
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub(crate) struct Inner {
     limits: Limits,
     identifier: String,
     next_stream: AtomicU64,
+    /// Streams holding a slot of `limits.max_open_streams` (see `stream.rs`).
+    open_streams: std::sync::atomic::AtomicUsize,
     shutdown: watch::Sender<bool>,
 }
 
@@ -140,6 +142,7 @@ impl ServerBuilder {
                 limits: self.limits,
                 identifier: self.identifier,
                 next_stream: AtomicU64::new(0),
+                open_streams: Default::default(),
                 shutdown: watch::Sender::new(false),
             }),
         }
@@ -207,7 +210,8 @@ impl Server {
         let node = req
             .node
             .as_ref()
-            .map(convert::node_info)
+            .map(|n| convert::checked_node(n, &self.inner.limits))
+            .transpose()?
             .ok_or_else(|| Status::invalid_argument("a fetch request must carry the node"))?;
         let snapshot = self.inner.cache.publisher_for(&node).latest();
         if snapshot.version() == 0 {

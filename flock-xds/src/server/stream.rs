@@ -15,10 +15,18 @@
 //! 4. **send**: a slot in the outbound channel (capacity 1) is reserved *before* the
 //!    machine is polled, so a response is built only when it can be written at once,
 //!    from the newest snapshot and subscription.
+//!
+//! A stream is bounded before it costs anything: it takes one of the server's
+//! [`max_open_streams`](super::Limits::max_open_streams) slots when it opens (none
+//! free: `RESOURCE_EXHAUSTED` at once), holds it until it ends, and must send its
+//! first request within [`first_request_timeout`](super::Limits::first_request_timeout)
+//! (`DEADLINE_EXCEEDED`), so streams that never speak cannot hold the slots; its
+//! node's fields are length-checked before they are kept, and every request is checked
+//! against the names the stream may subscribe to in total.
 
 use super::Inner;
 use super::convert;
-use super::metrics::Event;
+use super::metrics::{Event, Refusal};
 use crate::callbacks::{NodeInfo, ResponseInfo, StreamId, StreamKind};
 use crate::protocol::{DeltaAds, RequestKind, RequestOutcome, SotwAds, StreamStats};
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -29,6 +37,7 @@ use envoy_types::pb::google::protobuf::Any;
 use flock_core::resources::ResourceSet;
 use flock_core::snapshot::Snapshot;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
@@ -90,6 +99,7 @@ macro_rules! flavor {
             ) -> Result<RequestOutcome, Status> {
                 let req = $convert_req(req, fixed_type, limits)?;
                 admit_type(&mut self.types, &req.type_url, limits)?;
+                check_subscribed(self.ads.subscribed_names_after(&req), limits)?;
                 Ok(self.ads.on_request(&req))
             }
             fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool {
@@ -150,6 +160,47 @@ fn admit_type(
     Ok(())
 }
 
+/// Refuses a request that would leave the stream subscribed to more names than the
+/// limit allows (checked before the request is fed, so nothing of it is kept).
+fn check_subscribed(after: usize, limits: &convert::Limits) -> Result<(), Status> {
+    #[cfg(flock_reintroduce = "xds-unbounded-stream")]
+    let after = {
+        let _ = after;
+        0
+    };
+    if after > limits.max_subscribed_names_per_stream {
+        return Err(Status::resource_exhausted(format!(
+            "this request would subscribe the stream to {after} resource names (all types), \
+             more than the limit of {} (max_subscribed_names_per_stream)",
+            limits.max_subscribed_names_per_stream
+        )));
+    }
+    Ok(())
+}
+
+/// One of the server's open-stream slots, given back on drop (however the stream ends).
+struct StreamSlot(Arc<Inner>);
+
+impl StreamSlot {
+    /// A slot, if fewer than `max_open_streams` are taken.
+    fn acquire(inner: &Arc<Inner>) -> Option<Self> {
+        let max = inner.limits.max_open_streams;
+        inner
+            .open_streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| StreamSlot(Arc::clone(inner)))
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.open_streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 type SnapshotRx = watch::Receiver<Arc<Snapshot<ResourceSet<Any>>>>;
 
 /// Runs one stream to its end. `out` has capacity 1 (see the module docs).
@@ -161,12 +212,39 @@ pub(crate) async fn run<F: Flavor>(
     out: mpsc::Sender<Result<F::Resp, Status>>,
 ) {
     let id = StreamId(inner.next_stream_id());
+    let Some(_slot) = StreamSlot::acquire(&inner) else {
+        let limit = inner.limits.max_open_streams;
+        inner.metrics.refused(Refusal::OpenStreams);
+        tracing::debug!(
+            stream = id.0,
+            limit,
+            "xDS stream refused: too many open streams"
+        );
+        let _ = out.try_send(Err(Status::resource_exhausted(format!(
+            "the xDS server has {limit} streams open, its limit (max_open_streams); retry later"
+        ))));
+        return;
+    };
     let mut shutdown = inner.shutdown.subscribe();
     // The first request names the node, and so the snapshot group.
+    let timeout = inner.limits.first_request_timeout;
+    #[cfg(flock_reintroduce = "xds-unbounded-stream")]
+    let timeout = {
+        let _ = timeout;
+        std::time::Duration::MAX
+    };
     let first = tokio::select! {
         biased;
         _ = shutdown.wait_for(|stop| *stop) => return,
         first = requests.message() => first,
+        _ = tokio::time::sleep(timeout) => {
+            inner.metrics.refused(Refusal::FirstRequestTimeout);
+            tracing::debug!(stream = id.0, ?timeout, "xDS stream sent no request in time");
+            let _ = out.try_send(Err(Status::deadline_exceeded(format!(
+                "no request within {timeout:?} of opening the stream (first_request_timeout)"
+            ))));
+            return;
+        }
     };
     let first = match first {
         Ok(Some(req)) => req,
@@ -176,15 +254,24 @@ pub(crate) async fn run<F: Flavor>(
             return;
         }
     };
-    let Some(node) = F::node(&first).map(convert::node_info) else {
-        let _ = out
-            .send(Err(Status::invalid_argument(
-                "the first request of an xDS stream must carry the node (Node.id)",
-            )))
-            .await;
-        inner.metrics.stream_opened(kind);
-        inner.metrics.stream_closed(true);
-        return;
+    let node = match F::node(&first).map(|n| convert::checked_node(n, &inner.limits)) {
+        Some(Ok(node)) => node,
+        refused => {
+            let status = match refused {
+                Some(Err(status)) => {
+                    inner.metrics.refused(Refusal::NodeField);
+                    status
+                }
+                _ => Status::invalid_argument(
+                    "the first request of an xDS stream must carry the node (Node.id)",
+                ),
+            };
+            tracing::warn!(stream = id.0, %status, "xDS stream refused its first request");
+            let _ = out.send(Err(status)).await;
+            inner.metrics.stream_opened(kind);
+            inner.metrics.stream_closed(true);
+            return;
+        }
     };
     let publisher = inner.cache.publisher_for(&node);
     let group = inner.cache.group_of(&node);
@@ -223,11 +310,14 @@ pub(crate) async fn run<F: Flavor>(
     let error = match result {
         Ok(()) => false,
         Err(status) => {
-            let client_error = status.code() == tonic::Code::InvalidArgument;
+            let client_error = matches!(
+                status.code(),
+                tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
+            );
             if client_error {
-                tracing::warn!(stream = id.0, node = %node.id, %status, "xDS stream refused a request");
+                tracing::warn!(stream = id.0, node = ?node.id, %status, "xDS stream refused a request");
             } else {
-                tracing::debug!(stream = id.0, node = %node.id, %status, "xDS stream ended");
+                tracing::debug!(stream = id.0, node = ?node.id, %status, "xDS stream ended");
             }
             let _ = out.try_send(Err(status));
             client_error
@@ -325,7 +415,13 @@ fn on_request<F: Flavor>(
     req: &F::Req,
     fixed_type: Option<&'static str>,
 ) -> Result<(), Status> {
-    let outcome = machine.on_request(req, fixed_type, &inner.limits)?;
+    let outcome = machine
+        .on_request(req, fixed_type, &inner.limits)
+        .inspect_err(|status| {
+            if status.code() == tonic::Code::ResourceExhausted {
+                inner.metrics.refused(Refusal::SubscribedNames);
+            }
+        })?;
     let type_url = &outcome.type_url;
     inner.metrics.count(type_url, Event::Request, 1);
     match &outcome.kind {
@@ -338,13 +434,15 @@ fn on_request<F: Flavor>(
         } => {
             inner.metrics.count(type_url, Event::Nack, 1);
             // An operator must see this: the client runs an older config than ours.
+            // Every client string here is bounded by the limits (node ID, type URL,
+            // error detail) and written escaped (`?`), so a NACK cannot forge log lines.
             tracing::warn!(
                 stream = id.0,
-                node = %node.id,
-                r#type = crate::types::short_name(type_url),
+                node = ?node.id,
+                r#type = ?crate::types::short_name(type_url),
                 rejected_version = version,
                 kept_version = ?kept_version,
-                error = %error,
+                error = ?error,
                 "xDS client rejected a response (NACK); it keeps its last accepted config"
             );
             inner
