@@ -1,4 +1,4 @@
-//! Test support shared by flock's suites that run real peers: the Envoy binary, its ADS bootstrap, a plain HTTP backend, free ports.
+//! Test support shared by flock's suites that run real peers: the Envoy binary, its ADS bootstrap (TCP or unix socket), a plain HTTP backend, free ports.
 //!
 //! A dev-dependency only (`publish = false`), and it depends on no flock crate, so any
 //! crate's tests can use it without a dependency cycle. Helpers fail (never skip) when
@@ -68,6 +68,37 @@ pub fn free_port() -> u16 {
 /// state-of-the-world or `DELTA_GRPC`), as node `node_id` of cluster `flock-test`,
 /// with its admin endpoint on 127.0.0.1:`admin_port`.
 pub fn ads_bootstrap(node_id: &str, api_type: &str, xds_port: u16, admin_port: u16) -> String {
+    bootstrap_with_xds_address(
+        node_id,
+        api_type,
+        &format!("socket_address: {{ address: 127.0.0.1, port_value: {xds_port} }}"),
+        admin_port,
+    )
+}
+
+/// Like [`ads_bootstrap`], with the xDS server on the unix socket `socket` (Envoy's
+/// `pipe` address), as the agent serves its node's Envoy. `socket` must be a path
+/// without `"` or newlines (the tests' temporary directories are).
+pub fn pipe_ads_bootstrap(node_id: &str, api_type: &str, socket: &Path, admin_port: u16) -> String {
+    let path = socket.to_str().expect("a UTF-8 socket path");
+    assert!(
+        !path.contains(['"', '\n', '\\']),
+        "socket path {path:?} cannot be quoted in YAML as is"
+    );
+    bootstrap_with_xds_address(
+        node_id,
+        api_type,
+        &format!("pipe: {{ path: \"{path}\" }}"),
+        admin_port,
+    )
+}
+
+fn bootstrap_with_xds_address(
+    node_id: &str,
+    api_type: &str,
+    xds_address: &str,
+    admin_port: u16,
+) -> String {
     format!(
         r#"node: {{ id: "{node_id}", cluster: "flock-test" }}
 admin:
@@ -93,7 +124,7 @@ static_resources:
       cluster_name: xds
       endpoints:
       - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {xds_port} }} }} }}
+        - endpoint: {{ address: {{ {xds_address} }} }}
 "#
     )
 }
