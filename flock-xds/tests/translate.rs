@@ -1706,9 +1706,9 @@ sys.stdout.write(out.decode())
 
 /// mTLS: a pod with an identity gets TLS on its inbound listener (its certificate,
 /// client certificate required, peers from its trust domain); callers with an
-/// identity reach service ports whose endpoints all have identities through an mTLS
+/// identity reach service ports whose endpoints have identities through an mTLS
 /// cluster that presents the caller's certificate and accepts only those IDs, and
-/// ports with a plaintext endpoint through the plain cluster.
+/// ports where no endpoint has one through the plain cluster.
 #[test]
 fn identities_turn_on_mtls_inbound_and_outbound() {
     use envoy_types::pb::envoy::config::core::v3::transport_socket;
@@ -1823,6 +1823,105 @@ fn identities_turn_on_mtls_inbound_and_outbound() {
         !rs.iter()
             .any(|r| r.name == format!("outbound|80|legacy.default|{CLIENT}")),
         "no mTLS cluster for a plaintext service"
+    );
+}
+
+/// The addresses of a load assignment's endpoints.
+fn cla_addresses(cla: &ClusterLoadAssignment) -> BTreeSet<String> {
+    cla.endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .map(|e| match &e.host_identifier {
+            Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => sock(&ep.address).address.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+/// Never downgrade: one endpoint without an identity in a service port whose other
+/// endpoint has one (e.g. a registry entry written by anyone who can write to the
+/// registry) does not turn the port's callers to the plain cluster. The caller's
+/// route still goes to the mTLS cluster, which accepts only the identified
+/// endpoint's ID; the port's endpoints (shared by Envoy's plain and mTLS clusters and
+/// by proxyless gRPC) leave the identity-less one out. A port where no endpoint has
+/// an identity stays plaintext with all its endpoints.
+#[test]
+fn an_identity_less_endpoint_never_downgrades_an_mtls_port() {
+    const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
+    const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
+    let m = Mesh::from_json(
+        format!(
+            r#"{{"services": [
+                {{"name": "server", "ports": [{{"port": 8080}}, {{"port": 9090, "protocol": "grpc"}}],
+                  "endpoints": [
+                    {{"address": "10.0.0.2", "port": 15006, "identity": "{SERVER}"}},
+                    {{"address": "10.6.6.6", "port": 15006}}]}},
+                {{"name": "legacy", "ports": [{{"port": 80}}],
+                  "endpoints": [{{"address": "10.0.0.3", "port": 80}}, {{"address": "10.0.0.4", "port": 80}}]}}],
+              "pods": [
+                {{"name": "client-0", "ip": "10.0.0.1", "netns": "/run/netns/c", "identity": "{CLIENT}"}}],
+              "secrets": [
+                {{"name": "{CLIENT}", "kind": {{"tls_certificate": {{"certificate_chain_pem": "C", "private_key_pem": "K"}}}}}},
+                {{"name": "cluster.local", "kind": {{"validation_context": {{"trusted_ca_pem": "CA"}}}}}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let server = &m.services[0];
+    let split = translate::port_endpoints(server, 8080);
+    assert!(split.mtls);
+    assert_eq!(split.serving.len(), 1);
+    assert_eq!(split.excluded.len(), 1);
+    assert_eq!(split.excluded[0].address.to_string(), "10.6.6.6");
+
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    check_consistency(&translate::into_set(rs.clone()), &EnvoyReferences).unwrap();
+    let rc: RouteConfiguration = decode(find(&rs, ROUTE, &format!("outbound|http|{CLIENT}")));
+    let target = |vh: &str| -> String {
+        let v = rc.virtual_hosts.iter().find(|v| v.name == vh).unwrap();
+        match &v.routes[0].action {
+            Some(route::Action::Route(
+                envoy_types::pb::envoy::config::route::v3::RouteAction {
+                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(c)),
+                    ..
+                },
+            )) => c.clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    for port in [8080, 9090] {
+        assert_eq!(
+            target(&format!("server.default:{port}")),
+            format!("outbound|{port}|server.default|{CLIENT}"),
+            "port {port} stays mTLS"
+        );
+        let c: Cluster = decode(find(
+            &rs,
+            CLUSTER,
+            &format!("outbound|{port}|server.default|{CLIENT}"),
+        ));
+        assert!(c.transport_socket.is_some(), "port {port}: TLS transport");
+        let cla: ClusterLoadAssignment = decode(find(
+            &rs,
+            ENDPOINT,
+            &format!("outbound|{port}|server.default"),
+        ));
+        assert_eq!(
+            cla_addresses(&cla),
+            BTreeSet::from(["10.0.0.2".to_string()]),
+            "port {port}: the identity-less endpoint is excluded"
+        );
+    }
+    // The plaintext service keeps the plain cluster and every endpoint.
+    assert_eq!(target("legacy.default:80"), "outbound|80|legacy.default");
+    let cla: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|80|legacy.default"));
+    assert_eq!(cla_addresses(&cla).len(), 2);
+    // Proxyless gRPC gets the same endpoints: never the identity-less one.
+    let grpc = translate::grpc_resources(&m);
+    let cla: ClusterLoadAssignment = decode(find(&grpc, ENDPOINT, "outbound|9090|server.default"));
+    assert_eq!(
+        cla_addresses(&cla),
+        BTreeSet::from(["10.0.0.2".to_string()])
     );
 }
 

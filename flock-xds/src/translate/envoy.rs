@@ -4,7 +4,7 @@
 
 use super::model::{
     Endpoint, Health, Locality, Mesh, Pod, Protocol, Secret, SecretKind, Service,
-    ambiguous_service_names, endpoint_serves, trust_domain,
+    ambiguous_service_names, port_endpoints, trust_domain,
 };
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
@@ -362,14 +362,11 @@ fn health(h: Health) -> HealthStatus {
 
 /// The endpoints of one service port: grouped by locality (sorted), each group with
 /// its locality set and a weight equal to the sum of its endpoints' weights;
-/// endpoints sorted by address and port.
+/// endpoints sorted by address and port. Of an mTLS port (one with an endpoint that
+/// has an identity), only the endpoints with an identity ([`port_endpoints`]).
 pub(crate) fn load_assignment(service: &Service, port: u16) -> ClusterLoadAssignment {
     let mut groups: BTreeMap<&Locality, Vec<&Endpoint>> = BTreeMap::new();
-    for e in service
-        .endpoints
-        .iter()
-        .filter(|e| endpoint_serves(e, port))
-    {
+    for e in port_endpoints(service, port).serving {
         groups.entry(&e.locality).or_default().push(e);
     }
     let endpoints = groups
@@ -580,30 +577,31 @@ fn server_tls(identity: &str) -> Option<TransportSocket> {
     Some(tls_socket(type_urls::DOWNSTREAM_TLS, ctx.encode_to_vec()))
 }
 
-/// The SPIFFE IDs of a service port's endpoints if every one has an identity in
-/// the caller's trust domain (so mTLS can be used), else `None`.
-fn mtls_peers(service: &Service, port: u16, caller_td: &str) -> Option<Vec<String>> {
-    let mut ids = std::collections::BTreeSet::new();
-    let mut any = false;
-    for e in service
-        .endpoints
-        .iter()
-        .filter(|e| endpoint_serves(e, port))
-    {
-        any = true;
-        let id = e.identity.as_deref()?;
-        (trust_domain(id)? == caller_td).then_some(())?;
-        ids.insert(id.to_string());
+/// The SPIFFE IDs a caller accepts from a service port's endpoints if the port is
+/// mTLS (any endpoint has an identity, [`port_endpoints`]), else `None` (plaintext).
+/// Never empty when `Some`: an empty SAN list would accept any certificate the bundle
+/// verifies. An ID outside the caller's trust domain stays in the list; the caller's
+/// bundle cannot verify its certificate, so that endpoint fails closed instead of
+/// turning the port to plaintext.
+fn mtls_peers(service: &Service, port: u16) -> Option<Vec<String>> {
+    let eps = port_endpoints(service, port);
+    if !eps.mtls {
+        return None;
     }
-    any.then(|| ids.into_iter().collect())
+    let ids: std::collections::BTreeSet<String> = eps
+        .serving
+        .iter()
+        .filter_map(|e| e.identity.clone())
+        .collect();
+    (!ids.is_empty()).then(|| ids.into_iter().collect())
 }
 
 /// The outbound resources of the pods with SPIFFE ID `identity`: the route
-/// configuration `outbound|http|<identity>` and, per HTTP/gRPC service port whose
-/// endpoints all have an identity in the caller's trust domain, an mTLS cluster that
-/// presents the caller's certificate and accepts only those endpoints' IDs. Ports
-/// with plaintext endpoints route to the plain cluster. Empty if `identity` is not a
-/// SPIFFE ID.
+/// configuration `outbound|http|<identity>` and, per HTTP/gRPC service port that is
+/// mTLS (any endpoint has an identity; endpoints without one are left out of it), an
+/// mTLS cluster that presents the caller's certificate and accepts only those
+/// endpoints' IDs. Only ports where no endpoint has an identity route to the plain
+/// cluster. Empty if `identity` is not a SPIFFE ID.
 pub fn caller_resources(
     identity: &str,
     services: &[Service],
@@ -616,7 +614,7 @@ pub fn caller_resources(
     let mut mtls = std::collections::BTreeSet::new();
     for s in services {
         for p in s.ports.iter().filter(|p| p.protocol.is_http()) {
-            let Some(peers) = mtls_peers(s, p.port, td) else {
+            let Some(peers) = mtls_peers(s, p.port) else {
                 continue;
             };
             let name = names::mtls_cluster(s, p.port, identity);

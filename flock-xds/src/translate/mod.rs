@@ -41,11 +41,13 @@
 //! Envoy presents the SDS certificate named by that ID and requires a client
 //! certificate from the same trust domain (validation context secret named by the
 //! trust domain). Its outbound listener uses the routes `outbound|http|<id>`, whose
-//! clusters for service ports where every endpoint has an `identity` connect over
+//! clusters for service ports where any endpoint has an `identity` connect over
 //! mTLS, present the caller's certificate and accept only a server certificate
-//! naming one of those endpoints' IDs; service ports with plaintext endpoints keep the
-//! plain cluster. The secrets must be in the mesh (the consistency check says which
-//! is missing). Pods without an identity stay plaintext.
+//! naming one of those endpoints' IDs. Never downgrade: an endpoint without an
+//! identity in such a port is left out of its endpoints ([`model::port_endpoints`]);
+//! only ports where no endpoint has an identity keep the plain cluster. The secrets
+//! must be in the mesh (the consistency check says which is missing). Pods without an
+//! identity stay plaintext.
 //!
 //! **Host names.** A pod's app reaches a service through its outbound listener with
 //! `Host`/`:authority` set to `<svc>`, `<svc>.<ns>`, `<svc>.<ns>.svc` or
@@ -113,8 +115,8 @@ pub use envoy::{
 pub use grpc::{grpc_resources, grpc_service_resources};
 pub use memo::{Entries, Flavor, Memo};
 pub use model::{
-    Endpoint, Health, InboundPort, Locality, Mesh, MeshError, Pod, PrivateKeyPem, Protocol, Secret,
-    SecretKind, Service, ServicePort, ValidationError,
+    Endpoint, Health, InboundPort, Locality, Mesh, MeshError, Pod, PortEndpoints, PrivateKeyPem,
+    Protocol, Secret, SecretKind, Service, ServicePort, ValidationError, port_endpoints,
 };
 pub use refs::EnvoyReferences;
 

@@ -130,9 +130,11 @@ pub struct Endpoint {
     /// of the service.
     #[serde(default)]
     pub service_port: Option<u16>,
-    /// The endpoint's SPIFFE ID, when it serves mTLS. When every endpoint of a
-    /// service port has one, callers with an identity reach it over mTLS and verify
-    /// the server's certificate names one of these IDs; otherwise plaintext.
+    /// The endpoint's SPIFFE ID, when it serves mTLS. When any endpoint of a service
+    /// port has one, the port is mTLS: callers with an identity reach it over mTLS and
+    /// verify the server's certificate names one of these IDs, and an endpoint of that
+    /// port without an identity is left out ([`port_endpoints`]), never a reason to
+    /// fall back to plaintext. Only a port where no endpoint has one is plaintext.
     #[serde(default)]
     pub identity: Option<String>,
 }
@@ -711,6 +713,46 @@ impl Validator {
 /// Whether `e` serves the service port `port`.
 pub(crate) fn endpoint_serves(e: &Endpoint, port: u16) -> bool {
     e.service_port.is_none_or(|p| p == port)
+}
+
+/// The endpoints of one service port, split by the never-downgrade rule (see
+/// [`port_endpoints`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortEndpoints<'a> {
+    /// Whether the port is mTLS: at least one of its endpoints has an identity.
+    pub mtls: bool,
+    /// The endpoints traffic may go to: all of them for a plaintext port, only those
+    /// with an identity for an mTLS port.
+    pub serving: Vec<&'a Endpoint>,
+    /// Endpoints without an identity in an mTLS port: left out.
+    pub excluded: Vec<&'a Endpoint>,
+}
+
+/// The endpoints of `service` that serve `port`, by the never-downgrade rule: a port
+/// with any endpoint that has an identity is mTLS, and its endpoints without one are
+/// excluded. Mixing must not switch the port's callers to the plaintext cluster: that
+/// would let anyone who can add one identity-less endpoint (a registry entry) turn off
+/// encryption and peer verification for every caller of the port.
+pub fn port_endpoints(service: &Service, port: u16) -> PortEndpoints<'_> {
+    let all: Vec<&Endpoint> = service
+        .endpoints
+        .iter()
+        .filter(|e| endpoint_serves(e, port))
+        .collect();
+    let mtls = all.iter().any(|e| e.identity.is_some());
+    if !mtls {
+        return PortEndpoints {
+            mtls,
+            serving: all,
+            excluded: Vec::new(),
+        };
+    }
+    let (serving, excluded) = all.into_iter().partition(|e| e.identity.is_some());
+    PortEndpoints {
+        mtls,
+        serving,
+        excluded,
+    }
 }
 
 /// Service names that occur in more than one namespace (their bare name is
