@@ -14,3 +14,4 @@ pub mod probe;
 pub mod registry;
 pub mod runtime;
 pub mod store;
+pub mod xds_auth;

@@ -8,12 +8,16 @@ use crate::identity::IdentityProvider as _;
 use crate::identity::{BuiltinCa, SpireBridge};
 use crate::registry::{self, RegistryOptions};
 use crate::store::PodStore;
+use crate::xds_auth::AgentAuthorizer;
 use anyhow::Context as _;
+use flock_core::access::AccessPolicy;
 use flock_core::debounce::{Debounce, DebouncePoll};
 use flock_xds::cache::Cache;
-use flock_xds::server::Server;
+use flock_xds::server::{
+    ConnectionLimits, Limits, Server, TlsSettings, bind_unix_with_mode, ensure_private_dir,
+};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -27,18 +31,74 @@ pub struct Options {
     pub state_dir: PathBuf,
     /// The CNI socket (created 0600).
     pub cni_socket: PathBuf,
-    /// xDS over TCP, if any.
-    pub xds_address: Option<SocketAddr>,
-    /// xDS over a unix socket (0600), if any.
-    pub xds_socket: Option<PathBuf>,
+    /// xDS over a unix socket (the node's Envoy, by its peer credentials), if any.
+    pub xds_socket: Option<XdsSocket>,
+    /// xDS over TCP with mTLS (proxyless gRPC clients, remote Envoys), if any. There is
+    /// no plaintext TCP form: a TCP peer has no identity but its client certificate.
+    pub xds_tls: Option<XdsTls>,
+    /// Who may use xDS and what each peer may see.
+    pub xds_access: AccessPolicy,
+    /// Connection and stream bounds of the xDS listeners.
+    pub xds_limits: XdsLimits,
     /// The admin endpoint.
     pub admin_address: SocketAddr,
-    /// `memory`, `file:PATH` or `etcd://HOST:PORT[,…]`.
+    /// `memory`, `file:PATH`, `etcd://HOST:PORT[,…]` or `etcds://HOST:PORT[,…]` (TLS).
     pub registry: String,
     /// Lease TTL of etcd registrations, seconds.
     pub registry_ttl_secs: i64,
+    /// TLS to etcd (with `etcds://`): CA, client certificate and key.
+    pub registry_tls: Option<registry::EtcdTls>,
+    /// etcd user authentication.
+    pub registry_auth: Option<registry::EtcdAuth>,
     /// Where pods' workload identities come from.
     pub identity: IdentitySource,
+}
+
+/// The xDS unix socket and who besides the agent's own uid can open it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsSocket {
+    /// The socket path; its parent directory is created 0700 (or made traversable,
+    /// 0711, when another uid or a group must reach the socket) and must be ours.
+    pub path: PathBuf,
+    /// Chown the socket to this uid (mode 0600): the node's Envoy runs as it.
+    pub owner_uid: Option<u32>,
+    /// Chgrp the socket to this gid and make it 0660 (an Envoy group).
+    pub group: Option<u32>,
+}
+
+/// xDS over TCP with mTLS: PEM files of the server certificate chain, its key, and the
+/// CA that issues client certificates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsTls {
+    /// The TCP address.
+    pub address: SocketAddr,
+    /// The server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// The server key (PEM; read into a zeroizing buffer).
+    pub key: PathBuf,
+    /// The CA bundle client certificates must chain to (PEM).
+    pub client_ca: PathBuf,
+}
+
+/// Operator-tunable bounds of the xDS listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsLimits {
+    /// Open connections per listener; one more is closed at once.
+    pub max_connections: usize,
+    /// Concurrent streams per connection (HTTP/2 `MAX_CONCURRENT_STREAMS`).
+    pub max_streams_per_connection: u32,
+    /// A stream whose first request does not arrive within this ends `DEADLINE_EXCEEDED`.
+    pub first_request_timeout: Duration,
+}
+
+impl Default for XdsLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_streams_per_connection: 100,
+            first_request_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// `--identity`: where workload identities (X.509-SVIDs) come from.
@@ -90,8 +150,10 @@ impl IdentitySource {
 /// The addresses a running agent actually bound (ports may have been 0).
 #[derive(Debug, Clone)]
 pub struct Bound {
-    /// xDS TCP address.
+    /// xDS mTLS address.
     pub xds: Option<SocketAddr>,
+    /// xDS unix socket.
+    pub xds_socket: Option<PathBuf>,
     /// Admin address.
     pub admin: SocketAddr,
 }
@@ -114,6 +176,15 @@ pub async fn run(
         RegistryOptions {
             node: opts.agent.node_name.clone(),
             lease_ttl_secs: opts.registry_ttl_secs,
+            tls: opts.registry_tls.clone(),
+            auth: opts.registry_auth.clone(),
+            // Remote endpoints' SPIFFE IDs must be in our trust domain: --trust-domain,
+            // for the built-in CA and for SPIRE alike (SPIRE must be configured with the
+            // same domain). Without an identity source nothing is checked against one.
+            trust_domain: match &opts.identity {
+                IdentitySource::None => None,
+                _ => Some(opts.xds_access.trust_domain.clone()),
+            },
             ..RegistryOptions::default()
         },
     )
@@ -147,6 +218,16 @@ pub async fn run(
     let agent = Arc::new(agent);
     let xds = Server::builder(Arc::clone(&cache))
         .identifier(format!("flock-agent/{}", opts.agent.node_name))
+        .authorizer(AgentAuthorizer::new(opts.xds_access.clone()))
+        .connection_limits(ConnectionLimits {
+            max_connections: opts.xds_limits.max_connections,
+            max_concurrent_streams_per_connection: opts.xds_limits.max_streams_per_connection,
+            ..ConnectionLimits::default()
+        })
+        .limits(Limits {
+            first_request_timeout: opts.xds_limits.first_request_timeout,
+            ..Limits::default()
+        })
         .build();
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -158,16 +239,23 @@ pub async fn run(
     let admin_listener = tokio::net::TcpListener::bind(opts.admin_address)
         .await
         .with_context(|| format!("binding the admin address {}", opts.admin_address))?;
-    let xds_listener = match opts.xds_address {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
+    let xds_tls = match &opts.xds_tls {
+        Some(tls) => {
+            let settings = read_tls_settings(tls)?;
+            let listener = tokio::net::TcpListener::bind(tls.address)
                 .await
-                .with_context(|| format!("binding the xDS address {addr}"))?,
-        ),
+                .with_context(|| format!("binding the xDS address {}", tls.address))?;
+            Some((listener, settings))
+        }
+        None => None,
+    };
+    let xds_unix = match &opts.xds_socket {
+        Some(socket) => Some(bind_xds_socket(socket)?),
         None => None,
     };
     let bound = Bound {
-        xds: xds_listener.as_ref().and_then(|l| l.local_addr().ok()),
+        xds: xds_tls.as_ref().and_then(|(l, _)| l.local_addr().ok()),
+        xds_socket: opts.xds_socket.as_ref().map(|s| s.path.clone()),
         admin: admin_listener.local_addr()?,
     };
     let mut tasks = tokio::task::JoinSet::new();
@@ -177,20 +265,21 @@ pub async fn run(
         xds.clone(),
         stopped(stop_rx.clone()),
     ));
-    if let Some(listener) = xds_listener {
+    if let Some((listener, settings)) = xds_tls {
         let xds = xds.clone();
         let stop = stopped(stop_rx.clone());
         tasks.spawn(async move {
-            if let Err(e) = xds.serve_tcp(listener, stop).await {
-                tracing::error!("xDS server (TCP) failed: {e}");
+            if let Err(e) = xds.serve_tls(listener, settings, stop).await {
+                tracing::error!("xDS server (mTLS) failed: {e}");
             }
         });
     }
-    if let Some(path) = opts.xds_socket.clone() {
+    if let Some(listener) = xds_unix {
         let xds = xds.clone();
         let stop = stopped(stop_rx.clone());
+        let path = bound.xds_socket.clone().unwrap_or_default();
         tasks.spawn(async move {
-            if let Err(e) = xds.serve_unix(&path, stop).await {
+            if let Err(e) = xds.serve_unix_listener(listener, &path, stop).await {
                 tracing::error!(path = %path.display(), "xDS server (unix) failed: {e}");
             }
         });
@@ -237,6 +326,108 @@ pub async fn run(
     xds.shutdown();
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// Reads the mTLS files of `tls`; the key goes straight into a zeroizing buffer.
+fn read_tls_settings(tls: &XdsTls) -> anyhow::Result<TlsSettings> {
+    let read = |what: &str, path: &Path| {
+        std::fs::read_to_string(path).with_context(|| format!("reading {what} {}", path.display()))
+    };
+    let cert_chain_pem = read("--xds-tls-cert", &tls.cert)?;
+    let key_pem = zeroize::Zeroizing::new(read("--xds-tls-key", &tls.key)?);
+    let client_ca_pem = read("--xds-tls-client-ca", &tls.client_ca)?;
+    Ok(TlsSettings {
+        cert_chain_pem,
+        key_pem,
+        client_ca_pem,
+    })
+}
+
+/// Binds the xDS unix socket: its directory private to us (0700; 0711 when another uid
+/// or a group must reach the socket: traversable, never listable or writable by
+/// others), the socket 0600 — or 0660 for `group` — and handed to `owner_uid`.
+///
+/// Why chown to the Envoy uid rather than a shared group by default: connecting needs
+/// write permission on the socket, and an owner-only socket admits exactly that uid (a
+/// group admits every member of it, which is more than the allow-list names). The
+/// chown is on a path in a directory only we can write, so nobody can swap the socket
+/// for a symlink between the bind and the chown (and `lchown` would not follow one).
+fn bind_xds_socket(socket: &XdsSocket) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = &socket.path;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    ensure_private_dir(dir)
+        .with_context(|| format!("preparing the xDS socket directory {}", dir.display()))?;
+    if socket.owner_uid.is_some() || socket.group.is_some() {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+            .with_context(|| format!("chmod 0711 {}", dir.display()))?;
+    }
+    let mode = if socket.group.is_some() { 0o660 } else { 0o600 };
+    let listener = bind_unix_with_mode(path, mode)
+        .with_context(|| format!("binding the xDS socket {}", path.display()))?;
+    if socket.owner_uid.is_some() || socket.group.is_some() {
+        std::os::unix::fs::lchown(path, socket.owner_uid, socket.group).with_context(|| {
+            format!(
+                "handing the xDS socket {} to uid {:?} gid {:?}",
+                path.display(),
+                socket.owner_uid,
+                socket.group
+            )
+        })?;
+    }
+    Ok(listener)
+}
+
+/// The Envoy bootstrap (JSON) matching an agent's flags: ADS over Delta xDS on the
+/// agent's unix socket (Envoy's `pipe` address), node `node_id` of `cluster`, listeners
+/// and clusters over ADS, admin on `127.0.0.1:admin_port` (loopback only: Envoy's admin
+/// can stop it and dump its config, secrets included).
+pub fn envoy_bootstrap(
+    node_id: &str,
+    cluster: &str,
+    xds_socket: &Path,
+    admin_port: u16,
+) -> serde_json::Value {
+    serde_json::json!({
+        "node": { "id": node_id, "cluster": cluster },
+        "admin": {
+            "address": { "socket_address": { "address": "127.0.0.1", "port_value": admin_port } }
+        },
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "DELTA_GRPC",
+                "transport_api_version": "V3",
+                "set_node_on_first_message_only": true,
+                "grpc_services": [{ "envoy_grpc": { "cluster_name": "xds" } }]
+            },
+            "cds_config": { "ads": {}, "resource_api_version": "V3" },
+            "lds_config": { "ads": {}, "resource_api_version": "V3" }
+        },
+        "static_resources": {
+            "clusters": [{
+                "name": "xds",
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "typed_extension_protocol_options": {
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                        "explicit_http_config": { "http2_protocol_options": {} }
+                    }
+                },
+                "load_assignment": {
+                    "cluster_name": "xds",
+                    "endpoints": [{
+                        "lb_endpoints": [{
+                            "endpoint": { "address": { "pipe": { "path": xds_socket.to_string_lossy() } } }
+                        }]
+                    }]
+                }
+            }]
+        }
+    })
 }
 
 /// Republishes when the registry view or the identity view changes.

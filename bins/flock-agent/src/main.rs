@@ -3,7 +3,9 @@
 use anyhow::Context as _;
 use clap::Parser;
 use flock_bird::agent::AgentConfig;
-use flock_bird::runtime::{self, IdentitySource, Options};
+use flock_bird::runtime::{self, IdentitySource, Options, XdsLimits, XdsSocket, XdsTls};
+use flock_core::access::{AccessPolicy, check_listen_addr};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,20 +14,30 @@ use std::time::Duration;
 ///
 /// The chained CNI plugin (flock-cni) reports pod sandboxes on --cni-socket; pods with
 /// a `flock.io/service` annotation are stored durably in --state-dir, registered in the
-/// shared --registry, probed for liveness, and served to Envoy (and proxyless gRPC
-/// clients) over xDS on --xds-address / --xds-socket. Pods without the annotation are
-/// ignored. An orphan GC removes what crashed operations or missed CNI DELs leave.
+/// shared --registry, probed for liveness, and served to the node's Envoy over xDS on
+/// the unix socket --xds-socket (and, with mTLS, to proxyless gRPC clients on
+/// --xds-address). Pods without the annotation are ignored. An orphan GC removes what
+/// crashed operations or missed CNI DELs leave.
 ///
 /// Every meshed pod gets a SPIFFE identity from --identity (by default a node-local
-/// CA), delivered to Envoy over SDS: pods talk mTLS.
+/// CA), delivered to Envoy over SDS: pods talk mTLS. Only an authenticated peer gets
+/// anything over xDS, and only the node's Envoy gets keys: on the unix socket a peer
+/// is identified by its uid (the agent's own, --envoy-uid, --xds-allow-uid/-gid), on
+/// TCP by its client certificate.
+///
+/// Start Envoy with the bootstrap `flock-agent [FLAGS] envoy-bootstrap` prints.
 ///
 /// Try it: `flock-agent --dev` (everything in a temporary directory, on loopback,
 /// with the embedded registry and mTLS), then `flockctl snapshot`.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Args {
-    /// This node's name: owner of its registry endpoints [default: the host name].
-    #[arg(long, env = "FLOCK_NODE_NAME", value_name = "NAME")]
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// This node's name: owner of its registry endpoints and Envoy's node id. A
+    /// DNS-1123 subdomain (a-z 0-9 - ., at most 253), unique per node; required (in
+    /// Kubernetes set $FLOCK_NODE_NAME from spec.nodeName). With --dev: `flock-dev`.
+    #[arg(long, env = "FLOCK_NODE_NAME", value_name = "NAME", global = true)]
     node_name: Option<String>,
     /// Pod store directory (one 0600 file per pod).
     #[arg(long, default_value = "/var/lib/flock", value_name = "DIR")]
@@ -33,29 +45,101 @@ struct Args {
     /// The CNI plugin's socket (created 0600; flock-cni's `agent_socket`).
     #[arg(long, default_value = "/run/flock/cni.sock", value_name = "PATH")]
     cni_socket: PathBuf,
-    /// Serve xDS (ADS, SotW and Delta) on this TCP address.
-    #[arg(long, default_value = "127.0.0.1:18000", value_name = "HOST:PORT")]
-    xds_address: SocketAddr,
-    /// Also serve xDS on this unix socket (created 0600).
-    #[arg(long, value_name = "PATH")]
+    /// Serve xDS (ADS, SotW and Delta) to the node's Envoy on this unix socket, in a
+    /// directory the agent owns (created 0700; never group- or other-writable). The
+    /// socket is 0600, so only the agent's uid (and --envoy-uid) can connect
+    /// [default: /run/flock/xds.sock; with --dev, in the temporary directory].
+    #[arg(long, value_name = "PATH", global = true)]
     xds_socket: Option<PathBuf>,
-    /// Admin endpoint: /healthz /readyz /metrics /debug/pods /debug/snapshot /debug/registry.
+    /// The uid Envoy runs as: allowed on the xDS socket, which is chowned to it (mode
+    /// 0600) and its directory made traversable (0711) so Envoy can reach it.
+    #[arg(long, value_name = "UID")]
+    envoy_uid: Option<u32>,
+    /// Also allow unix peers with this uid on the xDS socket (repeatable). The socket's
+    /// file mode still decides who can open it: use with --xds-socket-group.
+    #[arg(long = "xds-allow-uid", value_name = "UID")]
+    xds_allow_uids: Vec<u32>,
+    /// Allow unix peers whose gid is this on the xDS socket (repeatable).
+    #[arg(long = "xds-allow-gid", value_name = "GID")]
+    xds_allow_gids: Vec<u32>,
+    /// Give the xDS socket to this group, mode 0660 (its directory 0711), so processes
+    /// of that group can open it; they must still pass --xds-allow-uid/--xds-allow-gid.
+    #[arg(long, value_name = "GID")]
+    xds_socket_group: Option<u32>,
+    /// Also serve xDS on this TCP address, with mTLS only: needs --xds-tls-cert,
+    /// --xds-tls-key and --xds-tls-client-ca (plaintext TCP xDS is refused). A client
+    /// certificate whose SPIFFE ID is in --trust-domain gets the proxyless gRPC
+    /// resources, never secrets; one listed in --xds-envoy-spiffe-id gets Envoy's. A
+    /// non-loopback address needs --allow-non-loopback.
+    #[arg(long, value_name = "HOST:PORT")]
+    xds_address: Option<SocketAddr>,
+    /// PEM certificate chain of the mTLS xDS listener.
+    #[arg(long, value_name = "PATH")]
+    xds_tls_cert: Option<PathBuf>,
+    /// PEM private key of the mTLS xDS listener (read into memory wiped on drop).
+    #[arg(long, value_name = "PATH")]
+    xds_tls_key: Option<PathBuf>,
+    /// PEM CA bundle that xDS client certificates must chain to.
+    #[arg(long, value_name = "PATH")]
+    xds_tls_client_ca: Option<PathBuf>,
+    /// An mTLS xDS client with exactly this SPIFFE ID is an Envoy of this node: Envoy
+    /// resources with secrets (repeatable).
+    #[arg(long = "xds-envoy-spiffe-id", value_name = "SPIFFE_ID")]
+    xds_envoy_spiffe_ids: Vec<String>,
+    /// Open xDS connections per listener; one more is closed at once.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    xds_max_connections: usize,
+    /// Concurrent xDS streams per connection (HTTP/2 MAX_CONCURRENT_STREAMS).
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    xds_max_streams: u32,
+    /// An xDS stream whose first request does not arrive within this many seconds ends
+    /// with DEADLINE_EXCEEDED.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    xds_first_request_timeout: u64,
+    /// Admin endpoint: /healthz /readyz /metrics /debug/pods /debug/snapshot
+    /// /debug/registry (no authentication: keep it on loopback). A non-loopback address
+    /// needs --allow-non-loopback.
     #[arg(long, default_value = "127.0.0.1:18090", value_name = "HOST:PORT")]
     admin_address: SocketAddr,
+    /// Allow --admin-address and --xds-address on non-loopback addresses (reachable from
+    /// other hosts and from hostNetwork pods).
+    #[arg(long)]
+    allow_non_loopback: bool,
     /// Where endpoints are shared: `memory` (embedded, single node), `file:PATH`
-    /// (embedded, persisted), or `etcd://HOST:PORT[,HOST:PORT]` (multi-node; each
-    /// agent's endpoints live on its lease and expire if it dies).
+    /// (embedded, persisted), `etcd://HOST:PORT[,HOST:PORT]` (multi-node, plaintext) or
+    /// `etcds://HOST:PORT[,HOST:PORT]` (multi-node over TLS: needs --registry-ca). Each
+    /// agent's endpoints live on its lease and expire if it dies; keys are
+    /// `/flock/endpoints/<node>/...`, so etcd RBAC can confine each agent to its node's
+    /// prefix (docs/registry-security.md).
     #[arg(long, default_value = "memory", value_name = "SPEC")]
     registry: String,
     /// Lease TTL of this agent's etcd registrations, seconds.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     registry_ttl: i64,
+    /// etcds:// only: PEM CA bundle that verifies etcd's server certificate.
+    #[arg(long, value_name = "FILE", help_heading = "Registry security")]
+    registry_ca: Option<PathBuf>,
+    /// etcds:// only: PEM client certificate for etcd (`--client-cert-auth`); with etcd
+    /// auth on and no --registry-user, etcd takes its CN as the user. Needs --registry-key.
+    #[arg(long, value_name = "FILE", help_heading = "Registry security")]
+    registry_cert: Option<PathBuf>,
+    /// etcds:// only: PEM private key of --registry-cert.
+    #[arg(long, value_name = "FILE", help_heading = "Registry security")]
+    registry_key: Option<PathBuf>,
+    /// etcds:// only: etcd user (etcd auth); give its password with --registry-password-file.
+    #[arg(long, value_name = "USER", help_heading = "Registry security")]
+    registry_user: Option<String>,
+    /// File holding the password of --registry-user (a file, not a flag: command lines
+    /// show in `ps`).
+    #[arg(long, value_name = "FILE", help_heading = "Registry security")]
+    registry_password_file: Option<PathBuf>,
     /// Where pods' workload identities come from: `builtin` (a node-local CA; mTLS
     /// between pods), `spire:PATH` (a SPIRE agent's Delegated Identity API on its admin
     /// socket PATH), `none` (plaintext).
     #[arg(long, default_value = "builtin", value_name = "SOURCE")]
     identity: String,
-    /// SPIFFE trust domain of the built-in CA's SVIDs (`spiffe://DOMAIN/ns/NAMESPACE/sa/ACCOUNT`).
+    /// SPIFFE trust domain of the built-in CA's SVIDs (`spiffe://DOMAIN/ns/NAMESPACE/sa/ACCOUNT`),
+    /// and of the mTLS xDS clients served as proxyless gRPC.
     #[arg(long, default_value = "cluster.local", value_name = "DOMAIN")]
     trust_domain: String,
     /// Lifetime of the built-in CA's SVIDs, seconds; each is renewed at half its lifetime.
@@ -73,9 +157,17 @@ struct Args {
     /// Orphan GC period, seconds.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     gc_interval: u64,
-    /// Try-it-out mode: state and CNI socket in a fresh temporary directory, the
-    /// embedded in-memory registry (the `--registry` default), everything on loopback.
-    /// Explicit flags still win for the registry and addresses.
+    /// Envoy's cluster name in the bootstrap (`envoy-bootstrap`).
+    #[arg(long, default_value = "flock", value_name = "NAME", global = true)]
+    envoy_cluster: String,
+    /// Envoy's admin port in the bootstrap (`envoy-bootstrap`), on 127.0.0.1.
+    #[arg(long, default_value_t = 15000, value_name = "PORT", global = true)]
+    envoy_admin_port: u16,
+    /// Try-it-out mode: state, CNI and xDS sockets in a fresh temporary directory, the
+    /// embedded in-memory registry (the `--registry` default), everything on loopback,
+    /// node name `flock-dev` unless --node-name is given; the Envoy bootstrap is
+    /// written into the directory (its path is logged). Explicit flags still win for
+    /// the registry and addresses.
     #[arg(long)]
     dev: bool,
     /// Log format.
@@ -83,17 +175,69 @@ struct Args {
     log_format: String,
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_lowercase())
-        .unwrap_or_else(|_| "node".into())
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Print the Envoy bootstrap (JSON) matching these flags: ADS (Delta xDS) over the
+    /// --xds-socket unix socket (Envoy's `pipe` address), node id = --node-name, cluster
+    /// --envoy-cluster, admin on 127.0.0.1:--envoy-admin-port. Example:
+    /// `flock-agent --node-name "$NODE" envoy-bootstrap > envoy.json`.
+    EnvoyBootstrap,
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// The default --xds-socket.
+const DEFAULT_XDS_SOCKET: &str = "/run/flock/xds.sock";
+/// The --dev node name.
+const DEV_NODE_NAME: &str = "flock-dev";
+
+/// The node name: --node-name / $FLOCK_NODE_NAME, `flock-dev` under --dev; validated.
+fn node_name(args: &Args) -> anyhow::Result<String> {
+    let name = match (&args.node_name, args.dev) {
+        (Some(name), _) => name.clone(),
+        (None, true) => DEV_NODE_NAME.to_string(),
+        (None, false) => anyhow::bail!(
+            "no node name: set --node-name or $FLOCK_NODE_NAME to this node's name (a \
+             DNS-1123 subdomain, unique per node; in Kubernetes the downward API's \
+             spec.nodeName), or use --dev"
+        ),
+    };
+    flock_core::pod::check_node_name(&name).map_err(|e| anyhow::anyhow!(e))?;
+    Ok(name)
+}
+
+mod harden;
+
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if let Some(Command::EnvoyBootstrap) = args.command {
+        return match print_bootstrap(&args) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("flock-agent envoy-bootstrap: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     flock_telemetry::logging::init(args.log_format.parse().unwrap_or_default());
-    match run(args).await {
+    // No core dumps and no ptrace by other processes of our uid: the agent's memory
+    // holds every workload key of the node.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!("prctl(PR_SET_DUMPABLE, 0) failed: {e}");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // Capabilities are per thread: each worker applies the drop requested after
+        // the listeners are bound at its next park or unpark (see `harden`).
+        .on_thread_park(harden::apply_pending_drop)
+        .on_thread_unpark(harden::apply_pending_drop)
+        .build();
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("flock-agent: starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -103,21 +247,134 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+fn print_bootstrap(args: &Args) -> anyhow::Result<()> {
+    let node = node_name(args)?;
+    let socket = match (&args.xds_socket, args.dev) {
+        (Some(p), _) => p.clone(),
+        (None, false) => PathBuf::from(DEFAULT_XDS_SOCKET),
+        (None, true) => anyhow::bail!(
+            "with --dev the xDS socket is in a fresh temporary directory: use the bootstrap \
+             the agent wrote there (its path is in the agent's log), or pass --xds-socket"
+        ),
+    };
+    let bootstrap =
+        runtime::envoy_bootstrap(&node, &args.envoy_cluster, &socket, args.envoy_admin_port);
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(&bootstrap)?)
+        .and_then(|()| out.flush())
+        .context("writing the bootstrap to stdout")
+}
+
+/// The mTLS xDS listener from the flags: all of --xds-address and the three TLS files,
+/// or none of them; never plaintext.
+fn xds_tls(args: &Args) -> anyhow::Result<Option<XdsTls>> {
+    let files = (
+        &args.xds_tls_cert,
+        &args.xds_tls_key,
+        &args.xds_tls_client_ca,
+    );
+    match (args.xds_address, files) {
+        (None, (None, None, None)) => Ok(None),
+        (Some(address), (Some(cert), Some(key), Some(client_ca))) => {
+            check_listen_addr("--xds-address", address, args.allow_non_loopback)
+                .map_err(|e| anyhow::anyhow!(e))?;
+            Ok(Some(XdsTls {
+                address,
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: client_ca.clone(),
+            }))
+        }
+        (Some(address), _) => anyhow::bail!(
+            "--xds-address {address}: xDS over TCP needs mTLS (--xds-tls-cert, --xds-tls-key \
+             and --xds-tls-client-ca): a plaintext TCP peer has no identity, and the xDS \
+             server hands out workload keys. The node's Envoy uses the unix socket \
+             (--xds-socket)"
+        ),
+        (None, _) => anyhow::bail!(
+            "--xds-tls-cert/--xds-tls-key/--xds-tls-client-ca need --xds-address (and all three)"
+        ),
+    }
+}
+
+/// `--registry-ca/--registry-cert/--registry-key`: TLS to etcd (etcds://).
+fn registry_tls(args: &Args) -> anyhow::Result<Option<flock_bird::registry::EtcdTls>> {
+    match (&args.registry_ca, &args.registry_cert, &args.registry_key) {
+        (None, None, None) => Ok(None),
+        (Some(ca), cert, key) => {
+            flock_bird::registry::load_tls(ca, cert.as_deref(), key.as_deref())
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!(e))
+        }
+        (None, _, _) => anyhow::bail!(
+            "--registry-cert/--registry-key need --registry-ca (the CA of etcd's server certificate)"
+        ),
+    }
+}
+
+/// `--registry-user/--registry-password-file`: etcd user authentication.
+fn registry_auth(args: &Args) -> anyhow::Result<Option<flock_bird::registry::EtcdAuth>> {
+    match (&args.registry_user, &args.registry_password_file) {
+        (None, None) => Ok(None),
+        (Some(user), Some(file)) => flock_bird::registry::load_auth(user, file)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!(e)),
+        _ => anyhow::bail!("--registry-user and --registry-password-file go together"),
+    }
+}
+
+/// Who may use xDS: on the socket the agent's own euid, --envoy-uid and the allow-lists;
+/// on mTLS the listed Envoy SPIFFE IDs and the trust domain's gRPC clients.
+fn access_policy(args: &Args) -> AccessPolicy {
+    let mut allow_uids: std::collections::BTreeSet<u32> =
+        args.xds_allow_uids.iter().copied().collect();
+    allow_uids.insert(nix::unistd::geteuid().as_raw());
+    allow_uids.extend(args.envoy_uid);
+    AccessPolicy {
+        allow_uids,
+        allow_gids: args.xds_allow_gids.iter().copied().collect(),
+        trust_domain: args.trust_domain.clone(),
+        envoy_spiffe_ids: args.xds_envoy_spiffe_ids.iter().cloned().collect(),
+    }
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
-    let mut agent = AgentConfig::new(args.node_name.clone().unwrap_or_else(hostname));
+    let mut agent = AgentConfig::new(node_name(&args)?);
     agent.zone = args.zone.clone();
     agent.region = args.region.clone();
     agent.liveness.interval_ms = args.probe_interval_ms.max(100);
     agent.gc_interval = Duration::from_secs(args.gc_interval.max(1));
+    check_listen_addr(
+        "--admin-address",
+        args.admin_address,
+        args.allow_non_loopback,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let xds_socket = args
+        .xds_socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_XDS_SOCKET));
     let mut opts = Options {
         agent,
         state_dir: args.state_dir.clone(),
         cni_socket: args.cni_socket.clone(),
-        xds_address: Some(args.xds_address),
-        xds_socket: args.xds_socket.clone(),
+        xds_socket: Some(XdsSocket {
+            path: xds_socket,
+            owner_uid: args.envoy_uid,
+            group: args.xds_socket_group,
+        }),
+        xds_tls: xds_tls(&args)?,
+        xds_access: access_policy(&args),
+        xds_limits: XdsLimits {
+            max_connections: args.xds_max_connections.max(1),
+            max_streams_per_connection: args.xds_max_streams.max(1),
+            first_request_timeout: Duration::from_secs(args.xds_first_request_timeout.max(1)),
+        },
         admin_address: args.admin_address,
         registry: args.registry.clone(),
         registry_ttl_secs: args.registry_ttl,
+        registry_tls: registry_tls(&args)?,
+        registry_auth: registry_auth(&args)?,
         identity: IdentitySource::parse(
             &args.identity,
             &args.trust_domain,
@@ -133,13 +390,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .context("creating the --dev directory")?;
         opts.state_dir = dir.path().join("pods");
         opts.cni_socket = dir.path().join("cni.sock");
+        let run_dir = dir.path().join("run");
+        if let Some(socket) = opts
+            .xds_socket
+            .as_mut()
+            .filter(|_| args.xds_socket.is_none())
+        {
+            socket.path = run_dir.join("xds.sock");
+        }
+        let xds_path = opts
+            .xds_socket
+            .as_ref()
+            .map(|s| s.path.clone())
+            .unwrap_or_default();
+        let bootstrap = dir.path().join("envoy-bootstrap.json");
+        let doc = runtime::envoy_bootstrap(
+            &opts.agent.node_name,
+            &args.envoy_cluster,
+            &xds_path,
+            args.envoy_admin_port,
+        );
+        std::fs::write(&bootstrap, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", bootstrap.display()))?;
         tracing::info!(
             dir = %dir.path().display(),
             cni_socket = %opts.cni_socket.display(),
-            xds = %args.xds_address,
+            xds_socket = %xds_path.display(),
             admin = %args.admin_address,
-            "--dev: state and CNI socket in a temporary directory; registry {}",
-            opts.registry
+            envoy_bootstrap = %bootstrap.display(),
+            "--dev: state and sockets in a temporary directory; registry {}; start Envoy \
+             with `envoy -c {}`",
+            opts.registry,
+            bootstrap.display()
         );
         Some(dir)
     } else {
@@ -154,7 +436,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     runtime::run(opts, shutdown, |bound| {
-        tracing::info!(admin = %bound.admin, xds = ?bound.xds, "flock-agent listening");
+        tracing::info!(
+            admin = %bound.admin,
+            xds_socket = ?bound.xds_socket,
+            xds_mtls = ?bound.xds,
+            "flock-agent listening"
+        );
+        // Every listener is bound (the only step that may need CAP_NET_BIND_SERVICE or
+        // CAP_CHOWN): from here on the agent keeps only what it uses while running.
+        harden::drop_capabilities();
     })
     .await
 }

@@ -207,7 +207,7 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
     );
 
     // xDS: a stream without a node is refused with a status; junk bytes are dropped.
-    let channel = flock_xds::client::connect(&format!("http://127.0.0.1:{}", agent.xds_port))
+    let channel = flock_xds::client::connect(&agent.xds_target())
         .await
         .unwrap();
     let mut ads = flock_xds::client::delta(channel).await.unwrap();
@@ -226,7 +226,7 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     }
     {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", agent.xds_port)).unwrap();
+        let mut s = std::os::unix::net::UnixStream::connect(&agent.xds_socket).unwrap();
         let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n\x00\x01\x02junk");
         let _ = s.set_read_timeout(Some(T));
         let mut buf = Vec::new();

@@ -53,7 +53,7 @@ fn a_thousand_adds_and_removes_32_at_a_time_leave_store_registry_and_xds_in_exac
     let xds = Arc::new(Mutex::new(XdsLog::default()));
     let xds_stop = Arc::new(AtomicBool::new(false));
     let recorder = rt.spawn(record_xds(
-        agent.xds_port,
+        agent.xds_target(),
         Arc::clone(&xds),
         Arc::clone(&xds_stop),
     ));

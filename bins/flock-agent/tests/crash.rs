@@ -71,7 +71,7 @@ fn sigkill_at_random_points_during_churn_loses_no_acknowledged_pod_and_store_reg
         let xds = Arc::new(Mutex::new(XdsLog::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let recorder = rt.spawn(record_xds(
-            agent.xds_port,
+            agent.xds_target(),
             Arc::clone(&xds),
             Arc::new(AtomicBool::new(false)),
         ));
@@ -140,7 +140,7 @@ fn sigkill_at_random_points_during_churn_loses_no_acknowledged_pod_and_store_reg
         let xds = Arc::new(Mutex::new(XdsLog::default()));
         let xds_stop = Arc::new(AtomicBool::new(false));
         let recorder = rt.spawn(record_xds(
-            agent.xds_port,
+            agent.xds_target(),
             Arc::clone(&xds),
             Arc::clone(&xds_stop),
         ));

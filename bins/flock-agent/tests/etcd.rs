@@ -163,10 +163,10 @@ struct EdsWatcher {
 }
 
 impl EdsWatcher {
-    async fn connect(xds_port: u16) -> Self {
-        let channel = client::connect(&format!("http://127.0.0.1:{xds_port}"))
+    async fn connect(target: &str) -> Self {
+        let channel = client::connect(target)
             .await
-            .expect("connecting to the agent's xDS port");
+            .expect("connecting to the agent's xDS socket");
         let ads = client::delta(channel).await.expect("opening Delta ADS");
         let node = Node {
             id: "envoy-on-n2".into(),
@@ -276,7 +276,7 @@ async fn endpoints_cross_nodes_through_etcd_expire_with_the_lease_and_come_back(
     let etcd = blocking(Etcd::start);
     let mut n1 = start_node(&etcd, "n1", "z1");
     let n2 = start_node(&etcd, "n2", "z2");
-    let mut xds = EdsWatcher::connect(n2.xds_port).await;
+    let mut xds = EdsWatcher::connect(&n2.xds_target()).await;
 
     // n1's pod reaches n2's xDS (locality z1) and n2's registry view (node n1).
     add_pod(&n1.cni_socket, "c-web-n1", "web-n1", N1_IP).await;

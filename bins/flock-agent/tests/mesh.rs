@@ -77,7 +77,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
     }
 
     let agent = Agent::start(&[]);
-    let envoy = SupervisedEnvoy::start(agent.xds_port);
+    let envoy = SupervisedEnvoy::start(&agent);
 
     // The installer patches a bridge + host-local list; flock-cni declares the pod
     // annotations capability so libcni passes them in runtimeConfig.

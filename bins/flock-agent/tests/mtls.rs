@@ -38,7 +38,7 @@ fn pods_talk_mtls_with_rotating_svids_and_plaintext_is_refused() {
     let _ = required_env("FLOCK_CNI_PLUGIN_DIR");
     let _ = required_env("FLOCK_CNITOOL");
     let agent = Agent::start(&["--svid-ttl", "20", "--trust-domain", "mesh.test"]);
-    let envoy = SupervisedEnvoy::start(agent.xds_port);
+    let envoy = SupervisedEnvoy::start(&agent);
 
     let work = tempfile::Builder::new()
         .prefix("flock-mtls-")

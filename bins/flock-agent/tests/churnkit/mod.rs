@@ -443,13 +443,13 @@ impl XdsLog {
     }
 }
 
-/// Records a Delta ADS stream to the agent's xDS port until `stop` is set or the
-/// stream ends.
-pub async fn record_xds(xds_port: u16, log: Arc<Mutex<XdsLog>>, stop: Arc<AtomicBool>) {
+/// Records a Delta ADS stream to the agent's xDS `target` (`unix:PATH`) until `stop`
+/// is set or the stream ends.
+pub async fn record_xds(target: String, log: Arc<Mutex<XdsLog>>, stop: Arc<AtomicBool>) {
     let opened = async {
-        let channel = flock_xds::client::connect(&format!("http://127.0.0.1:{xds_port}"))
+        let channel = flock_xds::client::connect(&target)
             .await
-            .map_err(|e| format!("connecting to the agent's xDS port: {e}"))?;
+            .map_err(|e| format!("connecting to the agent's xDS socket: {e}"))?;
         flock_xds::client::delta(channel)
             .await
             .map_err(|e| format!("opening a Delta ADS stream: {e}"))

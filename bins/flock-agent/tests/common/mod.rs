@@ -196,8 +196,8 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// One `flock-agent` process on its own temp dir (state, CNI socket, log), with free
-/// xDS and admin ports and the in-memory registry. Killed on drop (its log is printed
+/// One `flock-agent` process on its own temp dir (state, CNI and xDS sockets, log),
+/// with a free admin port and the in-memory registry. Killed on drop (its log is printed
 /// when the test panics).
 pub struct Agent {
     /// First field: dropped (killed, log printed) before `dir` is removed.
@@ -205,7 +205,9 @@ pub struct Agent {
     pub dir: tempfile::TempDir,
     pub state_dir: PathBuf,
     pub cni_socket: PathBuf,
-    pub xds_port: u16,
+    /// The agent's xDS unix socket (`<dir>/run/xds.sock`; the agent creates `run/`
+    /// 0700).
+    pub xds_socket: PathBuf,
     pub admin: String,
 }
 
@@ -219,7 +221,7 @@ impl Agent {
             .unwrap();
         let state_dir = dir.path().join("state");
         let cni_socket = dir.path().join("cni.sock");
-        let xds_port = free_port();
+        let xds_socket = dir.path().join("run").join("xds.sock");
         let admin = format!("127.0.0.1:{}", free_port());
         let mut cmd = Command::new(AGENT_BIN);
         cmd.arg("--node-name")
@@ -228,8 +230,8 @@ impl Agent {
             .arg(&state_dir)
             .arg("--cni-socket")
             .arg(&cni_socket)
-            .arg("--xds-address")
-            .arg(format!("127.0.0.1:{xds_port}"))
+            .arg("--xds-socket")
+            .arg(&xds_socket)
             .arg("--admin-address")
             .arg(&admin)
             .args(["--registry", "memory", "--probe-interval-ms", "1000"])
@@ -240,12 +242,36 @@ impl Agent {
             dir,
             state_dir,
             cni_socket,
-            xds_port,
+            xds_socket,
             admin,
             proc,
         };
         agent.wait_ready(WAIT);
         agent
+    }
+
+    /// The xDS target for flock-xds's client: `unix:<socket>`.
+    pub fn xds_target(&self) -> String {
+        format!("unix:{}", self.xds_socket.display())
+    }
+
+    /// The Envoy bootstrap this agent prints (`flock-agent envoy-bootstrap` with its
+    /// node name and socket), with Envoy's admin on 127.0.0.1:`admin_port`.
+    pub fn envoy_bootstrap(&self, node: &str, admin_port: u16) -> String {
+        let out = Command::new(AGENT_BIN)
+            .args(["--node-name", node])
+            .arg("--xds-socket")
+            .arg(&self.xds_socket)
+            .args(["--envoy-admin-port", &admin_port.to_string()])
+            .arg("envoy-bootstrap")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "flock-agent envoy-bootstrap: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
     }
 
     /// Waits for `/readyz` 200 (panics early if the process exits).
@@ -307,7 +333,7 @@ impl Agent {
             .unwrap();
         let state_dir = dir.path().join("state");
         let cni_socket = dir.path().join("cni.sock");
-        let xds_port = free_port();
+        let xds_socket = dir.path().join("run").join("xds.sock");
         let admin = format!("127.0.0.1:{}", free_port());
         let cmd = node_command(
             node,
@@ -315,7 +341,7 @@ impl Agent {
             extra,
             &state_dir,
             &cni_socket,
-            xds_port,
+            &xds_socket,
             &admin,
         );
         let proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
@@ -323,7 +349,7 @@ impl Agent {
             dir,
             state_dir,
             cni_socket,
-            xds_port,
+            xds_socket,
             admin,
             proc,
         };
@@ -338,7 +364,7 @@ impl Agent {
     }
 
     /// Starts the agent again (SIGKILLing it first if it runs) on the same state dir,
-    /// CNI socket and ports, with `node`, `registry` and `extra` as given to
+    /// CNI and xDS sockets and admin port, with `node`, `registry` and `extra` as given to
     /// [`Agent::start_node`]. Does NOT wait for `/readyz` ([`Agent::wait_ready`]); logs
     /// to `agent.restart-<pid>.log`.
     pub fn respawn(&mut self, node: &str, registry: &str, extra: &[&str]) {
@@ -349,7 +375,7 @@ impl Agent {
             extra,
             &self.state_dir,
             &self.cni_socket,
-            self.xds_port,
+            &self.xds_socket,
             &self.admin,
         );
         let log = format!("agent.restart-{}.log", self.proc.pid());
@@ -364,7 +390,7 @@ fn node_command(
     extra: &[&str],
     state_dir: &Path,
     cni_socket: &Path,
-    xds_port: u16,
+    xds_socket: &Path,
     admin: &str,
 ) -> Command {
     let mut cmd = Command::new(AGENT_BIN);
@@ -374,8 +400,8 @@ fn node_command(
         .arg(state_dir)
         .arg("--cni-socket")
         .arg(cni_socket)
-        .arg("--xds-address")
-        .arg(format!("127.0.0.1:{xds_port}"))
+        .arg("--xds-socket")
+        .arg(xds_socket)
         .arg("--admin-address")
         .arg(admin)
         .args(["--registry", registry]);
@@ -650,8 +676,8 @@ impl Cni {
     }
 }
 
-/// Real Envoy under `flock-supervisor`, with a Delta ADS bootstrap pointing at an
-/// agent's xDS port, its own base id, state dir and free admin port. On drop: the
+/// Real Envoy under `flock-supervisor`, with the bootstrap the agent prints
+/// (`flock-agent envoy-bootstrap`: Delta ADS over the agent's unix socket), its own base id, state dir and free admin port. On drop: the
 /// supervisor and every Envoy of its base ids are killed, and their `/dev/shm` files
 /// removed.
 pub struct SupervisedEnvoy {
@@ -662,14 +688,10 @@ pub struct SupervisedEnvoy {
     pub dir: tempfile::TempDir,
 }
 
-/// The bootstrap: node `node_id`, ADS `api_type` ("DELTA_GRPC" or "GRPC") to
-/// 127.0.0.1:`xds_port`, LDS and CDS over ADS, admin on 127.0.0.1:`admin_port`.
-pub use flock_testkit::ads_bootstrap;
-
 impl SupervisedEnvoy {
-    /// Starts `flock-supervisor` running Envoy on a Delta ADS bootstrap to
-    /// 127.0.0.1:`xds_port` and waits until Envoy's admin answers `/ready` 200.
-    pub fn start(xds_port: u16) -> Self {
+    /// Starts `flock-supervisor` running Envoy on `agent`'s own bootstrap (node
+    /// `flock-mesh-test`) and waits until Envoy's admin answers `/ready` 200.
+    pub fn start(agent: &Agent) -> Self {
         let envoy = envoy_bin();
         let dir = tempfile::Builder::new()
             .prefix("flock-envoy-test-")
@@ -677,10 +699,10 @@ impl SupervisedEnvoy {
             .unwrap();
         let admin_port = free_port();
         let admin = format!("127.0.0.1:{admin_port}");
-        let config = dir.path().join("envoy.yaml");
+        let config = dir.path().join("envoy.json");
         std::fs::write(
             &config,
-            ads_bootstrap("flock-mesh-test", "DELTA_GRPC", xds_port, admin_port),
+            agent.envoy_bootstrap("flock-mesh-test", admin_port),
         )
         .unwrap();
         // Steps of 4 leave room for the supervisor's "next free base id".
