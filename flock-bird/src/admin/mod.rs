@@ -15,7 +15,7 @@ pub mod client;
 pub mod server;
 
 pub use api::Route;
-pub use server::{ServeOptions, serve, serve_with};
+pub use server::{ServeOptions, serve, serve_agent, serve_with};
 
 /// The longest method name echoed back in an error.
 const MAX_METHOD_ECHO: usize = 16;

@@ -39,7 +39,9 @@ const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration
 /// Limits of the admin server.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// Connections served at once; the next is accepted when one ends.
+    /// Connections served at once (default [`DEFAULT_MAX_CONNECTIONS`]); the next is
+    /// accepted when one ends, so a flood of idle clients costs the agent at most this
+    /// many tasks and descriptors, and the rest wait in the kernel's listen backlog.
     pub max_connections: usize,
     /// Time a client has to send its request head.
     pub header_timeout: Duration,
@@ -47,10 +49,14 @@ pub struct ServeOptions {
     pub connection_timeout: Duration,
 }
 
+/// The default of [`ServeOptions::max_connections`]: far more than the probes, a
+/// Prometheus scraper and a few `flockctl`s need at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+
 impl Default for ServeOptions {
     fn default() -> Self {
         Self {
-            max_connections: 64,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             header_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(10),
         }
@@ -87,15 +93,28 @@ impl Accept for tokio::net::TcpListener {
     }
 }
 
-/// Serves the agent's admin endpoint on `listener` until `shutdown` resolves.
+/// Serves the agent's admin endpoint on `listener` with the default
+/// [`ServeOptions`] until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     agent: Arc<Agent>,
     xds: Server,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_agent(listener, agent, xds, ServeOptions::default(), shutdown).await;
+}
+
+/// Serves the agent's admin endpoint on `listener` with `opts` (an operator's
+/// `--admin-max-connections`, say) until `shutdown` resolves.
+pub async fn serve_agent(
+    listener: tokio::net::TcpListener,
+    agent: Arc<Agent>,
+    xds: Server,
+    opts: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) {
     let views = Arc::new(AgentViews::new(agent, &xds));
-    serve_with(listener, views, ServeOptions::default(), shutdown).await;
+    serve_with(listener, views, opts, shutdown).await;
 }
 
 /// Serves `views` on connections from `acceptor` until `shutdown` resolves.
@@ -240,6 +259,9 @@ impl AgentViews {
             sample_agent(&read, s)
         })));
         xds.metrics().register(&mut registry);
+        if let Some(r) = agent.registry().rejections() {
+            registry.register_collector(Box::new(crate::registry::RejectionsCollector(r)));
+        }
         Self { agent, registry }
     }
 }

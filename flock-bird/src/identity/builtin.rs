@@ -200,10 +200,14 @@ impl BuiltinCa {
             not_after_ms,
         );
         let cert = params.signed_by(&key, &self.issuer).map_err(issue_error)?;
+        // rcgen's PEM string is moved into the zeroizing wrapper as it is (no copy). The
+        // `KeyPair` itself keeps a DER copy that rcgen does not wipe when it is dropped
+        // at the end of this call; that copy is out of our reach.
+        let private_key_pem = SecretPem::new(key.serialize_pem());
         Ok(Svid {
             spiffe_id: spiffe_id.to_string(),
             cert_chain_pem: cert.pem(),
-            private_key_pem: SecretPem::new(key.serialize_pem()),
+            private_key_pem,
             not_after_ms,
             issued_ms: now,
             serial: serial.iter().map(|b| format!("{b:02x}")).collect(),

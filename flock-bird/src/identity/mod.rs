@@ -15,7 +15,9 @@
 //! Private keys live only in memory, wrapped in [`SecretPem`], whose `Debug` and
 //! `Display` print `<redacted N bytes>` and which has no `Serialize`: deriving `Debug`
 //! or logging any identity type (for `/debug/*` output, say) cannot leak key material.
-//! Error messages carry names and reasons, never PEM.
+//! Error messages carry names and reasons, never PEM. Key bytes are held in
+//! [`zeroize::Zeroizing`] buffers from the moment they reach this module (rcgen's PEM,
+//! SPIRE's PKCS#8 DER and its PEM re-encoding), so they are wiped when dropped.
 //!
 //! Providers: [`BuiltinCa`] (a node-local CA) and [`spire::SpireBridge`] (a SPIRE
 //! agent's Delegated Identity API, subscribing pods by [`PodIdentity::selectors`]).
@@ -32,6 +34,7 @@ use flock_core::pod::PodKey;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use zeroize::Zeroizing;
 
 /// The service account a pod runs as when its record names none (Kubernetes' default).
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
@@ -88,12 +91,22 @@ impl From<&PodRecord> for PodIdentity {
 /// A PEM-encoded private key. `Debug` and `Display` print only its length, and it has
 /// no `Serialize`, so it cannot reach logs or `/debug/*` output by accident; read it
 /// with [`SecretPem::expose`] where it is really needed (the SDS response).
+///
+/// The text is held in a [`Zeroizing`] buffer: it is overwritten, spare capacity
+/// included, when the last copy is dropped (a rotated or unsubscribed SVID), so a later
+/// heap dump or a reuse of the allocation does not hold an old key.
 #[derive(Clone, PartialEq, Eq)]
-pub struct SecretPem(String);
+pub struct SecretPem(Zeroizing<String>);
 
 impl SecretPem {
-    /// Wraps a PEM string.
+    /// Wraps a PEM string. Pass the string the key was first written into: a copy
+    /// made before wrapping is not wiped.
     pub fn new(pem: String) -> Self {
+        Self(Zeroizing::new(pem))
+    }
+
+    /// Wraps PEM text already held in a zeroizing buffer.
+    pub fn from_zeroizing(pem: Zeroizing<String>) -> Self {
         Self(pem)
     }
 
@@ -123,16 +136,6 @@ impl fmt::Debug for SecretPem {
 impl fmt::Display for SecretPem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
-    }
-}
-
-impl Drop for SecretPem {
-    fn drop(&mut self) {
-        // Best effort: overwrite the key before its memory is freed, so a later heap
-        // dump or reuse of the allocation does not hold it.
-        let mut bytes = std::mem::take(&mut self.0).into_bytes();
-        bytes.fill(0);
-        std::hint::black_box(&bytes);
     }
 }
 

@@ -27,8 +27,10 @@
 //! GC removes any subscription that slips through anyway.
 //!
 //! # Secrets
-//! Keys arrive as PKCS#8 DER and are kept only as [`SecretPem`]; nothing here logs or
-//! formats a response message (they carry keys).
+//! Keys arrive as PKCS#8 DER; the DER is moved out of the message into a
+//! [`Zeroizing`] buffer at once, re-encoded as PEM into another one, and kept only as
+//! [`SecretPem`]; nothing here logs or formats a response message (they carry keys).
+//! The copies tonic and prost make while decoding the response are outside our reach.
 
 use super::{Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid};
 use flock_core::UnixMs;
@@ -48,6 +50,7 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tonic::transport::{Channel, Endpoint, Uri};
+use zeroize::Zeroizing;
 
 type Client = pb::delegated_identity_client::DelegatedIdentityClient<Channel>;
 
@@ -473,7 +476,10 @@ impl Inner {
                     continue;
                 }
             };
-            let ca_pem = certs.iter().map(|c| pem("CERTIFICATE", c)).collect();
+            let ca_pem = certs
+                .iter()
+                .map(|c| pem("CERTIFICATE", c).as_str().to_owned())
+                .collect();
             bundles.insert(
                 td.clone(),
                 Bundle {
@@ -625,14 +631,23 @@ async fn connect(socket: &Path, timeout: Duration) -> Result<Client, String> {
 }
 
 /// Converts SPIRE's SVID (DER chain, PKCS#8 DER key) into an [`Svid`] (PEM).
-fn convert_svid(s: pb::X509svidWithKey) -> Result<Svid, String> {
+fn convert_svid(mut s: pb::X509svidWithKey) -> Result<Svid, String> {
+    // Copied out of the message first, so our copy of the DER key is wiped on every
+    // return path. The message's own bytes are wiped too when this is their only
+    // owner; when they are a view into tonic's receive buffer, they are not ours to
+    // write.
+    let received = std::mem::take(&mut s.x509_svid_key);
+    let key_der = Zeroizing::new(received.to_vec());
+    if let Ok(mut own) = received.try_into_mut() {
+        own.fill(0);
+    }
     let x = s.x509_svid.ok_or("response without an SVID")?;
     let id = x.id.ok_or("SVID without a SPIFFE ID")?;
     if id.trust_domain.is_empty() {
         return Err("SVID with an empty trust domain".to_string());
     }
     let leaf = x.cert_chain.first().ok_or("SVID with an empty chain")?;
-    if s.x509_svid_key.is_empty() {
+    if key_der.is_empty() {
         return Err("SVID without a private key".to_string());
     }
     let serial = leaf_serial(leaf)?;
@@ -643,8 +658,12 @@ fn convert_svid(s: pb::X509svidWithKey) -> Result<Svid, String> {
     };
     Ok(Svid {
         spiffe_id: format!("spiffe://{}{}", id.trust_domain, path),
-        cert_chain_pem: x.cert_chain.iter().map(|c| pem("CERTIFICATE", c)).collect(),
-        private_key_pem: SecretPem::new(pem("PRIVATE KEY", &s.x509_svid_key)),
+        cert_chain_pem: x
+            .cert_chain
+            .iter()
+            .map(|c| pem("CERTIFICATE", c).as_str().to_owned())
+            .collect(),
+        private_key_pem: SecretPem::from_zeroizing(pem("PRIVATE KEY", &key_der)),
         not_after_ms: UnixMs(
             u64::try_from(x.expires_at)
                 .unwrap_or(0)
@@ -706,9 +725,14 @@ fn leaf_serial(cert: &[u8]) -> Result<String, String> {
 }
 
 /// PEM: base64 in 64-character lines between BEGIN/END lines.
-fn pem(label: &str, der: &[u8]) -> String {
+///
+/// Used for private keys too, so the text is built in one buffer allocated at its final
+/// size (a growing `String` would leave copies of earlier, smaller buffers in freed
+/// memory) and returned in a [`Zeroizing`] wrapper; the base64 scratch buffer is wiped
+/// before it is freed.
+fn pem(label: &str, der: &[u8]) -> Zeroizing<String> {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut b64 = Vec::with_capacity(der.len().div_ceil(3) * 4);
+    let mut b64 = Zeroizing::new(Vec::with_capacity(der.len().div_ceil(3) * 4));
     for chunk in der.chunks(3) {
         let n = chunk
             .iter()
@@ -722,14 +746,20 @@ fn pem(label: &str, der: &[u8]) -> String {
             }
         }
     }
-    let mut out = format!("-----BEGIN {label}-----\n");
+    let (begin, end) = (
+        format!("-----BEGIN {label}-----\n"),
+        format!("-----END {label}-----\n"),
+    );
+    let lines = b64.len().div_ceil(64);
+    let mut out = Zeroizing::new(String::with_capacity(
+        begin.len() + b64.len() + lines + end.len(),
+    ));
+    out.push_str(&begin);
     for line in b64.chunks(64) {
         out.push_str(std::str::from_utf8(line).unwrap_or_default());
         out.push('\n');
     }
-    out.push_str(&format!("-----END {label}-----\n"));
-    // The base64 buffer held key material: clear it before it is freed.
-    b64.fill(0);
+    out.push_str(&end);
     out
 }
 
@@ -745,11 +775,15 @@ mod tests {
             .self_signed(&key)
             .unwrap();
         assert_eq!(
-            pem("CERTIFICATE", cert.der()).replace("\r\n", "\n"),
+            pem("CERTIFICATE", cert.der())
+                .as_str()
+                .replace("\r\n", "\n"),
             cert.pem().replace("\r\n", "\n")
         );
         assert_eq!(
-            pem("PRIVATE KEY", &key.serialize_der()).replace("\r\n", "\n"),
+            pem("PRIVATE KEY", &key.serialize_der())
+                .as_str()
+                .replace("\r\n", "\n"),
             key.serialize_pem().replace("\r\n", "\n")
         );
         assert_eq!(
@@ -759,5 +793,16 @@ mod tests {
             2
         );
         assert!(!leaf_serial(cert.der()).unwrap().is_empty());
+    }
+
+    /// The PEM buffer is allocated once at its final size: had it grown, the key's
+    /// first lines would be left behind, unwiped, in the freed smaller buffers.
+    #[test]
+    fn pem_is_built_without_reallocating() {
+        for len in [0, 1, 2, 3, 47, 48, 49, 138, 1000] {
+            let der = vec![0xa5u8; len];
+            let out = pem("PRIVATE KEY", &der);
+            assert_eq!(out.capacity(), out.len(), "DER of {len} bytes");
+        }
     }
 }
