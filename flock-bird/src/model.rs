@@ -119,17 +119,38 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The registry key of this endpoint, unique across the mesh:
-    /// `<namespace>/<service>/<node>/<container_id>/<ifname>/<service_port>`.
-    /// Its parts are validated by the agent (no `/` inside them).
+    /// `<node>/<namespace>/<service>/<container_id>/<ifname>/<service_port>`
+    /// ([`flock_core::registry::endpoint_key`]). The node comes first so that etcd RBAC
+    /// can confine each agent to writing under `<prefix><node>/`. Its parts are
+    /// validated by the agent (no `/` inside them).
     pub fn key(&self) -> String {
-        format!(
-            "{}/{}/{}/{}/{}/{}",
-            self.namespace,
-            self.service,
-            self.node,
-            self.pod_key.container_id,
-            self.pod_key.ifname,
-            self.service_port
+        flock_core::registry::endpoint_key(
+            &self.node,
+            &self.namespace,
+            &self.service,
+            &self.pod_key.container_id,
+            &self.pod_key.ifname,
+            self.service_port,
         )
+    }
+
+    /// The fields [`flock_core::registry::check_entry`] checks, for this endpoint
+    /// found under `key` (relative to the registry prefix).
+    pub fn entry_fields<'a>(&'a self, key: &'a str) -> flock_core::registry::EntryFields<'a> {
+        flock_core::registry::EntryFields {
+            key,
+            node: &self.node,
+            namespace: &self.namespace,
+            service: &self.service,
+            service_port: self.service_port,
+            address: self.address,
+            port: self.port,
+            pod: &self.pod,
+            container_id: &self.pod_key.container_id,
+            ifname: &self.pod_key.ifname,
+            region: &self.region,
+            zone: &self.zone,
+            identity: self.identity.as_deref(),
+        }
     }
 }

@@ -282,4 +282,77 @@ fn spec_parsing() {
     }
     let spec = registry::parse_spec("etcd://a:1,b:2").unwrap();
     assert_eq!(spec.to_string(), "etcd://a:1,b:2");
+    let spec = registry::parse_spec("etcds://a:1,b:2").unwrap();
+    assert_eq!(
+        spec,
+        RegistrySpec::EtcdTls(vec!["a:1".into(), "b:2".into()])
+    );
+    assert_eq!(spec.to_string(), "etcds://a:1,b:2");
+}
+
+/// The scheme decides TLS and the options must agree: TLS options with `etcd://`,
+/// `etcds://` without a CA, a password over plaintext, or etcd options for an embedded
+/// backend are errors at start that say what to do, never a silent plaintext
+/// connection. (No etcd needed: each is refused before dialling.)
+#[tokio::test]
+async fn registry_security_options_must_match_the_scheme() {
+    let tls = registry::EtcdTls {
+        ca_pem: "-----BEGIN CERTIFICATE-----\n".into(),
+        cert_pem: None,
+        key_pem: None,
+    };
+    let auth = registry::EtcdAuth {
+        user: "node-a".into(),
+        password: zeroize::Zeroizing::new("hunter2".into()),
+    };
+    let cases = [
+        (
+            "etcd://127.0.0.1:1",
+            Some(tls.clone()),
+            None,
+            "write etcds://",
+        ),
+        ("etcds://127.0.0.1:1", None, None, "--registry-ca"),
+        ("etcd://127.0.0.1:1", None, Some(auth.clone()), "in clear"),
+        ("memory", Some(tls.clone()), None, "etcds:// only"),
+        ("memory", None, Some(auth.clone()), "etcds:// only"),
+    ];
+    for (spec, tls, auth, needle) in cases {
+        let opts = RegistryOptions {
+            tls,
+            auth,
+            ..RegistryOptions::default()
+        };
+        let err = registry::connect(&registry::parse_spec(spec).unwrap(), opts)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{spec}: accepted"))
+            .to_string();
+        assert!(err.contains(needle), "{spec}: {err}");
+    }
+    // The password never shows in Debug output.
+    assert!(!format!("{auth:?}").contains("hunter2"));
+}
+
+/// Password and TLS files: a password file's final newline is dropped, an empty one
+/// is refused, and a client certificate without its key is an error naming both flags.
+#[test]
+fn credential_files_are_read_with_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, "s3cret\n").unwrap();
+    let auth = registry::load_auth("node-a", &pw).unwrap();
+    assert_eq!(auth.password.as_str(), "s3cret");
+    std::fs::write(&pw, "\n").unwrap();
+    let err = registry::load_auth("node-a", &pw).unwrap_err();
+    assert!(err.contains("empty password"), "{err}");
+    let err = registry::load_auth("node-a", &dir.path().join("missing")).unwrap_err();
+    assert!(err.contains("--registry-password-file"), "{err}");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").unwrap();
+    let err = registry::load_tls(&ca, Some(&ca), None).unwrap_err();
+    assert!(
+        err.contains("--registry-cert") && err.contains("--registry-key"),
+        "{err}"
+    );
 }

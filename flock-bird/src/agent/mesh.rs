@@ -8,7 +8,7 @@ use crate::model::{Endpoint, Health, OUTBOUND_PORT, PodRecord};
 use crate::registry::View;
 use flock_core::sync::lock;
 use flock_xds::translate::{self, Mesh};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The registry endpoints a pod registers, one per app port, placed on this node.
 pub fn endpoints(
@@ -39,6 +39,33 @@ pub fn endpoints(
             identity: identity.map(str::to_string),
         })
         .collect()
+}
+
+/// The registry endpoints the agent serves, and the keys it leaves out by the
+/// never-downgrade rule: a service port (namespace, service, port) where any endpoint
+/// has an identity is mTLS, and its endpoints without one are left out. Mixing must not
+/// switch the port's callers to plaintext: one identity-less registry entry would
+/// otherwise turn off encryption and peer verification for every caller of the port.
+/// (The translation applies the same rule, [`translate::port_endpoints`]; filtering
+/// here, before the model, is what lets the agent name and count each excluded key.)
+pub fn serving_endpoints(view: &View) -> (Vec<&Endpoint>, BTreeSet<String>) {
+    let mtls: BTreeSet<(&str, &str, u16)> = view
+        .endpoints
+        .values()
+        .filter(|e| e.identity.is_some())
+        .map(|e| (e.namespace.as_str(), e.service.as_str(), e.service_port))
+        .collect();
+    let mut kept = Vec::with_capacity(view.endpoints.len());
+    let mut excluded = BTreeSet::new();
+    for (key, e) in &view.endpoints {
+        let port = (e.namespace.as_str(), e.service.as_str(), e.service_port);
+        if e.identity.is_none() && mtls.contains(&port) {
+            excluded.insert(key.clone());
+        } else {
+            kept.push(e);
+        }
+    }
+    (kept, excluded)
 }
 
 /// The services the registry's endpoints form, by (namespace, name): ports and
@@ -126,7 +153,13 @@ impl Agent {
     /// the rest of the mesh.
     pub(super) fn mesh(&self, view: &View) -> Mesh {
         let mut mesh = Mesh::default();
-        for svc in service_models(view.endpoints.values()) {
+        // Remote entries were checked one by one by the registry backend; what is left
+        // to decide here needs the whole view.
+        let (serving, downgraded) = serving_endpoints(view);
+        if let Some(r) = self.registry.rejections() {
+            r.set_downgraded(&self.registry.describe(), downgraded);
+        }
+        for svc in service_models(serving) {
             let one = Mesh {
                 services: vec![svc],
                 ..Mesh::default()

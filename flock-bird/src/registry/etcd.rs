@@ -21,17 +21,29 @@
 //! keep-alive, plus etcd's lease-expiry check granularity (500 ms), i.e. between about
 //! 2/3 TTL and TTL + 0.5 s after its death.
 //!
+//! Every entry read from etcd is checked on its own before it enters the view
+//! ([`flock_core::registry::check_entry`], after a size limit and the JSON decode): etcd
+//! is written by every node, and a node's bad or forged entry must cost only that entry.
+//! A refused entry is left out (and, if a valid value of its key was in the view, that
+//! value is removed: the view holds what etcd holds now, or nothing), warned about
+//! once per key and counted ([`Rejections`]).
+//!
+//! TLS and user auth come from [`RegistryOptions::tls`] and [`RegistryOptions::auth`];
+//! an etcd refusal for lack of permission (RBAC: a node writing outside
+//! `<prefix><node>/`) is [`RegistryError::Denied`].
+//!
 //! Own writes update the view at once (like `memory`), tagged with their revision;
 //! watch events for the same or older revisions of a key are then ignored, so the view
 //! never moves backwards.
 
-use super::{Registry, RegistryError, RegistryOptions, View};
+use super::{Registry, RegistryError, RegistryOptions, Rejections, View};
 use crate::model::Endpoint;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
     LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use flock_core::backoff::Backoff;
+use flock_core::registry::{MAX_ENTRY_BYTES, Reject, Rejected, Trust};
 use flock_core::sync::Mutex as SyncMutex;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -58,6 +70,18 @@ struct Shared {
     /// loss sees every successful put and no deleted key.
     ops: Mutex<Ops>,
     view: SyncMutex<ViewState>,
+    /// Entries of other nodes left out of the view.
+    rejections: Arc<Rejections>,
+}
+
+/// What decoding one etcd entry gave.
+enum Decoded {
+    /// A valid endpoint under its key (relative to the prefix).
+    Valid(String, Endpoint),
+    /// A key under the prefix whose value was refused.
+    Refused(String),
+    /// Not under the prefix at all (cannot happen with a prefix watch).
+    Foreign,
 }
 
 struct Ops {
@@ -142,6 +166,28 @@ impl Shared {
     }
 
     fn err(&self, op: &'static str, key: &str, source: etcd_client::Error) -> RegistryError {
+        if let etcd_client::Error::GRpcStatus(status) = &source
+            && status.code() == tonic::Code::PermissionDenied
+        {
+            return RegistryError::Denied {
+                backend: self.describe.clone(),
+                op,
+                key: format!(
+                    "{}{key}",
+                    if key.starts_with(&self.prefix) {
+                        ""
+                    } else {
+                        &self.prefix
+                    }
+                ),
+                reason: status.message().to_string(),
+                allowed: format!(
+                    "{}{}",
+                    self.prefix,
+                    flock_core::registry::node_prefix(&self.node)
+                ),
+            };
+        }
         RegistryError::Etcd {
             backend: self.describe.clone(),
             op,
@@ -169,22 +215,58 @@ impl Shared {
         }
     }
 
-    fn decode(&self, full_key: &[u8], value: &[u8]) -> Option<(String, Endpoint)> {
-        let key = std::str::from_utf8(full_key)
-            .ok()?
-            .strip_prefix(&self.prefix)?
-            .to_string();
-        match serde_json::from_slice::<Endpoint>(value) {
-            Ok(ep) if ep.key() == key => Some((key, ep)),
+    /// Decodes and checks one entry (see the module docs). A refusal is recorded in
+    /// [`Rejections`] (warned about once per key).
+    fn decode(&self, full_key: &[u8], value: &[u8]) -> Decoded {
+        let Some(key) = std::str::from_utf8(full_key)
+            .ok()
+            .and_then(|k| k.strip_prefix(&self.prefix))
+        else {
+            return Decoded::Foreign;
+        };
+        match self.check(key, value) {
             Ok(ep) => {
-                tracing::warn!(registry = %self.describe, key, endpoint_key = ep.key(), "ignoring registry entry whose key does not match its endpoint");
-                None
+                self.rejections.clear(key);
+                Decoded::Valid(key.to_string(), ep)
             }
-            Err(e) => {
-                tracing::warn!(registry = %self.describe, key, error = %e, "ignoring undecodable registry entry");
-                None
+            Err(why) => {
+                self.rejections.reject(&self.describe, key, &why);
+                Decoded::Refused(key.to_string())
             }
         }
+    }
+
+    fn check(&self, key: &str, value: &[u8]) -> Result<Endpoint, Rejected> {
+        if value.len() > MAX_ENTRY_BYTES {
+            return Err(Rejected::new(
+                Reject::Oversized,
+                format!(
+                    "{} bytes, more than the limit of {MAX_ENTRY_BYTES}",
+                    value.len()
+                ),
+            ));
+        }
+        let ep = serde_json::from_slice::<Endpoint>(value).map_err(|e| {
+            Rejected::new(
+                Reject::Undecodable,
+                format!(
+                    "not an endpoint: {}",
+                    flock_core::registry::bounded(&e.to_string())
+                ),
+            )
+        })?;
+        // The mutant trusts every decodable entry, as the registry did before entries
+        // were checked one by one: one bad entry then reaches the translation, which
+        // refuses its whole service.
+        #[cfg(not(flock_reintroduce = "registry-trust-all"))]
+        flock_core::registry::check_entry(
+            &ep.entry_fields(key),
+            &Trust {
+                local_node: &self.node,
+                trust_domain: self.opts.trust_domain.as_deref(),
+            },
+        )?;
+        Ok(ep)
     }
 
     /// Grants a new lease and puts every own endpoint again under it. Called with the
@@ -260,11 +342,20 @@ impl Shared {
             .await?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut entries = BTreeMap::new();
+        let mut refused = std::collections::BTreeSet::new();
         for kv in resp.kvs() {
-            if let Some((key, ep)) = self.decode(kv.key(), kv.value()) {
-                entries.insert(key, (ep, kv.mod_revision()));
+            match self.decode(kv.key(), kv.value()) {
+                Decoded::Valid(key, ep) => {
+                    entries.insert(key, (ep, kv.mod_revision()));
+                }
+                Decoded::Refused(key) => {
+                    refused.insert(key);
+                }
+                Decoded::Foreign => {}
             }
         }
+        // Keys refused before and gone since: a later bad value under them is news.
+        self.rejections.retain(|k| refused.contains(k));
         let mut view = self.view.lock();
         view.entries = entries;
         view.tombstones.clear();
@@ -324,16 +415,19 @@ impl Shared {
             let rev = kv.mod_revision();
             view.revision = view.revision.max(rev);
             match ev.event_type() {
-                EventType::Put => {
-                    if let Some((key, ep)) = self.decode(kv.key(), kv.value()) {
-                        changed |= view.apply_put(key, ep, rev);
-                    }
-                }
+                EventType::Put => match self.decode(kv.key(), kv.value()) {
+                    Decoded::Valid(key, ep) => changed |= view.apply_put(key, ep, rev),
+                    // The key's current value is refused: an older valid value must
+                    // not keep serving in its place.
+                    Decoded::Refused(key) => changed |= view.apply_delete(key, rev),
+                    Decoded::Foreign => {}
+                },
                 EventType::Delete => {
                     if let Some(key) = std::str::from_utf8(kv.key())
                         .ok()
                         .and_then(|k| k.strip_prefix(&self.prefix))
                     {
+                        self.rejections.clear(key);
                         changed |= view.apply_delete(key.to_string(), rev);
                     }
                 }
@@ -543,13 +637,24 @@ impl EtcdRegistry {
                 reason: "empty key prefix (it would watch the whole keyspace)".to_string(),
             });
         }
-        let urls: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
+        let urls: Vec<String> = endpoints
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect();
         // HTTP/2 pings detect a silently dead peer (partition) on the long-lived streams;
         // a killed etcd is detected at once by the connection reset.
-        let connect_opts = ConnectOptions::new()
+        let mut connect_opts = ConnectOptions::new()
             .with_connect_timeout(opts.op_timeout)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
             .with_keep_alive_while_idle(true);
+        if let Some(tls) = &opts.tls {
+            connect_opts = connect_opts.with_tls(tls_options(tls, &describe)?);
+        }
+        if let Some(auth) = &opts.auth {
+            // etcd-client keeps its own copy to re-authenticate when the token expires.
+            connect_opts = connect_opts.with_user(auth.user.clone(), auth.password.as_str());
+        }
         let client =
             match tokio::time::timeout(opts.op_timeout, Client::connect(&urls, Some(connect_opts)))
                 .await
@@ -587,6 +692,7 @@ impl EtcdRegistry {
                 own: BTreeMap::new(),
             }),
             view: SyncMutex::new(ViewState::default()),
+            rejections: Arc::new(Rejections::default()),
         });
         let first = shared.establish().await?;
         let task = tokio::spawn(shared.clone().run(first));
@@ -650,6 +756,16 @@ impl Drop for EtcdRegistry {
 impl Registry for EtcdRegistry {
     async fn put(&self, ep: &Endpoint) -> Result<u64, RegistryError> {
         let key = ep.key();
+        if !self.shared.node.is_empty() && ep.node != self.shared.node {
+            return Err(RegistryError::Invalid {
+                backend: self.shared.describe.clone(),
+                reason: format!(
+                    "put {key:?}: the endpoint belongs to node {:?}, this agent is node {:?}; \
+                     an agent writes only its own node's endpoints",
+                    ep.node, self.shared.node
+                ),
+            });
+        }
         let mut ops = self.shared.ops.lock().await;
         if !self.view_tx_synced() {
             return Err(self.unavailable(
@@ -728,6 +844,56 @@ impl Registry for EtcdRegistry {
     fn describe(&self) -> String {
         self.shared.describe.clone()
     }
+
+    fn rejections(&self) -> Option<Arc<Rejections>> {
+        Some(Arc::clone(&self.shared.rejections))
+    }
+}
+
+/// tonic's TLS settings for `tls`: etcd's CA, and the client identity if given.
+fn tls_options(
+    tls: &super::EtcdTls,
+    describe: &str,
+) -> Result<etcd_client::TlsOptions, RegistryError> {
+    let invalid = |reason: String| RegistryError::Invalid {
+        backend: describe.to_string(),
+        reason,
+    };
+    if !tls.ca_pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(invalid(
+            "the registry CA (--registry-ca) holds no PEM certificate".to_string(),
+        ));
+    }
+    let mut o = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(tls.ca_pem.as_bytes()));
+    match (&tls.cert_pem, &tls.key_pem) {
+        (Some(cert), Some(key)) => {
+            if !cert.contains("-----BEGIN CERTIFICATE-----") {
+                return Err(invalid(
+                    "the registry client certificate (--registry-cert) holds no PEM certificate"
+                        .to_string(),
+                ));
+            }
+            if !key.contains("PRIVATE KEY-----") {
+                return Err(invalid(
+                    "the registry client key (--registry-key) holds no PEM private key".to_string(),
+                ));
+            }
+            o = o.identity(etcd_client::Identity::from_pem(
+                cert.as_bytes(),
+                key.as_bytes(),
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(invalid(
+                "--registry-cert and --registry-key go together (a client certificate needs \
+                 its key)"
+                    .to_string(),
+            ));
+        }
+    }
+    Ok(o)
 }
 
 impl EtcdRegistry {

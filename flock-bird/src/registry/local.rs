@@ -6,7 +6,7 @@
 //! returns, so `put(..).await` followed by `view().borrow()` sees the write.
 
 use super::persist::{self, Entry};
-use super::{Registry, RegistryError, RegistryOptions, View};
+use super::{Registry, RegistryError, RegistryOptions, Rejections, View};
 use crate::model::Endpoint;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,9 @@ pub struct LocalRegistry {
     path: Option<PathBuf>,
     state: Mutex<State>,
     view_tx: watch::Sender<Arc<View>>,
+    /// Only this agent writes here, so nothing is refused at decode; the agent still
+    /// records never-downgrade exclusions.
+    rejections: Arc<Rejections>,
 }
 
 #[derive(Clone, Default)]
@@ -88,6 +91,7 @@ impl LocalRegistry {
             path,
             state: Mutex::new(state),
             view_tx,
+            rejections: Arc::default(),
         }
     }
 
@@ -168,5 +172,9 @@ impl Registry for LocalRegistry {
 
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+
+    fn rejections(&self) -> Option<Arc<Rejections>> {
+        Some(Arc::clone(&self.rejections))
     }
 }

@@ -7,7 +7,12 @@
 //! |------|---------|-------|
 //! | `memory` (default) | [`local::LocalRegistry`] without a file | this process only |
 //! | `file:PATH` | [`local::LocalRegistry`] persisting to `PATH` | this node, survives restarts |
-//! | `etcd://H:P[,H:P]` | [`etcd::EtcdRegistry`] | the whole mesh |
+//! | `etcd://H:P[,H:P]` | [`etcd::EtcdRegistry`] over plaintext | the whole mesh |
+//! | `etcds://H:P[,H:P]` | [`etcd::EtcdRegistry`] over TLS ([`RegistryOptions::tls`]) | the whole mesh |
+//!
+//! The scheme says whether the connection is TLS, and the options must agree: TLS
+//! options with `etcd://`, or `etcds://` without a CA, is an error at start, never a
+//! silent plaintext connection.
 //!
 //! Every backend keeps a [`View`] (all endpoints of all nodes as it currently knows
 //! them) in a `tokio::sync::watch` channel; the agent's refresher watches it, debounces,
@@ -23,6 +28,17 @@
 //! after at most the TTL since the last keep-alive, plus etcd's lease-expiry check
 //! granularity (its lessor scans every 500 ms). A graceful stop can revoke the lease
 //! ([`etcd::EtcdRegistry::close`]) to remove them at once.
+//!
+//! # Entries from other nodes are outside input
+//!
+//! Keys are `<prefix><node>/<namespace>/<service>/<container_id>/<ifname>/<port>`
+//! ([`flock_core::registry`]), so etcd RBAC can let each agent write only under its own
+//! node's prefix (docs/registry-security.md has the etcd role setup). The etcd backend
+//! checks every entry on its own as it decodes it ([`flock_core::registry::check_entry`]:
+//! size, names, ports, address, the SPIFFE ID's trust domain and namespace); a bad
+//! entry is left out of the [`View`] alone, warned about once per key and counted in
+//! [`Rejections`] (`flock_registry_entries_rejected_total{reason}`), so the rest of its
+//! service keeps serving.
 
 pub mod etcd;
 pub mod local;
@@ -40,9 +56,13 @@ pub fn decode_file(bytes: &[u8]) -> Result<(usize, u64), String> {
 }
 
 use crate::model::Endpoint;
+use flock_core::registry::{Reject, Rejected};
+use flock_core::sync::lock;
+use flock_telemetry::prometheus_client;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Everything in the registry (all nodes), as the backend currently knows it.
@@ -82,6 +102,121 @@ pub trait Registry: Send + Sync + 'static {
     fn view(&self) -> tokio::sync::watch::Receiver<Arc<View>>;
     /// `memory`, `file:/path`, `etcd://h:p,h:p`: for logs and `/debug/registry`.
     fn describe(&self) -> String;
+    /// The entries this backend refused to put in its view, if it reads entries
+    /// written by others (etcd). `None` for backends that hold only this agent's own.
+    fn rejections(&self) -> Option<Arc<Rejections>> {
+        None
+    }
+}
+
+/// The registry entries left out of the view, by key, and how many were refused per
+/// reason. An entry is warned about and counted when it is first refused (or refused
+/// for another reason than before), not on every watch event or re-list that
+/// delivers it again: a bad entry sitting in etcd must not flood the log.
+#[derive(Debug)]
+pub struct Rejections {
+    counts: [AtomicU64; Reject::ALL.len()],
+    by_key: flock_core::sync::Mutex<BTreeMap<String, Reject>>,
+    /// Keys excluded by the never-downgrade rule at the last publish.
+    downgraded: flock_core::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl Default for Rejections {
+    fn default() -> Self {
+        Self {
+            counts: Default::default(),
+            by_key: flock_core::sync::Mutex::new(BTreeMap::new()),
+            downgraded: flock_core::sync::Mutex::new(std::collections::BTreeSet::new()),
+        }
+    }
+}
+
+impl Rejections {
+    /// Records that the entry under `key` was refused: warns and counts if this is
+    /// news for the key.
+    pub fn reject(&self, backend: &str, key: &str, why: &Rejected) {
+        let fresh = lock(&self.by_key).insert(key.to_string(), why.reason) != Some(why.reason);
+        if fresh {
+            self.counts[why.reason.index()].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                registry = %backend,
+                key = %flock_core::registry::bounded(key),
+                reason = why.reason.as_str(),
+                "ignoring registry entry: {}",
+                why.detail
+            );
+        }
+    }
+
+    /// The entry under `key` is gone or valid again: a later refusal is news.
+    pub fn clear(&self, key: &str) {
+        lock(&self.by_key).remove(key);
+    }
+
+    /// Keeps only the refused keys for which `keep` holds (after a re-list: the keys
+    /// still refused); counts stay.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        lock(&self.by_key).retain(|k, _| keep(k));
+    }
+
+    /// Records the keys the agent currently excludes by the never-downgrade rule (an
+    /// endpoint without an identity in a service port whose other endpoints have one):
+    /// warns about and counts ([`Reject::Downgrade`]) the ones not excluded last time.
+    pub fn set_downgraded(&self, backend: &str, keys: std::collections::BTreeSet<String>) {
+        let mut current = lock(&self.downgraded);
+        for key in keys.difference(&current) {
+            self.counts[Reject::Downgrade.index()].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                registry = %backend,
+                key = %flock_core::registry::bounded(key),
+                reason = Reject::Downgrade.as_str(),
+                "not serving registry entry: it has no identity but its service port's other \
+                 endpoints do; the port stays mTLS without it"
+            );
+        }
+        *current = keys;
+    }
+
+    /// The keys excluded by the never-downgrade rule at the last publish.
+    pub fn downgraded(&self) -> std::collections::BTreeSet<String> {
+        lock(&self.downgraded).clone()
+    }
+
+    /// How many entries were refused for `reason`.
+    pub fn count(&self, reason: Reject) -> u64 {
+        self.counts[reason.index()].load(Ordering::Relaxed)
+    }
+
+    /// The keys currently refused, with their reason.
+    pub fn refused(&self) -> BTreeMap<String, Reject> {
+        lock(&self.by_key).clone()
+    }
+}
+
+/// `/metrics` collector of a backend's [`Rejections`]:
+/// `flock_registry_entries_rejected_total{reason}`, one series per reason (a closed set).
+#[derive(Debug)]
+pub struct RejectionsCollector(pub Arc<Rejections>);
+
+impl prometheus_client::collector::Collector for RejectionsCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric as _;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let mut family = encoder.encode_descriptor(
+            "flock_registry_entries_rejected",
+            "Registry entries of other nodes left out of the view, by reason.",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for r in Reject::ALL {
+            let c = ConstCounter::new(self.0.count(r));
+            c.encode(family.encode_family(&[("reason", r.as_str())])?)?;
+        }
+        Ok(())
+    }
 }
 
 /// A parsed registry spec (see [`parse_spec`]).
@@ -91,8 +226,11 @@ pub enum RegistrySpec {
     Memory,
     /// `file:PATH`: embedded, persisted to `PATH`.
     File(PathBuf),
-    /// `etcd://HOST:PORT[,HOST:PORT]`: the etcd cluster's client endpoints (`HOST:PORT`).
+    /// `etcd://HOST:PORT[,HOST:PORT]`: the etcd cluster's client endpoints (`HOST:PORT`),
+    /// plaintext.
     Etcd(Vec<String>),
+    /// `etcds://HOST:PORT[,HOST:PORT]`: the same over TLS.
+    EtcdTls(Vec<String>),
 }
 
 impl std::fmt::Display for RegistrySpec {
@@ -101,15 +239,17 @@ impl std::fmt::Display for RegistrySpec {
             RegistrySpec::Memory => f.write_str("memory"),
             RegistrySpec::File(p) => write!(f, "file:{}", p.display()),
             RegistrySpec::Etcd(eps) => write!(f, "etcd://{}", eps.join(",")),
+            RegistrySpec::EtcdTls(eps) => write!(f, "etcds://{}", eps.join(",")),
         }
     }
 }
 
-/// Parses `memory`, `file:PATH` or `etcd://HOST:PORT[,HOST:PORT]`.
+/// Parses `memory`, `file:PATH`, `etcd://HOST:PORT[,HOST:PORT]` or
+/// `etcds://HOST:PORT[,HOST:PORT]` (TLS).
 ///
 /// Errors say what was expected; IPv6 hosts go in brackets (`etcd://[::1]:2379`).
 pub fn parse_spec(spec: &str) -> Result<RegistrySpec, String> {
-    const EXPECTED: &str = "expected \"memory\", \"file:PATH\" or \"etcd://HOST:PORT[,HOST:PORT]\"";
+    const EXPECTED: &str = "expected \"memory\", \"file:PATH\", \"etcd://HOST:PORT[,HOST:PORT]\" or \"etcds://HOST:PORT[,HOST:PORT]\" (TLS)";
     let spec = spec.trim();
     if spec == "memory" {
         return Ok(RegistrySpec::Memory);
@@ -122,7 +262,11 @@ pub fn parse_spec(spec: &str) -> Result<RegistrySpec, String> {
         }
         return Ok(RegistrySpec::File(PathBuf::from(path)));
     }
-    if let Some(rest) = spec.strip_prefix("etcd://") {
+    let etcd = spec
+        .strip_prefix("etcd://")
+        .map(|r| (r, false))
+        .or_else(|| spec.strip_prefix("etcds://").map(|r| (r, true)));
+    if let Some((rest, tls)) = etcd {
         let rest = rest.trim_end_matches('/');
         if rest.is_empty() {
             return Err(format!(
@@ -134,7 +278,11 @@ pub fn parse_spec(spec: &str) -> Result<RegistrySpec, String> {
             endpoints
                 .push(parse_host_port(hp).map_err(|e| format!("registry spec {spec:?}: {e}"))?);
         }
-        return Ok(RegistrySpec::Etcd(endpoints));
+        return Ok(if tls {
+            RegistrySpec::EtcdTls(endpoints)
+        } else {
+            RegistrySpec::Etcd(endpoints)
+        });
     }
     Err(format!(
         "registry spec {spec:?}: unknown backend; {EXPECTED}"
@@ -175,6 +323,121 @@ fn parse_host_port(hp: &str) -> Result<String, String> {
     }
 }
 
+/// TLS to etcd: the CA that signed etcd's server certificate, and this agent's client
+/// certificate and key (etcd's `--client-cert-auth`; with etcd auth enabled and no
+/// user, etcd takes the certificate's CN as the user name).
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// PEM CA bundle that verifies etcd's server certificate.
+    pub ca_pem: String,
+    /// PEM client certificate chain (optional: server-only TLS without it).
+    pub cert_pem: Option<String>,
+    /// PEM private key of the client certificate; zeroed on drop, never printed.
+    pub key_pem: Option<zeroize::Zeroizing<String>>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_pem", &format_args!("<{} bytes>", self.ca_pem.len()))
+            .field("cert_pem", &self.cert_pem.as_ref().map(|c| c.len()))
+            .field("key_pem", &self.key_pem.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// etcd user authentication (etcd's `auth enable`): the user and its password.
+#[derive(Clone)]
+pub struct EtcdAuth {
+    /// The etcd user.
+    pub user: String,
+    /// Its password; zeroed on drop, never printed (`Debug` shows `<redacted>`).
+    pub password: zeroize::Zeroizing<String>,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Largest PEM file or password file read for the registry (1 MiB).
+pub const MAX_CREDENTIAL_FILE_BYTES: u64 = 1 << 20;
+
+fn read_credential(what: &str, path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    let mut s = String::new();
+    f.take(MAX_CREDENTIAL_FILE_BYTES + 1)
+        .read_to_string(&mut s)
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if s.len() as u64 > MAX_CREDENTIAL_FILE_BYTES {
+        return Err(format!(
+            "{what} {}: larger than {MAX_CREDENTIAL_FILE_BYTES} bytes",
+            path.display()
+        ));
+    }
+    Ok(s)
+}
+
+/// Reads the registry TLS files: `ca` (PEM CA bundle of etcd's server certificate) and
+/// optionally `cert` + `key` (this agent's client certificate). Errors name the flag
+/// and the file.
+pub fn load_tls(
+    ca: &std::path::Path,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+) -> Result<EtcdTls, String> {
+    let ca_pem = read_credential("--registry-ca", ca)?;
+    let (cert_pem, key_pem) = match (cert, key) {
+        (Some(c), Some(k)) => (
+            Some(read_credential("--registry-cert", c)?),
+            Some(zeroize::Zeroizing::new(read_credential(
+                "--registry-key",
+                k,
+            )?)),
+        ),
+        (None, None) => (None, None),
+        _ => {
+            return Err(
+                "--registry-cert and --registry-key go together (a client certificate needs its key)"
+                    .to_string(),
+            );
+        }
+    };
+    Ok(EtcdTls {
+        ca_pem,
+        cert_pem,
+        key_pem,
+    })
+}
+
+/// Reads the etcd password of `user` from `password_file` (one line; a final newline
+/// is dropped). A file, not a flag value: command lines are visible in `ps`.
+pub fn load_auth(user: &str, password_file: &std::path::Path) -> Result<EtcdAuth, String> {
+    if user.is_empty() {
+        return Err("--registry-user is empty".to_string());
+    }
+    let mut password =
+        zeroize::Zeroizing::new(read_credential("--registry-password-file", password_file)?);
+    while password.ends_with('\n') || password.ends_with('\r') {
+        password.pop();
+    }
+    if password.is_empty() {
+        return Err(format!(
+            "--registry-password-file {}: empty password",
+            password_file.display()
+        ));
+    }
+    Ok(EtcdAuth {
+        user: user.to_string(),
+        password,
+    })
+}
+
 /// Settings shared by the backends.
 #[derive(Debug, Clone)]
 pub struct RegistryOptions {
@@ -192,6 +455,14 @@ pub struct RegistryOptions {
     pub reconnect_max: Duration,
     /// etcd: timeout of one request (connect, put, delete, list, grant; default 5 s).
     pub op_timeout: Duration,
+    /// etcd: TLS (required by `etcds://`, refused with `etcd://`).
+    pub tls: Option<EtcdTls>,
+    /// etcd: user authentication.
+    pub auth: Option<EtcdAuth>,
+    /// The agent's trust domain: a remote endpoint's SPIFFE ID must be in it. `None`
+    /// when the agent has no identity source of its own trust domain (see
+    /// [`flock_core::registry::Trust`]).
+    pub trust_domain: Option<String>,
 }
 
 impl Default for RegistryOptions {
@@ -204,6 +475,9 @@ impl Default for RegistryOptions {
             reconnect_initial: Duration::from_millis(200),
             reconnect_max: Duration::from_secs(5),
             op_timeout: Duration::from_secs(5),
+            tls: None,
+            auth: None,
+            trust_domain: None,
         }
     }
 }
@@ -271,6 +545,25 @@ pub enum RegistryError {
         #[source]
         source: etcd_client::Error,
     },
+    /// etcd refused the request for lack of permission: with per-node RBAC, a write
+    /// outside this node's prefix, or credentials without the role.
+    #[error(
+        "registry {backend}: {op} {key:?}: etcd refused it (permission denied: {reason}); \
+         this agent's etcd user may write only under {allowed} and read the registry prefix \
+         (see docs/registry-security.md)"
+    )]
+    Denied {
+        /// The backend.
+        backend: String,
+        /// The operation.
+        op: &'static str,
+        /// The full etcd key (empty if none).
+        key: String,
+        /// etcd's message.
+        reason: String,
+        /// The prefix this node's role should grant `readwrite` on.
+        allowed: String,
+    },
     /// An etcd request did not complete in [`RegistryOptions::op_timeout`].
     #[error("registry {backend}: {op} {key:?}: no answer within {timeout:?}")]
     Timeout {
@@ -311,10 +604,44 @@ pub async fn connect(
     spec: &RegistrySpec,
     opts: RegistryOptions,
 ) -> Result<Arc<dyn Registry>, RegistryError> {
+    let local = matches!(spec, RegistrySpec::Memory | RegistrySpec::File(_));
+    if local && (opts.tls.is_some() || opts.auth.is_some()) {
+        return Err(RegistryError::Invalid {
+            backend: spec.to_string(),
+            reason: "registry TLS and user options apply to etcds:// only".to_string(),
+        });
+    }
+    if matches!(spec, RegistrySpec::Etcd(_)) && opts.auth.is_some() {
+        return Err(RegistryError::Invalid {
+            backend: spec.to_string(),
+            reason: "an etcd user and password over plaintext etcd:// would cross the \
+                     network in clear; use etcds://"
+                .to_string(),
+        });
+    }
     Ok(match spec {
         RegistrySpec::Memory => Arc::new(local::LocalRegistry::memory()),
         RegistrySpec::File(path) => Arc::new(local::LocalRegistry::open_file(path, &opts).await?),
         RegistrySpec::Etcd(endpoints) => {
+            if opts.tls.is_some() {
+                return Err(RegistryError::Invalid {
+                    backend: spec.to_string(),
+                    reason: "TLS options (--registry-ca/--registry-cert/--registry-key) given \
+                             for a plaintext etcd:// registry; write etcds:// to use TLS"
+                        .to_string(),
+                });
+            }
+            Arc::new(etcd::EtcdRegistry::connect(endpoints, opts).await?)
+        }
+        RegistrySpec::EtcdTls(endpoints) => {
+            if opts.tls.is_none() {
+                return Err(RegistryError::Invalid {
+                    backend: spec.to_string(),
+                    reason: "etcds:// needs the CA that signed etcd's certificate \
+                             (--registry-ca)"
+                        .to_string(),
+                });
+            }
             Arc::new(etcd::EtcdRegistry::connect(endpoints, opts).await?)
         }
     })
