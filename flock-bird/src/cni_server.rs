@@ -52,11 +52,13 @@ impl CniServer {
         self.serve_bound(listener, path, shutdown).await
     }
 
-    /// Binds the unix socket `path` (mode 0600), creating its directory. Connections
-    /// wait in the backlog until [`serve_bound`](Self::serve_bound) runs.
+    /// Binds the unix socket `path` (mode 0600) in a private directory: created 0700
+    /// if missing, refused if it is a symlink, owned by another uid, or group/other
+    /// writable (anyone who can write there could swap the socket for their own).
+    /// Connections wait in the backlog until [`serve_bound`](Self::serve_bound) runs.
     pub fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            flock_xds::server::ensure_private_dir(dir)?;
         }
         flock_xds::server::bind_unix(path)
     }

@@ -204,6 +204,8 @@ pub struct Metrics {
     stream_errors: Counter,
     per_type: Arc<PerType>,
     refusals: Arc<Refusals>,
+    /// Connection and authorization counters (kept by `listen.rs` and `auth.rs`).
+    pub(crate) transport: super::listen::TransportMetrics,
 }
 
 /// One counter per [`Event`] and [`TypeLabel`], indexed by their discriminants: the
@@ -312,6 +314,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(Arc::clone(&self.per_type)));
         registry.register_collector(Box::new(Arc::clone(&self.refusals)));
+        self.transport.register(registry);
     }
 
     /// All counters in the Prometheus text exposition format.

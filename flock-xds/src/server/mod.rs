@@ -11,12 +11,21 @@
 //! Callbacks ([`Callbacks`]) see every stream event; NACKs are also logged at `warn`
 //! with the client's `error_detail`, and counted in [`Metrics`].
 
+pub mod auth;
 mod convert;
+mod listen;
 mod metrics;
+mod peer;
 mod stream;
 
+pub use auth::{AllowAll, Authorizer, GroupChoice, Principal};
 pub use convert::Limits;
+pub use listen::{
+    AcceptBackoff, ConnectionLimits, TlsSettings, bind_unix, bind_unix_with_mode,
+    ensure_private_dir,
+};
 pub use metrics::Metrics;
+pub use peer::Peer;
 
 use crate::cache::Cache;
 use crate::callbacks::{Callbacks, NoCallbacks, StreamKind};
@@ -43,8 +52,7 @@ use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server
     SecretDiscoveryService, SecretDiscoveryServiceServer,
 };
 use envoy_types::pb::google::protobuf::Any;
-use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +67,8 @@ pub(crate) struct Inner {
     callbacks: Arc<dyn Callbacks>,
     metrics: Metrics,
     limits: Limits,
+    authorizer: Arc<dyn Authorizer>,
+    connection_limits: ConnectionLimits,
     identifier: String,
     next_stream: AtomicU64,
     /// Streams holding a slot of `limits.max_open_streams` (see `stream.rs`).
@@ -103,6 +113,8 @@ pub struct ServerBuilder {
     cache: Arc<Cache<Any>>,
     callbacks: Arc<dyn Callbacks>,
     limits: Limits,
+    authorizer: Arc<dyn Authorizer>,
+    connection_limits: ConnectionLimits,
     identifier: String,
 }
 
@@ -125,6 +137,27 @@ impl ServerBuilder {
         self
     }
 
+    /// Who may use the server, as which group, with or without secrets (default:
+    /// [`AllowAll`], which is only safe behind another authentication layer). Asked
+    /// before anything else on every RPC; see [`auth`].
+    pub fn authorizer(mut self, authorizer: impl Authorizer + 'static) -> Self {
+        self.authorizer = Arc::new(authorizer);
+        self
+    }
+
+    /// A shared authorizer (see [`authorizer`](Self::authorizer)).
+    pub fn authorizer_arc(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
+        self.authorizer = authorizer;
+        self
+    }
+
+    /// Connection bounds of the server's listeners (default:
+    /// [`ConnectionLimits::default`]).
+    pub fn connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.connection_limits = limits;
+        self
+    }
+
     /// `ControlPlane.identifier` sent in every response (default: `flock-xds`; empty
     /// sends none). Envoy shows it in `/config_dump`.
     pub fn identifier(mut self, identifier: impl Into<String>) -> Self {
@@ -140,6 +173,8 @@ impl ServerBuilder {
                 callbacks: self.callbacks,
                 metrics: Metrics::default(),
                 limits: self.limits,
+                authorizer: self.authorizer,
+                connection_limits: self.connection_limits,
                 identifier: self.identifier,
                 next_stream: AtomicU64::new(0),
                 open_streams: Default::default(),
@@ -163,6 +198,8 @@ impl Server {
             cache,
             callbacks: Arc::new(NoCallbacks),
             limits: Limits::default(),
+            authorizer: Arc::new(AllowAll),
+            connection_limits: ConnectionLimits::default(),
             identifier: "flock-xds".to_string(),
         }
     }
@@ -184,28 +221,78 @@ impl Server {
         self.inner.shutdown.send_replace(true);
     }
 
+    /// Asks the authorizer about the peer of `request`'s connection; a refusal is
+    /// counted, logged once per peer, and ends the RPC with the authorizer's status.
+    fn authorize<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
+        let peer = Peer::of(request);
+        #[cfg(flock_reintroduce = "xds-auth-bypass")]
+        {
+            // The bug: every client is trusted as whatever its Node claims, secrets
+            // included.
+            return AllowAll.authorize(&peer);
+        }
+        #[allow(unreachable_code)]
+        match self.inner.authorizer.authorize(&peer) {
+            Ok(principal) => {
+                tracing::debug!(%peer, principal = %principal.name, "xDS client authorized");
+                Ok(principal)
+            }
+            Err(status) => {
+                self.inner.metrics.transport.refusals.refuse(
+                    &peer,
+                    auth::reason_of(&status),
+                    &status,
+                );
+                Err(status)
+            }
+        }
+    }
+
+    /// Refuses a principal without `secrets` on the SDS per-type service (before the
+    /// stream or fetch reads a request).
+    fn check_type(&self, principal: &Principal, type_url: &str) -> Result<(), Status> {
+        if type_url == types::SECRET && !principal.secrets {
+            let status = auth::secrets_denied(principal);
+            self.inner
+                .metrics
+                .transport
+                .refusals
+                .refuse_secrets(principal, &status);
+            return Err(status);
+        }
+        Ok(())
+    }
+
     fn spawn_stream<F: stream::Flavor>(
         &self,
         kind: StreamKind,
         fixed_type: Option<&'static str>,
-        requests: Streaming<F::Req>,
-    ) -> BoxStream<F::Resp> {
+        request: Request<Streaming<F::Req>>,
+    ) -> Result<Response<BoxStream<F::Resp>>, Status> {
+        let principal = self.authorize(&request)?;
+        if let Some(t) = fixed_type {
+            self.check_type(&principal, t)?;
+        }
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(stream::run::<F>(
             Arc::clone(&self.inner),
             kind,
             fixed_type,
-            requests,
+            principal,
+            request.into_inner(),
             tx,
         ));
-        Box::pin(ReceiverStream::new(rx))
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     fn fetch(
         &self,
         type_url: &'static str,
-        req: &DiscoveryRequest,
+        request: &Request<DiscoveryRequest>,
     ) -> Result<DiscoveryResponse, Status> {
+        let principal = self.authorize(request)?;
+        self.check_type(&principal, type_url)?;
+        let req = request.get_ref();
         let req_conv = convert::sotw_request(req, Some(type_url), &self.inner.limits)?;
         let node = req
             .node
@@ -213,11 +300,14 @@ impl Server {
             .map(|n| convert::checked_node(n, &self.inner.limits))
             .transpose()?
             .ok_or_else(|| Status::invalid_argument("a fetch request must carry the node"))?;
-        let snapshot = self.inner.cache.publisher_for(&node).latest();
+        let group = match &principal.group {
+            GroupChoice::Fixed(group) => group.clone(),
+            GroupChoice::ByNode => self.inner.cache.group_of(&node),
+        };
+        let snapshot = self.inner.cache.publisher(&group).latest();
         if snapshot.version() == 0 {
             return Err(Status::unavailable(format!(
-                "no snapshot is set yet for node group {:?}",
-                self.inner.cache.group_of(&node)
+                "no snapshot is set yet for node group {group:?}"
             )));
         }
         let set = snapshot.state();
@@ -242,14 +332,23 @@ impl Server {
         })
     }
 
-    /// The tonic router with ADS and every per-type service, for callers that serve
-    /// other services on the same port or bring their own listener.
-    pub fn router(&self) -> tonic::transport::server::Router {
-        let max = self.inner.limits.max_request_bytes;
-        let mut builder = tonic::transport::Server::builder()
+    /// The tonic server settings every listener uses: keepalives, and the streams one
+    /// connection may open ([`ConnectionLimits`]).
+    fn transport_builder(&self) -> tonic::transport::Server {
+        tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .max_concurrent_streams(
+                self.inner
+                    .connection_limits
+                    .max_concurrent_streams_per_connection,
+            )
+    }
+
+    /// ADS and every per-type service on `builder`.
+    fn routes(&self, mut builder: tonic::transport::Server) -> tonic::transport::server::Router {
+        let max = self.inner.limits.max_request_bytes;
         builder
             .add_service(
                 AggregatedDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(max),
@@ -271,70 +370,14 @@ impl Server {
             )
     }
 
-    /// Serves on a bound TCP listener until `shutdown` resolves (then every stream ends
-    /// with `UNAVAILABLE`, see [`Server::shutdown`]).
-    pub async fn serve_tcp(
-        &self,
-        listener: tokio::net::TcpListener,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> std::io::Result<()> {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let this = self.clone();
-        self.router()
-            .serve_with_incoming_shutdown(incoming, async move {
-                shutdown.await;
-                this.shutdown();
-            })
-            .await
-            .map_err(std::io::Error::other)
+    /// The tonic router with ADS and every per-type service, for callers that serve
+    /// other services on the same port or bring their own listener. The authorizer
+    /// still runs on every RPC, but the connection cap does not (it lives in this
+    /// crate's listeners), and a listener whose connect info this crate does not know
+    /// gives the authorizer [`Peer::Unknown`].
+    pub fn router(&self) -> tonic::transport::server::Router {
+        self.routes(self.transport_builder())
     }
-
-    /// Serves on a unix socket at `path` (created mode 0600; a stale socket left by a
-    /// previous run is replaced, anything else at the path is an error) until
-    /// `shutdown` resolves. The socket file is removed on return.
-    pub async fn serve_unix(
-        &self,
-        path: &Path,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> std::io::Result<()> {
-        let listener = bind_unix(path)?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        let this = self.clone();
-        let result = self
-            .router()
-            .serve_with_incoming_shutdown(incoming, async move {
-                shutdown.await;
-                this.shutdown();
-            })
-            .await
-            .map_err(std::io::Error::other);
-        let _ = std::fs::remove_file(path);
-        result
-    }
-}
-
-/// Binds a unix socket at `path` with mode 0600. Refuses to replace anything but a
-/// socket, and never follows a symlink at `path`.
-pub fn bind_unix(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                format!(
-                    "{} exists and is not a socket; refusing to replace it",
-                    path.display()
-                ),
-            ));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = tokio::net::UnixListener::bind(path)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
 }
 
 /// Where a server listens: `HOST:PORT` or `unix:PATH`.
@@ -370,22 +413,14 @@ impl AggregatedDiscoveryService for Server {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.spawn_stream::<stream::Sotw>(
-            StreamKind::SotwAds,
-            None,
-            request.into_inner(),
-        )))
+        self.spawn_stream::<stream::Sotw>(StreamKind::SotwAds, None, request)
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.spawn_stream::<stream::Delta>(
-            StreamKind::DeltaAds,
-            None,
-            request.into_inner(),
-        )))
+        self.spawn_stream::<stream::Delta>(StreamKind::DeltaAds, None, request)
     }
 }
 
@@ -401,29 +436,29 @@ macro_rules! per_type_service {
                 &self,
                 request: Request<Streaming<DiscoveryRequest>>,
             ) -> Result<Response<Self::$sotw_stream>, Status> {
-                Ok(Response::new(self.spawn_stream::<stream::Sotw>(
+                self.spawn_stream::<stream::Sotw>(
                     StreamKind::Sotw($type_url),
                     Some($type_url),
-                    request.into_inner(),
-                )))
+                    request,
+                )
             }
 
             async fn $delta(
                 &self,
                 request: Request<Streaming<DeltaDiscoveryRequest>>,
             ) -> Result<Response<Self::$delta_stream>, Status> {
-                Ok(Response::new(self.spawn_stream::<stream::Delta>(
+                self.spawn_stream::<stream::Delta>(
                     StreamKind::Delta($type_url),
                     Some($type_url),
-                    request.into_inner(),
-                )))
+                    request,
+                )
             }
 
             async fn $fetch(
                 &self,
                 request: Request<DiscoveryRequest>,
             ) -> Result<Response<DiscoveryResponse>, Status> {
-                self.fetch($type_url, request.get_ref()).map(Response::new)
+                self.fetch($type_url, &request).map(Response::new)
             }
         }
     };

@@ -25,6 +25,7 @@
 //! against the names the stream may subscribe to in total.
 
 use super::Inner;
+use super::auth::{GroupChoice, Principal};
 use super::convert;
 use super::metrics::{Event, Refusal};
 use crate::callbacks::{NodeInfo, ResponseInfo, StreamId, StreamKind};
@@ -48,6 +49,8 @@ pub(crate) trait Flavor: Send + 'static {
 
     fn new() -> Self;
     fn node(req: &Self::Req) -> Option<&Node>;
+    /// The type URL as the client sent it (empty on a per-type service).
+    fn type_url(req: &Self::Req) -> &str;
     /// Checks and feeds one request.
     fn on_request(
         &mut self,
@@ -90,6 +93,9 @@ macro_rules! flavor {
             }
             fn node(req: &$req) -> Option<&Node> {
                 req.node.as_ref()
+            }
+            fn type_url(req: &$req) -> &str {
+                &req.type_url
             }
             fn on_request(
                 &mut self,
@@ -150,9 +156,9 @@ fn admit_type(
     if !types.contains(type_url) {
         if types.len() >= limits.max_types_per_stream {
             return Err(Status::invalid_argument(format!(
-                "stream already uses {} type URLs, the limit; refusing {:?}",
+                "stream already uses {} type URLs, the limit; refusing {}",
                 types.len(),
-                type_url
+                convert::preview(type_url)
             )));
         }
         types.insert(type_url.to_string());
@@ -208,6 +214,7 @@ pub(crate) async fn run<F: Flavor>(
     inner: Arc<Inner>,
     kind: StreamKind,
     fixed_type: Option<&'static str>,
+    principal: Principal,
     mut requests: Streaming<F::Req>,
     out: mpsc::Sender<Result<F::Resp, Status>>,
 ) {
@@ -273,8 +280,13 @@ pub(crate) async fn run<F: Flavor>(
             return;
         }
     };
-    let publisher = inner.cache.publisher_for(&node);
-    let group = inner.cache.group_of(&node);
+    // The group comes from the authenticated principal; the client's Node chooses it
+    // only for a principal trusted to name its own node (ByNode).
+    let group = match &principal.group {
+        GroupChoice::Fixed(group) => group.clone(),
+        GroupChoice::ByNode => inner.cache.group_of(&node),
+    };
+    let publisher = inner.cache.publisher(&group);
     let (snap_tx, snap_rx) = watch::channel(publisher.latest());
     let sink = publisher.add_sink(move |snapshot| {
         // Runs under the publish lock, in version order; keep only the newest.
@@ -296,6 +308,7 @@ pub(crate) async fn run<F: Flavor>(
         &inner,
         id,
         &node,
+        &principal,
         fixed_type,
         &mut machine,
         first,
@@ -333,6 +346,7 @@ async fn drive<F: Flavor>(
     inner: &Inner,
     id: StreamId,
     node: &NodeInfo,
+    principal: &Principal,
     fixed_type: Option<&'static str>,
     machine: &mut F,
     first: F::Req,
@@ -344,7 +358,7 @@ async fn drive<F: Flavor>(
     let current = Arc::clone(&snapshots.borrow_and_update());
     machine.on_snapshot(current.state(), current.version());
     drop(current);
-    on_request(inner, id, node, machine, &first, fixed_type)?;
+    on_request(inner, id, node, principal, machine, &first, fixed_type)?;
     // Whether polling may find something: set by every event, cleared when a poll
     // comes back empty, so an idle stream does not hold an outbound slot.
     let mut maybe_work = true;
@@ -357,7 +371,7 @@ async fn drive<F: Flavor>(
             req = requests.message() => {
                 match req {
                     Ok(Some(req)) => {
-                        on_request(inner, id, node, machine, &req, fixed_type)?;
+                        on_request(inner, id, node, principal, machine, &req, fixed_type)?;
                         maybe_work = true;
                     }
                     Ok(None) => return Ok(()),
@@ -411,10 +425,24 @@ fn on_request<F: Flavor>(
     inner: &Inner,
     id: StreamId,
     node: &NodeInfo,
+    principal: &Principal,
     machine: &mut F,
     req: &F::Req,
     fixed_type: Option<&'static str>,
 ) -> Result<(), Status> {
+    // A principal without secrets never subscribes to SDS (named or wildcard, SotW or
+    // Delta): refused before the machine learns of the request, so no response of
+    // that type is ever built for it.
+    if fixed_type.unwrap_or_else(|| F::type_url(req)) == crate::types::SECRET && !principal.secrets
+    {
+        let status = super::auth::secrets_denied(principal);
+        inner
+            .metrics
+            .transport
+            .refusals
+            .refuse_secrets(principal, &status);
+        return Err(status);
+    }
     let outcome = machine
         .on_request(req, fixed_type, &inner.limits)
         .inspect_err(|status| {
