@@ -11,7 +11,7 @@
 //! | unix socket, any other uid | `PERMISSION_DENIED` |
 //! | mTLS, SPIFFE ID listed in `--xds-envoy-spiffe-id` | the Envoy group, secrets allowed |
 //! | mTLS, SPIFFE ID in the agent's trust domain | the proxyless gRPC group, no secrets |
-//! | mTLS, any other SPIFFE ID | `PERMISSION_DENIED` |
+//! | mTLS, any other SPIFFE ID, or a certificate without one | `PERMISSION_DENIED` |
 //! | TLS without a client certificate, plain TCP, unknown | `UNAUTHENTICATED` |
 //!
 //! Why a trusted unix peer may choose its group from its `Node`: only the allow-listed
@@ -51,6 +51,7 @@ fn facts(peer: &Peer) -> PeerFacts<'_> {
         },
         Peer::Tls { spiffe_id, .. } => PeerFacts::Tls {
             spiffe_id: spiffe_id.as_deref(),
+            certificate: peer.has_certificate(),
         },
         Peer::Tcp { .. } => PeerFacts::PlainTcp,
         Peer::Unknown => PeerFacts::Unknown,

@@ -24,12 +24,13 @@ pub enum PeerFacts<'a> {
         /// Effective gid.
         gid: u32,
     },
-    /// A TCP peer that completed the mTLS handshake; `spiffe_id` is the URI SAN of
-    /// its verified client certificate (`None`: no certificate, or one without a
-    /// SPIFFE ID).
+    /// A TCP peer that completed the TLS handshake; `spiffe_id` is the URI SAN of
+    /// its verified client certificate.
     Tls {
         /// The verified SPIFFE ID, if any.
         spiffe_id: Option<&'a str>,
+        /// Whether it presented a (verified) client certificate at all.
+        certificate: bool,
     },
     /// Plain TCP: nothing authenticated.
     PlainTcp,
@@ -87,6 +88,8 @@ pub enum DenyReason {
     UnixPeerNotAllowed,
     /// A certificate whose SPIFFE ID is neither listed nor in the trust domain.
     ForeignSpiffeId,
+    /// A verified certificate without a SPIFFE ID.
+    NoSpiffeId,
 }
 
 /// Why a peer has no identity (a closed set: metric labels).
@@ -94,7 +97,7 @@ pub enum DenyReason {
 pub enum UnauthReason {
     /// TCP without TLS.
     PlainTcp,
-    /// TLS without a client certificate, or one without a SPIFFE ID.
+    /// TLS without a client certificate.
     NoClientCertificate,
     /// The transport is unknown.
     UnknownTransport,
@@ -106,6 +109,7 @@ impl DenyReason {
         match self {
             Self::UnixPeerNotAllowed => "unix_peer_not_allowed",
             Self::ForeignSpiffeId => "foreign_spiffe_id",
+            Self::NoSpiffeId => "no_spiffe_id",
         }
     }
 }
@@ -149,6 +153,7 @@ pub fn decide(policy: &AccessPolicy, peer: PeerFacts<'_>) -> Access {
         }
         PeerFacts::Tls {
             spiffe_id: Some(id),
+            ..
         } => {
             if policy.envoy_spiffe_ids.contains(id) {
                 Access::Envoy {
@@ -164,9 +169,14 @@ pub fn decide(policy: &AccessPolicy, peer: PeerFacts<'_>) -> Access {
                 Access::Denied(DenyReason::ForeignSpiffeId)
             }
         }
-        PeerFacts::Tls { spiffe_id: None } => {
-            Access::Unauthenticated(UnauthReason::NoClientCertificate)
-        }
+        PeerFacts::Tls {
+            spiffe_id: None,
+            certificate: true,
+        } => Access::Denied(DenyReason::NoSpiffeId),
+        PeerFacts::Tls {
+            spiffe_id: None,
+            certificate: false,
+        } => Access::Unauthenticated(UnauthReason::NoClientCertificate),
         PeerFacts::PlainTcp => Access::Unauthenticated(UnauthReason::PlainTcp),
         PeerFacts::Unknown => Access::Unauthenticated(UnauthReason::UnknownTransport),
     }
@@ -233,6 +243,7 @@ mod tests {
             decide(
                 &p,
                 PeerFacts::Tls {
+                    certificate: true,
                     spiffe_id: Some("spiffe://cluster.local/ns/flock/sa/envoy")
                 }
             ),
@@ -242,6 +253,7 @@ mod tests {
             decide(
                 &p,
                 PeerFacts::Tls {
+                    certificate: true,
                     spiffe_id: Some("spiffe://cluster.local/ns/a/sa/b")
                 }
             ),
@@ -259,6 +271,7 @@ mod tests {
                 decide(
                     &p,
                     PeerFacts::Tls {
+                        certificate: true,
                         spiffe_id: Some(foreign)
                     }
                 ),
@@ -273,7 +286,10 @@ mod tests {
         let p = policy();
         for (peer, reason) in [
             (
-                PeerFacts::Tls { spiffe_id: None },
+                PeerFacts::Tls {
+                    spiffe_id: None,
+                    certificate: false,
+                },
                 UnauthReason::NoClientCertificate,
             ),
             (PeerFacts::PlainTcp, UnauthReason::PlainTcp),
@@ -281,6 +297,20 @@ mod tests {
         ] {
             assert_eq!(decide(&p, peer), Access::Unauthenticated(reason));
         }
+    }
+
+    #[test]
+    fn a_certificate_without_a_spiffe_id_is_denied() {
+        assert_eq!(
+            decide(
+                &policy(),
+                PeerFacts::Tls {
+                    spiffe_id: None,
+                    certificate: true
+                }
+            ),
+            Access::Denied(DenyReason::NoSpiffeId)
+        );
     }
 
     #[test]
@@ -293,6 +323,7 @@ mod tests {
             decide(
                 &p,
                 PeerFacts::Tls {
+                    certificate: true,
                     spiffe_id: Some("spiffe:///ns/a/sa/b")
                 }
             ),
