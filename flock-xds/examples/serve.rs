@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use flock_xds::cache::Cache;
 use flock_xds::callbacks::NodeInfo;
-use flock_xds::server::{Listen, Server};
+use flock_xds::server::{GroupChoice, Listen, Peer, Principal, Server, TlsSettings};
 use flock_xds::translate::{self, EnvoyOptions, EnvoyReferences, Mesh};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,9 +39,24 @@ struct Args {
     /// The mesh model (JSON, at most 16 MiB).
     #[arg(long, value_name = "FILE")]
     mesh: PathBuf,
-    /// Where to serve: HOST:PORT or unix:PATH (the socket is created 0600).
+    /// Where to serve: HOST:PORT or unix:PATH (the socket is created 0600 in a
+    /// directory only we can write to, created 0700 if missing). Plain TCP authenticates
+    /// no one and is refused on a non-loopback address: give --tls-* for mTLS.
     #[arg(long, default_value = "127.0.0.1:18000", value_name = "ADDR")]
     listen: Listen,
+    /// Unix socket clients allowed, by uid (repeatable; default: our own uid).
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uids: Vec<u32>,
+    /// mTLS on the TCP listener: the server certificate chain (PEM).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_client_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// mTLS: the server's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// mTLS: the CA that client certificates must chain to (PEM). Any client with a
+    /// certificate it issued is served as its node, secrets included.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// How often to check the file for changes, in milliseconds.
     #[arg(long, default_value_t = 500, value_name = "MS")]
     poll_ms: u64,
@@ -98,6 +113,35 @@ fn publish(
     Ok((e.version(), g.version()))
 }
 
+/// Who may connect: a unix peer with an allowed uid, a TLS peer with a verified
+/// certificate, and a plain TCP peer (loopback only, checked at startup); each is
+/// served as the node it names, secrets included.
+fn authorize(allowed_uids: &[u32], peer: &Peer) -> Result<Principal, tonic::Status> {
+    let trusted = |name: String| {
+        Ok(Principal {
+            name,
+            group: GroupChoice::ByNode,
+            secrets: true,
+        })
+    };
+    match peer {
+        Peer::Unix { uid, .. } if allowed_uids.contains(uid) => trusted(format!("uid {uid}")),
+        Peer::Unix { uid, .. } => Err(tonic::Status::permission_denied(format!(
+            "uid {uid} is not allowed (--allow-uid)"
+        ))),
+        Peer::Tls { .. } if peer.has_certificate() => trusted(peer.to_string()),
+        Peer::Tls { .. } => Err(tonic::Status::unauthenticated(
+            "a client certificate is required",
+        )),
+        Peer::Tcp { addr } => trusted(addr.to_string()),
+        Peer::Unknown => Err(tonic::Status::unauthenticated("unknown peer")),
+    }
+}
+
+fn read_pem(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
 /// What identifies a version of the file (editors replace files by rename).
 fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -138,7 +182,14 @@ async fn main() -> anyhow::Result<()> {
     let cache = Arc::new(Cache::new(group_of));
     let (ev, gv) = publish(&cache, &mesh)?;
     tracing::info!(mesh = %args.mesh.display(), envoy_version = ev, grpc_version = gv, "mesh loaded");
-    let server = Server::new(Arc::clone(&cache));
+    let allowed_uids = if args.allow_uids.is_empty() {
+        vec![nix::unistd::geteuid().as_raw()]
+    } else {
+        args.allow_uids.clone()
+    };
+    let server = Server::builder(Arc::clone(&cache))
+        .authorizer(move |peer: &Peer| authorize(&allowed_uids, peer))
+        .build();
 
     // Reload on change: poll the file's (mtime, size, inode). A bad file is logged
     // and the last good mesh stays served.
@@ -171,13 +222,34 @@ async fn main() -> anyhow::Result<()> {
     };
     let result = match &args.listen {
         Listen::Tcp(addr) => {
+            let tls = match (&args.tls_cert, &args.tls_key, &args.tls_client_ca) {
+                (Some(cert), Some(key), Some(ca)) => Some(TlsSettings {
+                    cert_chain_pem: read_pem(cert)?,
+                    key_pem: read_pem(key)?.into(),
+                    client_ca_pem: read_pem(ca)?,
+                }),
+                _ => None,
+            };
+            if tls.is_none() && !addr.ip().is_loopback() {
+                anyhow::bail!(
+                    "plaintext xDS on {addr} would hand every client on the network every \
+                     secret: listen on loopback or a unix socket, or give --tls-cert, \
+                     --tls-key and --tls-client-ca"
+                );
+            }
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr}"))?;
-            tracing::info!(%addr, "serving xDS");
-            server.serve_tcp(listener, shutdown).await
+            tracing::info!(%addr, mtls = tls.is_some(), "serving xDS");
+            match tls {
+                Some(tls) => server.serve_tls(listener, tls, shutdown).await,
+                None => server.serve_tcp(listener, shutdown).await,
+            }
         }
         Listen::Unix(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                flock_xds::server::ensure_private_dir(dir)?;
+            }
             tracing::info!(path = %path.display(), "serving xDS");
             server.serve_unix(path, shutdown).await
         }

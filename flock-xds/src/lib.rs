@@ -34,10 +34,37 @@
 //!     cache.update("envoy-1", |prev| {
 //!         prev.edit().upsert(CLUSTER, "backend", ContentHash::of(&any.value), any).build()
 //!     });
+//!     // `Server::new` allows every client (see "Who may connect" below): fine for a
+//!     // demo on loopback, not for a node with secrets in its snapshots.
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:18000").await?;
 //!     Server::new(cache).serve_tcp(listener, std::future::pending()).await
 //! }
 //! ```
+//!
+//! # Who may connect
+//!
+//! A snapshot may hold secrets (SDS: certificates *and private keys*), and a `Node` is
+//! whatever the client writes, so the server never trusts it to say who the client
+//! is. Every RPC first asks the server's [`server::Authorizer`] about the transport
+//! [`server::Peer`] — the uid/gid/pid the kernel reports for a unix socket
+//! (`SO_PEERCRED`), the SPIFFE ID and subject of a client certificate verified by
+//! mTLS, or a bare TCP address, which authenticates nothing. The authorizer answers
+//! with a [`server::Principal`] or refuses: `UNAUTHENTICATED` (no identity) or
+//! `PERMISSION_DENIED` (known, not allowed); a refused client gets no resource of any
+//! type, is logged once at `warn` with its uid or address, and is counted in
+//! `flock_xds_unauthorized_total{reason}`. The principal fixes the stream's snapshot
+//! group (or lets the cache group it by its `Node`, for a peer trusted to name its
+//! own node) and whether it may see secrets: a principal without `secrets` asking for
+//! the SDS type — the SDS service, or ADS SotW or Delta, named or wildcard — gets
+//! `PERMISSION_DENIED` and no secret. The default authorizer, [`server::AllowAll`], is
+//! only for a server behind another authentication layer.
+//!
+//! The listeners ([`server::Server::serve_unix`], `serve_tcp`, `serve_tls`) bind unix
+//! sockets 0600 (or a chosen mode) only in a directory that is ours alone (not a
+//! symlink, owned by our uid, not group/other-writable: [`server::ensure_private_dir`]
+//! makes one), never `chmod` through a symlink, cap open connections and the streams
+//! of each connection ([`server::ConnectionLimits`]), and back off on accept errors
+//! such as running out of file descriptors instead of spinning.
 //!
 //! # Layers
 //!
@@ -49,7 +76,7 @@
 //! | [`protocol::order`] | one ADS stream: which type's response goes next |
 //! | [`cache`] | per-group snapshots on `flock_core::snapshot::Publisher`, consistency check |
 //! | [`callbacks`] | hooks for embedding control planes |
-//! | [`server`] | the tonic services (ADS and per-type), TCP and unix sockets, limits, metrics |
+//! | [`server`] | the tonic services (ADS and per-type), authorization, unix/TCP/mTLS listeners, limits, metrics |
 //! | [`translate`] | mesh model → Envoy and proxyless-gRPC resources (naming scheme there) |
 //! | [`client`] | a raw ADS client for tests, benchmarks and debugging |
 //!

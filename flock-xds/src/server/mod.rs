@@ -10,6 +10,17 @@
 //!
 //! Callbacks ([`Callbacks`]) see every stream event; NACKs are also logged at `warn`
 //! with the client's `error_detail`, and counted in [`Metrics`].
+//!
+//! # Security
+//!
+//! Every RPC — ADS and per-type, SotW and Delta, stream and fetch — starts by asking
+//! the [`Authorizer`] about the connection's [`Peer`] (see [`auth`] for the contract):
+//! a refusal ends it before any request is read, so a refused client learns nothing,
+//! not even whether a snapshot exists. The [`Principal`] it returns, not the client's
+//! `Node`, decides the stream's snapshot group ([`GroupChoice`]) and whether the SDS
+//! type may be subscribed. The listeners ([`Server::serve_unix`],
+//! [`Server::serve_tcp`], [`Server::serve_tls`]) and their bounds are described in
+//! `listen.rs`'s docs, summarised at [`ConnectionLimits`] and [`bind_unix_with_mode`].
 
 pub mod auth;
 mod convert;
