@@ -458,9 +458,8 @@ async fn bad_entries_are_dropped_alone_and_the_service_keeps_serving() {
     b.put(&eb).await.unwrap();
 
     let unspecified = ep("node-b", "zero", "0.0.0.0", None);
-    let mut wrong_node = ep("node-c", "liar", "10.0.0.9", None);
-    let wrong_node_key = format!("node-b/default/web/liar/eth0/8080");
-    wrong_node.node = "node-c".into();
+    let wrong_node = ep("node-c", "liar", "10.0.0.9", None);
+    let wrong_node_key = "node-b/default/web/liar/eth0/8080".to_string();
     let foreign_td = ep(
         "node-b",
         "alien",

@@ -77,7 +77,7 @@ struct Shared {
 /// What decoding one etcd entry gave.
 enum Decoded {
     /// A valid endpoint under its key (relative to the prefix).
-    Valid(String, Endpoint),
+    Valid(String, Box<Endpoint>),
     /// A key under the prefix whose value was refused.
     Refused(String),
     /// Not under the prefix at all (cannot happen with a prefix watch).
@@ -227,7 +227,7 @@ impl Shared {
         match self.check(key, value) {
             Ok(ep) => {
                 self.rejections.clear(key);
-                Decoded::Valid(key.to_string(), ep)
+                Decoded::Valid(key.to_string(), Box::new(ep))
             }
             Err(why) => {
                 self.rejections.reject(&self.describe, key, &why);
@@ -346,7 +346,7 @@ impl Shared {
         for kv in resp.kvs() {
             match self.decode(kv.key(), kv.value()) {
                 Decoded::Valid(key, ep) => {
-                    entries.insert(key, (ep, kv.mod_revision()));
+                    entries.insert(key, (*ep, kv.mod_revision()));
                 }
                 Decoded::Refused(key) => {
                     refused.insert(key);
@@ -416,7 +416,7 @@ impl Shared {
             view.revision = view.revision.max(rev);
             match ev.event_type() {
                 EventType::Put => match self.decode(kv.key(), kv.value()) {
-                    Decoded::Valid(key, ep) => changed |= view.apply_put(key, ep, rev),
+                    Decoded::Valid(key, ep) => changed |= view.apply_put(key, *ep, rev),
                     // The key's current value is refused: an older valid value must
                     // not keep serving in its place.
                     Decoded::Refused(key) => changed |= view.apply_delete(key, rev),
