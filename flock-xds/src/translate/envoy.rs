@@ -682,11 +682,25 @@ pub fn secret_resource(s: &Secret) -> Resource {
             })
         }
     };
-    let pb = PbSecret {
+    let mut pb = PbSecret {
         name: s.name.clone(),
         r#type: Some(r#type),
     };
-    resource(SECRET, s.name.clone(), any(SECRET, &pb))
+    let encoded = any(SECRET, &pb);
+    // The message was only a step to its encoding: wipe its copy of the key before it
+    // is freed (the encoded copy lives on in the snapshot until it is replaced).
+    if let Some(secret::Type::TlsCertificate(TlsCertificate {
+        private_key:
+            Some(DataSource {
+                specifier: Some(data_source::Specifier::InlineString(key)),
+                ..
+            }),
+        ..
+    })) = &mut pb.r#type
+    {
+        zeroize::Zeroize::zeroize(key);
+    }
+    resource(SECRET, s.name.clone(), encoded)
 }
 
 /// Everything the node-local Envoy needs for `mesh`: [`pod_resources`] of every pod,

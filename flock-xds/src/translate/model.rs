@@ -252,6 +252,14 @@ impl fmt::Debug for PrivateKeyPem {
     }
 }
 
+impl Drop for PrivateKeyPem {
+    fn drop(&mut self) {
+        // Wipe the key before its memory is freed: a mesh is rebuilt on every change,
+        // so without this each rebuild would leave one more copy of every key behind.
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
 fn default_namespace() -> String {
     "default".to_string()
 }
