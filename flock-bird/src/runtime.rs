@@ -42,6 +42,8 @@ pub struct Options {
     pub xds_limits: XdsLimits,
     /// The admin endpoint.
     pub admin_address: SocketAddr,
+    /// Admin connections served at once (the rest wait in the listen backlog).
+    pub admin_max_connections: usize,
     /// `memory`, `file:PATH`, `etcd://HOST:PORT[,…]` or `etcds://HOST:PORT[,…]` (TLS).
     pub registry: String,
     /// Lease TTL of etcd registrations, seconds.
@@ -259,10 +261,14 @@ pub async fn run(
         admin: admin_listener.local_addr()?,
     };
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(admin::serve(
+    tasks.spawn(admin::serve_agent(
         admin_listener,
         Arc::clone(&agent),
         xds.clone(),
+        admin::ServeOptions {
+            max_connections: opts.admin_max_connections.max(1),
+            ..admin::ServeOptions::default()
+        },
         stopped(stop_rx.clone()),
     ));
     if let Some((listener, settings)) = xds_tls {

@@ -101,6 +101,9 @@ struct Args {
     /// needs --allow-non-loopback.
     #[arg(long, default_value = "127.0.0.1:18090", value_name = "HOST:PORT")]
     admin_address: SocketAddr,
+    /// Admin connections served at once; further clients wait in the listen backlog.
+    #[arg(long, default_value_t = flock_bird::admin::server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    admin_max_connections: usize,
     /// Allow --admin-address and --xds-address on non-loopback addresses (reachable from
     /// other hosts and from hostNetwork pods).
     #[arg(long)]
@@ -371,6 +374,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             first_request_timeout: Duration::from_secs(args.xds_first_request_timeout.max(1)),
         },
         admin_address: args.admin_address,
+        admin_max_connections: args.admin_max_connections,
         registry: args.registry.clone(),
         registry_ttl_secs: args.registry_ttl,
         registry_tls: registry_tls(&args)?,
