@@ -60,6 +60,16 @@ fn facts(peer: &Peer) -> PeerFacts<'_> {
 
 impl Authorizer for AgentAuthorizer {
     fn authorize(&self, peer: &Peer) -> Result<Principal, tonic::Status> {
+        // The bug this type exists to prevent: every peer trusted, its own `Node`
+        // choosing the group, so any client claiming `user_agent_name: "envoy"` got
+        // every workload key.
+        if cfg!(flock_reintroduce = "agent-xds-trust-node") {
+            return Ok(Principal {
+                name: peer.to_string(),
+                group: GroupChoice::ByNode,
+                secrets: true,
+            });
+        }
         match decide(&self.policy, facts(peer)) {
             Access::Local { who } => Ok(Principal {
                 name: format!("local {who}"),

@@ -1,0 +1,481 @@
+//! The real agent's xDS trust boundary, with real gRPC clients (tonic, flock-xds's raw
+//! ADS client) over the agent's real listeners:
+//!
+//! * a process of another uid (the test binary itself, re-run under `setpriv --reuid
+//!   65534`) on the unix socket gets `PERMISSION_DENIED` and nothing;
+//! * a TLS client without a certificate that claims to be Envoy gets `UNAUTHENTICATED`
+//!   and nothing;
+//! * a TLS client with a certificate of the trust domain (proxyless gRPC) gets
+//!   non-secret resources only, and `PERMISSION_DENIED` for secrets.
+//!
+//! Every refused client is checked for every byte it received: never `PRIVATE KEY`.
+//! Each test first shows, with an allowed client on the same agent, that the key *is*
+//! there to leak (a meshed pod with an SVID from the built-in CA), so a refusal is not
+//! an empty snapshot. Needs root (setpriv to another uid): the `peers` tier.
+
+mod common;
+
+use common::{Agent, NetNs, WAIT, free_port};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use flock_cni::client as cni;
+use flock_cni::proto::v1::{AddPodRequest, IpConfig, Outcome, PodRef};
+use flock_xds::client::{self, RecvError};
+use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use prost::Message;
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Status};
+
+const T: Duration = Duration::from_secs(5);
+const ENVOY_ID: &str = "spiffe://cluster.local/ns/flock/sa/envoy";
+const GRPC_ID: &str = "spiffe://cluster.local/ns/default/sa/greeter";
+const ALL_TYPES: [&str; 5] = [LISTENER, CLUSTER, ROUTE, ENDPOINT, SECRET];
+/// Set in the environment of the re-run test binary: the xDS target it probes.
+const CLIENT_TARGET_ENV: &str = "FLOCK_XDS_AUTH_CLIENT_TARGET";
+
+/// A meshed pod (`web`, gRPC on port 8080, in a real network namespace, which the
+/// caller keeps) through the agent's CNI socket: with the built-in CA it gets an SVID,
+/// so the Envoy group's snapshot holds its private key.
+async fn add_meshed_pod(agent: &Agent) -> NetNs {
+    let ns = NetNs::new("xdsauth");
+    let req = AddPodRequest {
+        container_id: "c-web".into(),
+        netns: ns.path(),
+        ifname: "eth0".into(),
+        pod: Some(PodRef {
+            name: "web-0".into(),
+            namespace: "default".into(),
+            uid: "u1".into(),
+        }),
+        ips: vec![IpConfig {
+            address: "10.7.0.2/24".into(),
+            ..IpConfig::default()
+        }],
+        annotations: HashMap::from([
+            ("flock.io/service".to_string(), "web".to_string()),
+            // gRPC: proxyless clients get resources for it too.
+            ("flock.io/ports".to_string(), "8080/grpc".to_string()),
+        ]),
+        network_name: "net".into(),
+        cni_version: "1.1.0".into(),
+        prev_result_json: String::new(),
+    };
+    let resp = cni::call(
+        &agent.cni_socket,
+        T,
+        |mut c| async move { c.add_pod(req).await },
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.outcome, Outcome::Success as i32, "{}", resp.message);
+    ns
+}
+
+/// A node that claims to be Envoy (what any client can write).
+fn claimed_envoy() -> Node {
+    Node {
+        id: "sidecar~10.0.0.1~envoy.flock~flock.svc".into(),
+        cluster: "flock".into(),
+        user_agent_name: "envoy".into(),
+        ..Node::default()
+    }
+}
+
+/// Every byte a client received (messages and statuses).
+#[derive(Default)]
+struct Received {
+    bytes: Vec<u8>,
+    /// (type URL, resources) per response.
+    responses: Vec<(String, usize)>,
+    /// The status each stream ended with (`None`: still open at the deadline).
+    codes: Vec<(String, Option<Code>)>,
+}
+
+impl std::fmt::Debug for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("bytes", &self.bytes.len())
+            .field("private_key", &self.has_private_key())
+            .field("responses", &self.responses)
+            .field("codes", &self.codes)
+            .finish()
+    }
+}
+
+impl Received {
+    fn has_private_key(&self) -> bool {
+        let needle = b"PRIVATE KEY";
+        self.bytes.windows(needle.len()).any(|w| w == needle)
+    }
+
+    fn status(&mut self, what: String, status: &Status) {
+        self.bytes.extend(status.message().as_bytes());
+        self.bytes.extend(status.details());
+        self.codes.push((what, Some(status.code())));
+    }
+
+    fn to_line(&self) -> String {
+        let codes: Vec<String> = self
+            .codes
+            .iter()
+            .map(|(w, c)| format!("{w}={}", c.map_or(-1, |c| c as i32)))
+            .collect();
+        format!(
+            "RESULT responses={} private_key={} codes={}",
+            self.responses.iter().map(|(_, n)| n).sum::<usize>(),
+            self.has_private_key(),
+            codes.join(",")
+        )
+    }
+}
+
+/// Asks for every type, wildcard, over Delta and over SotW ADS, as a client claiming
+/// to be Envoy, and records all it gets within `wait` per stream.
+async fn probe(channel: &Channel, wait: Duration) -> Received {
+    let mut got = Received::default();
+    for type_url in ALL_TYPES {
+        let short = type_url.rsplit('.').next().unwrap_or(type_url);
+        match client::delta(channel.clone()).await {
+            Err(s) => got.status(format!("delta:{short}"), &s),
+            Ok(mut ads) => {
+                let _ = ads.send(DeltaDiscoveryRequest {
+                    node: Some(claimed_envoy()),
+                    type_url: type_url.into(),
+                    resource_names_subscribe: vec!["*".into()],
+                    ..Default::default()
+                });
+                match ads.recv(wait).await {
+                    Ok(resp) => {
+                        got.bytes.extend(resp.encode_to_vec());
+                        got.responses.push((type_url.into(), resp.resources.len()));
+                        got.codes.push((format!("delta:{short}"), None));
+                    }
+                    Err(RecvError::Status(s)) => got.status(format!("delta:{short}"), &s),
+                    Err(_) => got.codes.push((format!("delta:{short}"), None)),
+                }
+            }
+        }
+        match client::sotw(channel.clone()).await {
+            Err(s) => got.status(format!("sotw:{short}"), &s),
+            Ok(mut ads) => {
+                let _ = ads.send(DiscoveryRequest {
+                    node: Some(claimed_envoy()),
+                    type_url: type_url.into(),
+                    ..Default::default()
+                });
+                match ads.recv(wait).await {
+                    Ok(resp) => {
+                        got.bytes.extend(resp.encode_to_vec());
+                        got.responses.push((type_url.into(), resp.resources.len()));
+                        got.codes.push((format!("sotw:{short}"), None));
+                    }
+                    Err(RecvError::Status(s)) => got.status(format!("sotw:{short}"), &s),
+                    Err(_) => got.codes.push((format!("sotw:{short}"), None)),
+                }
+            }
+        }
+    }
+    got
+}
+
+/// Waits until a Delta wildcard SDS stream on `channel` delivers a private key: the
+/// positive control (an allowed Envoy does get keys from this agent).
+async fn wait_for_private_key(channel: &Channel) {
+    let mut ads = client::delta(channel.clone()).await.unwrap();
+    ads.send(DeltaDiscoveryRequest {
+        node: Some(claimed_envoy()),
+        type_url: SECRET.into(),
+        resource_names_subscribe: vec!["*".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let resp = ads
+            .recv(deadline - tokio::time::Instant::now())
+            .await
+            .expect("an allowed Envoy gets the pod's SVID over SDS");
+        if resp
+            .encode_to_vec()
+            .windows(11)
+            .any(|w| w == b"PRIVATE KEY")
+        {
+            return;
+        }
+        let nonce = resp.nonce.clone();
+        ads.send(DeltaDiscoveryRequest {
+            type_url: SECRET.into(),
+            response_nonce: nonce,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+}
+
+/// Not a test on its own: the client the uid test runs as another user (it re-runs
+/// this test binary under `setpriv` with [`CLIENT_TARGET_ENV`] set). Prints one
+/// `RESULT` line.
+#[tokio::test]
+#[ignore = "run by a_process_of_another_uid_on_the_socket_gets_permission_denied_and_nothing"]
+async fn other_uid_client() {
+    let target = std::env::var(CLIENT_TARGET_ENV).expect("run by the uid test");
+    let got = match client::connect(&target).await {
+        Ok(channel) => probe(&channel, T).await,
+        Err(e) => panic!("connecting to {target}: {e}"),
+    };
+    println!("{}", got.to_line());
+}
+
+/// A process of another uid on the agent's unix socket (made reachable for the test:
+/// the agent's own 0700 directory and 0600 socket would stop it before the agent
+/// sees it) gets `PERMISSION_DENIED` on every stream, no resource of any type, and no
+/// private key, though root on the same socket gets the pod's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_of_another_uid_on_the_socket_gets_permission_denied_and_nothing() {
+    let agent = Agent::start(&[]);
+    let _pod = add_meshed_pod(&agent).await;
+    let root = client::connect(&agent.xds_target()).await.unwrap();
+    wait_for_private_key(&root).await;
+
+    // Let uid 65534 reach the socket: only the agent's check stands in its way now.
+    let run_dir = agent.xds_socket.parent().unwrap();
+    for (path, mode) in [
+        (agent.dir.path(), 0o711),
+        (run_dir, 0o711),
+        (agent.xds_socket.as_path(), 0o666),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["--ignored", "--exact", "other_uid_client", "--nocapture"])
+        .env(CLIENT_TARGET_ENV, agent.xds_target())
+        .output()
+        .expect("setpriv (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the uid-65534 client failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line: {stdout}"));
+    assert!(line.contains("responses=0 "), "{line}");
+    assert!(line.contains("private_key=false "), "{line}");
+    let denied = Code::PermissionDenied as i32;
+    let codes = line.split("codes=").nth(1).unwrap();
+    assert_eq!(codes.split(',').count(), 2 * ALL_TYPES.len(), "{line}");
+    for code in codes.split(',') {
+        assert!(code.ends_with(&format!("={denied}")), "{line}");
+    }
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("flock_xds_unauthorized_total{reason=\"permission_denied\"}")
+            && !l.ends_with(" 0")),
+        "the refusals are counted: {metrics}"
+    );
+}
+
+/// A CA and the certificates the TLS tests need (rcgen).
+struct Pki {
+    dir: tempfile::TempDir,
+    ca_pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+/// A certificate and its key (PEM).
+struct Leaf {
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "flock xDS test CA");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            ca_pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    fn leaf(&self, sans: Vec<rcgen::SanType>, client: bool) -> Leaf {
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "flock test");
+        params.subject_alt_names = sans;
+        params.extended_key_usages = vec![if client {
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth
+        } else {
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth
+        }];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
+    fn client(&self, spiffe_id: &str) -> Leaf {
+        self.leaf(
+            vec![rcgen::SanType::URI(spiffe_id.try_into().unwrap())],
+            true,
+        )
+    }
+
+    /// Writes the server's files and returns the agent's TLS flags for `port`.
+    fn agent_flags(&self, port: u16) -> Vec<String> {
+        let server = self.leaf(
+            vec![
+                rcgen::SanType::DnsName("localhost".try_into().unwrap()),
+                rcgen::SanType::IpAddress([127, 0, 0, 1].into()),
+            ],
+            false,
+        );
+        let write = |name: &str, text: &str| {
+            let p = self.dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p.to_str().unwrap().to_owned()
+        };
+        vec![
+            "--xds-address".into(),
+            format!("127.0.0.1:{port}"),
+            "--xds-tls-cert".into(),
+            write("server.pem", &server.cert_pem),
+            "--xds-tls-key".into(),
+            write("server-key.pem", &server.key_pem),
+            "--xds-tls-client-ca".into(),
+            write("ca.pem", &self.ca_pem),
+            "--xds-envoy-spiffe-id".into(),
+            ENVOY_ID.into(),
+        ]
+    }
+
+    /// A TLS channel to the agent's port that trusts the CA, presenting `identity`.
+    async fn channel(&self, port: u16, identity: Option<&Leaf>) -> Channel {
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .domain_name("localhost");
+        if let Some(leaf) = identity {
+            tls = tls.identity(Identity::from_pem(&leaf.cert_pem, &leaf.key_pem));
+        }
+        Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+}
+
+/// Starts the agent with mTLS xDS on a free port (the in-test CA), and one meshed pod.
+async fn tls_agent(pki: &Pki) -> (Agent, u16, NetNs) {
+    let port = free_port();
+    let flags = pki.agent_flags(port);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let agent = Agent::start(&flags);
+    let pod = add_meshed_pod(&agent).await;
+    (agent, port, pod)
+}
+
+/// A TCP client without a client certificate that claims to be Envoy gets
+/// `UNAUTHENTICATED` on every stream, no resource of any type, and no private key,
+/// though a client with the listed Envoy certificate gets the pod's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_without_a_certificate_claiming_envoy_gets_unauthenticated_and_nothing() {
+    let pki = Pki::new();
+    let (agent, port, _pod) = tls_agent(&pki).await;
+    let envoy = pki.client(ENVOY_ID);
+    wait_for_private_key(&pki.channel(port, Some(&envoy)).await).await;
+
+    let anonymous = pki.channel(port, None).await;
+    let got = probe(&anonymous, T).await;
+    assert!(!got.has_private_key(), "a private key reached it: {got:?}");
+    assert!(got.responses.is_empty(), "{got:?}");
+    assert_eq!(got.codes.len(), 2 * ALL_TYPES.len());
+    for (what, code) in &got.codes {
+        assert_eq!(*code, Some(Code::Unauthenticated), "{what}: {got:?}");
+    }
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("flock_xds_unauthorized_total{reason=\"unauthenticated\"}")
+            && !l.ends_with(" 0")),
+        "the refusals are counted: {metrics}"
+    );
+}
+
+/// A client certificate of the trust domain (a proxyless gRPC client) gets the gRPC
+/// group's resources, never a secret: every SDS request is `PERMISSION_DENIED`, and no
+/// byte it receives holds a private key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_of_the_trust_domain_gets_only_non_secret_resources() {
+    let pki = Pki::new();
+    let (_agent, port, _pod) = tls_agent(&pki).await;
+    let envoy = pki.client(ENVOY_ID);
+    wait_for_private_key(&pki.channel(port, Some(&envoy)).await).await;
+
+    let grpc = pki.channel(port, Some(&pki.client(GRPC_ID))).await;
+    // The gRPC group is published on its own schedule: wait for the pod's service.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while listeners_of(&grpc).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gRPC client never got the service's listener"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = probe(&grpc, Duration::from_secs(2)).await;
+    assert!(!got.has_private_key(), "a private key reached it: {got:?}");
+    assert!(
+        got.responses.iter().all(|(t, _)| t != SECRET),
+        "no SDS response: {got:?}"
+    );
+    assert!(
+        got.responses.iter().any(|(t, n)| t == LISTENER && *n > 0),
+        "non-secret resources flow: {got:?}"
+    );
+    for (what, code) in &got.codes {
+        if what.ends_with(":Secret") {
+            assert_eq!(*code, Some(Code::PermissionDenied), "{what}: {got:?}");
+        } else {
+            assert_ne!(*code, Some(Code::PermissionDenied), "{what}: {got:?}");
+            assert_ne!(*code, Some(Code::Unauthenticated), "{what}: {got:?}");
+        }
+    }
+}
+
+/// How many listeners a SotW wildcard LDS request on `channel` returns (0 on error).
+async fn listeners_of(channel: &Channel) -> usize {
+    let Ok(mut ads) = client::sotw(channel.clone()).await else {
+        return 0;
+    };
+    let _ = ads.send(DiscoveryRequest {
+        node: Some(claimed_envoy()),
+        type_url: LISTENER.into(),
+        ..Default::default()
+    });
+    ads.recv(T).await.map_or(0, |r| r.resources.len())
+}
