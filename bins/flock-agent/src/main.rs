@@ -173,6 +173,12 @@ struct Args {
     /// the registry and addresses.
     #[arg(long)]
     dev: bool,
+    /// Also keep this Linux capability after start (repeatable; e.g. CAP_SYS_PTRACE
+    /// when the runtime passes /proc/PID/ns/net paths). The agent keeps only
+    /// CAP_SYS_ADMIN (liveness probes enter pods' network namespaces) and drops every
+    /// other capability once its listeners are bound.
+    #[arg(long = "keep-capability", value_name = "CAP", value_parser = harden::parse_capability)]
+    keep_capabilities: Vec<caps::Capability>,
     /// Log format.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -226,6 +232,8 @@ fn main() -> std::process::ExitCode {
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         tracing::warn!("prctl(PR_SET_DUMPABLE, 0) failed: {e}");
     }
+    // Before the runtime starts any thread: every later thread inherits this.
+    harden::drop_early(&args.keep_capabilities, &bind_time_capabilities(&args));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // Capabilities are per thread: each worker applies the drop requested after
@@ -248,6 +256,21 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The capabilities binding the listeners needs with these flags (none by default).
+fn bind_time_capabilities(args: &Args) -> Vec<caps::Capability> {
+    let mut caps = Vec::new();
+    if args.envoy_uid.is_some() || args.xds_socket_group.is_some() {
+        caps.push(caps::Capability::CAP_CHOWN);
+    }
+    let privileged = |port: u16| port != 0 && port < 1024;
+    if privileged(args.admin_address.port())
+        || args.xds_address.is_some_and(|a| privileged(a.port()))
+    {
+        caps.push(caps::Capability::CAP_NET_BIND_SERVICE);
+    }
+    caps
 }
 
 fn print_bootstrap(args: &Args) -> anyhow::Result<()> {

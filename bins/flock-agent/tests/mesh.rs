@@ -9,7 +9,9 @@
 //! (in A's netns), B's EDS endpoint and inbound listener (in B's netns) and the app
 //! cluster to B's server on B's loopback. DEL of B removes it from Envoy's
 //! `/config_dump`, the registry and the store: no ghost. `flockctl pods` / `snapshot`
-//! (the README walkthrough) run against the agent on the way.
+//! (the README walkthrough) run against the agent on the way. The agent runs with
+//! every Linux capability but `CAP_SYS_ADMIN` dropped on every thread, and its
+//! liveness probes (setns into B's netns) still work.
 //!
 //! Needs root, `FLOCK_ENVOY_BIN`, `FLOCK_CNI_PLUGIN_DIR`, `FLOCK_CNITOOL` (scripts/test
 //! or scripts/prereqs/10-envoy.sh + 20-cni.sh) and the sibling binaries built (see
@@ -189,6 +191,26 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
     assert_eq!((status, body.as_str()), (200, BODY));
     let (status, body) = request_via_outbound(&ns_a, "web.default.svc.cluster.local:8080");
     assert_eq!((status, body.as_str()), (200, BODY));
+
+    // The agent runs with every capability but CAP_SYS_ADMIN dropped, on every thread
+    // (effective, permitted, bounding; nothing inheritable or ambient), and its
+    // liveness probes, which setns into B's netns, still decide B is healthy.
+    const SYS_ADMIN: u64 = 1 << 21;
+    wait_for("B's liveness to be decided healthy", WAIT, || {
+        agent.json("/debug/pods")["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pod"] == "default/web-0" && p["health"] == "healthy")
+    });
+    let threads = agent.thread_capabilities();
+    assert!(threads.len() > 1, "{threads:?}");
+    for (name, [inh, prm, eff, bnd, amb]) in &threads {
+        assert_eq!((*inh, *amb), (0, 0), "thread {name}: {threads:x?}");
+        for set in [prm, eff, bnd] {
+            assert_eq!(*set & !SYS_ADMIN, 0, "thread {name}: {threads:x?}");
+        }
+    }
 
     // The README walkthrough: flockctl against this agent.
     let out = agent.flockctl(&["pods"]);

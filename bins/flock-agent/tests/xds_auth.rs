@@ -2,7 +2,8 @@
 //! ADS client) over the agent's real listeners:
 //!
 //! * a process of another uid (the test binary itself, re-run under `setpriv --reuid
-//!   65534`) on the unix socket gets `PERMISSION_DENIED` and nothing;
+//!   65534`) on the unix socket gets `PERMISSION_DENIED` and nothing, unless it is
+//!   `--envoy-uid`: then it reaches the socket the agent handed it and gets its keys;
 //! * a TLS client without a certificate that claims to be Envoy gets `UNAUTHENTICATED`
 //!   and nothing;
 //! * a TLS client with a certificate of the trust domain (proxyless gRPC) gets
@@ -250,24 +251,7 @@ async fn a_process_of_another_uid_on_the_socket_gets_permission_denied_and_nothi
     ] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
     }
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(&exe)
-        .args(["--ignored", "--exact", "other_uid_client", "--nocapture"])
-        .env(CLIENT_TARGET_ENV, agent.xds_target())
-        .output()
-        .expect("setpriv (util-linux)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the uid-65534 client failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line: {stdout}"));
+    let line = probe_as_uid_65534(&agent);
     assert!(line.contains("responses=0 "), "{line}");
     assert!(line.contains("private_key=false "), "{line}");
     let denied = Code::PermissionDenied as i32;
@@ -283,6 +267,53 @@ async fn a_process_of_another_uid_on_the_socket_gets_permission_denied_and_nothi
             && !l.ends_with(" 0")),
         "the refusals are counted: {metrics}"
     );
+}
+
+/// Runs [`other_uid_client`] against `agent`'s socket as uid/gid 65534 (this test
+/// binary re-run under `setpriv`); its `RESULT` line.
+fn probe_as_uid_65534(agent: &Agent) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["--ignored", "--exact", "other_uid_client", "--nocapture"])
+        .env(CLIENT_TARGET_ENV, agent.xds_target())
+        .output()
+        .expect("setpriv (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the uid-65534 client failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line: {stdout}"))
+        .to_owned()
+}
+
+/// With `--envoy-uid 65534` the agent hands the socket to that uid (0600, owner 65534)
+/// and makes its directory traversable but not listable or writable (0711): a process
+/// of that uid connects without any help and is served as the node's Envoy, keys
+/// included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_envoy_uid_reaches_the_socket_and_gets_its_keys() {
+    use std::os::unix::fs::MetadataExt;
+    let agent = Agent::start(&["--envoy-uid", "65534"]);
+    let _pod = add_meshed_pod(&agent).await;
+    let socket = std::fs::symlink_metadata(&agent.xds_socket).unwrap();
+    assert_eq!((socket.uid(), socket.mode() & 0o777), (65534, 0o600));
+    let dir = std::fs::metadata(agent.xds_socket.parent().unwrap()).unwrap();
+    assert_eq!((dir.uid(), dir.mode() & 0o777), (0, 0o711));
+    // The test's own temp dir is 0700: let the uid through it (the agent's dirs are
+    // what is under test).
+    std::fs::set_permissions(agent.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let root = client::connect(&agent.xds_target()).await.unwrap();
+    wait_for_private_key(&root).await;
+    let line = probe_as_uid_65534(&agent);
+    assert!(line.contains("private_key=true "), "{line}");
+    assert!(!line.contains("=7"), "no PERMISSION_DENIED: {line}");
 }
 
 /// A CA and the certificates the TLS tests need (rcgen).

@@ -274,6 +274,32 @@ impl Agent {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// The capability sets of every thread of the agent process, from
+    /// `/proc/<pid>/task/*/status`: (thread name, `CapInh`, `CapPrm`, `CapEff`,
+    /// `CapBnd`, `CapAmb`) as bit masks.
+    pub fn thread_capabilities(&self) -> Vec<(String, [u64; 5])> {
+        let tasks = format!("/proc/{}/task", self.proc.pid());
+        let mut out = Vec::new();
+        for task in std::fs::read_dir(&tasks).unwrap().flatten() {
+            let (Ok(status), Ok(comm)) = (
+                std::fs::read_to_string(task.path().join("status")),
+                std::fs::read_to_string(task.path().join("comm")),
+            ) else {
+                continue; // the thread exited meanwhile
+            };
+            let mut sets = [0u64; 5];
+            for (i, key) in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"]
+                .iter()
+                .enumerate()
+            {
+                let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+                sets[i] = u64::from_str_radix(line[key.len()..].trim(), 16).unwrap();
+            }
+            out.push((comm.trim().to_owned(), sets));
+        }
+        out
+    }
+
     /// Waits for `/readyz` 200 (panics early if the process exits).
     pub fn wait_ready(&mut self, limit: Duration) {
         let admin = self.admin.clone();
