@@ -64,7 +64,11 @@ pub const ENVOY_GROUP: &str = "envoy";
 /// The node group of proxyless gRPC clients (every other node).
 pub const GRPC_GROUP: &str = "grpc";
 
-/// Which translation an xDS node gets.
+/// Which translation an xDS node gets, from its `user_agent_name`. Any client can
+/// write that field, so the server applies this only to peers trusted to choose
+/// (`GroupChoice::ByNode` from [`crate::xds_auth::AgentAuthorizer`]: the allowed uids
+/// on the unix socket); an mTLS client's group comes from its certificate instead.
+/// Only [`ENVOY_GROUP`]'s snapshots carry secrets.
 pub fn group_of(node: &NodeInfo) -> String {
     if node.user_agent_name.to_ascii_lowercase().contains("envoy") {
         ENVOY_GROUP.to_string()
