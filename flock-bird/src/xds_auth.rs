@@ -98,3 +98,104 @@ impl Authorizer for AgentAuthorizer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn authorizer() -> AgentAuthorizer {
+        AgentAuthorizer::new(AccessPolicy {
+            allow_uids: [0, 101].into(),
+            allow_gids: [1337].into(),
+            trust_domain: "cluster.local".into(),
+            envoy_spiffe_ids: ["spiffe://cluster.local/ns/flock/sa/envoy".to_string()].into(),
+        })
+    }
+
+    fn tls(spiffe_id: Option<&str>, subject: &str) -> Peer {
+        Peer::Tls {
+            addr: "127.0.0.1:4000".parse().unwrap(),
+            spiffe_id: spiffe_id.map(str::to_string),
+            subject: subject.into(),
+        }
+    }
+
+    #[test]
+    fn allowed_unix_peers_choose_their_group_and_may_see_secrets() {
+        let p = authorizer()
+            .authorize(&Peer::Unix {
+                uid: 101,
+                gid: 101,
+                pid: Some(7),
+            })
+            .unwrap();
+        assert_eq!((p.group, p.secrets), (GroupChoice::ByNode, true));
+        let p = authorizer()
+            .authorize(&Peer::Unix {
+                uid: 5,
+                gid: 1337,
+                pid: None,
+            })
+            .unwrap();
+        assert!(p.secrets);
+    }
+
+    #[test]
+    fn other_unix_peers_are_denied() {
+        let err = authorizer()
+            .authorize(&Peer::Unix {
+                uid: 65534,
+                gid: 65534,
+                pid: Some(9),
+            })
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied);
+    }
+
+    #[test]
+    fn mtls_peers_get_the_group_of_their_spiffe_id_never_of_their_node() {
+        let envoy = authorizer()
+            .authorize(&tls(
+                Some("spiffe://cluster.local/ns/flock/sa/envoy"),
+                "O=flock",
+            ))
+            .unwrap();
+        assert_eq!(
+            (envoy.group, envoy.secrets),
+            (GroupChoice::Fixed(ENVOY_GROUP.into()), true)
+        );
+        let grpc = authorizer()
+            .authorize(&tls(
+                Some("spiffe://cluster.local/ns/default/sa/greeter"),
+                "O=flock",
+            ))
+            .unwrap();
+        assert_eq!(
+            (grpc.group, grpc.secrets),
+            (GroupChoice::Fixed(GRPC_GROUP.into()), false)
+        );
+        let foreign = authorizer()
+            .authorize(&tls(Some("spiffe://evil.example/ns/a/sa/b"), "O=x"))
+            .unwrap_err();
+        assert_eq!(foreign.code(), Code::PermissionDenied);
+        let no_id = authorizer()
+            .authorize(&tls(None, "CN=someone"))
+            .unwrap_err();
+        assert_eq!(no_id.code(), Code::PermissionDenied);
+    }
+
+    #[test]
+    fn peers_without_an_identity_are_unauthenticated() {
+        for peer in [
+            tls(None, ""),
+            Peer::Tcp {
+                addr: "127.0.0.1:4000".parse().unwrap(),
+            },
+            Peer::Unknown,
+        ] {
+            let err = authorizer().authorize(&peer).unwrap_err();
+            assert_eq!(err.code(), Code::Unauthenticated, "{peer}");
+        }
+    }
+}
