@@ -85,7 +85,7 @@ pub struct XdsTls {
 /// Operator-tunable bounds of the xDS listeners.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdsLimits {
-    /// Open connections per listener; one more is closed at once.
+    /// Open connections at once, across the xDS listeners; one more is closed at once.
     pub max_connections: usize,
     /// Concurrent streams per connection (HTTP/2 `MAX_CONCURRENT_STREAMS`).
     pub max_streams_per_connection: u32,

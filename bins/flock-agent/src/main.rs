@@ -86,7 +86,8 @@ struct Args {
     /// resources with secrets (repeatable).
     #[arg(long = "xds-envoy-spiffe-id", value_name = "SPIFFE_ID")]
     xds_envoy_spiffe_ids: Vec<String>,
-    /// Open xDS connections per listener; one more is closed at once.
+    /// Open xDS connections at once, across the xDS listeners; one more is closed at
+    /// once and counted.
     #[arg(long, default_value_t = 1024, value_name = "N")]
     xds_max_connections: usize,
     /// Concurrent xDS streams per connection (HTTP/2 MAX_CONCURRENT_STREAMS).
