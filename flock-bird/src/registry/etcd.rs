@@ -266,6 +266,8 @@ impl Shared {
                 trust_domain: self.opts.trust_domain.as_deref(),
             },
         )?;
+        #[cfg(flock_reintroduce = "registry-trust-all")]
+        let _ = key;
         Ok(ep)
     }
 
