@@ -13,7 +13,6 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
 /// A ready agent with nothing in it.
-#[derive(Default)]
 struct Fake;
 
 impl Views for Fake {
@@ -62,7 +61,7 @@ async fn start(views: Arc<Fake>, opts: ServeOptions) -> (String, tokio::sync::on
 
 #[tokio::test]
 async fn at_the_connection_cap_a_client_waits_for_a_slot() {
-    let views = Arc::new(Fake::default());
+    let views = Arc::new(Fake);
     let opts = ServeOptions {
         max_connections: 1,
         ..ServeOptions::default()
@@ -118,7 +117,7 @@ async fn accept_errors_back_off_instead_of_spinning() {
     let (_stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(serve_with(
         acceptor,
-        Arc::new(Fake::default()),
+        Arc::new(Fake),
         ServeOptions::default(),
         async {
             let _ = stop_rx.await;
