@@ -356,3 +356,196 @@ fn credential_files_are_read_with_clear_errors() {
         "{err}"
     );
 }
+
+mod whole_view {
+    //! The rules over the whole registry view the agent applies before its
+    //! translation model (`serving_endpoints`), and the property that makes filtering
+    //! there sufficient: whatever entries pass the per-entry check, the services they
+    //! form pass the model's validation, so no entry can take its service down.
+
+    use flock_bird::agent::mesh::{service_models, serving_endpoints};
+    use flock_bird::model::{Endpoint, Health, Protocol};
+    use flock_bird::registry::{Rejections, View};
+    use flock_core::pod::{MAX_PORTS, PodKey};
+    use flock_core::registry::{Reject, Trust, check_entry};
+    use flock_xds::translate::Mesh;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn ep(node: &str, pod: &str, port: u16, identity: Option<&str>) -> Endpoint {
+        Endpoint {
+            service: "web".into(),
+            namespace: "default".into(),
+            service_port: port,
+            protocol: Protocol::Http,
+            address: "10.0.0.7".parse().unwrap(),
+            port: 15006,
+            node: node.into(),
+            pod: format!("default/{pod}"),
+            pod_key: PodKey {
+                container_id: pod.into(),
+                ifname: "eth0".into(),
+            },
+            region: "r".into(),
+            zone: "z".into(),
+            health: Health::Healthy,
+            identity: identity.map(str::to_string),
+        }
+    }
+
+    fn view(eps: Vec<Endpoint>) -> View {
+        View {
+            endpoints: eps.into_iter().map(|e| (e.key(), e)).collect(),
+            ..View::default()
+        }
+    }
+
+    /// Never downgrade: in a port with an identified endpoint the identity-less one is
+    /// left out (reason `downgrade`); a port with no identity keeps all its endpoints.
+    /// Ports beyond the 32 a service may have are left out (`too_many_ports`), not the
+    /// service. The exclusions are warned about and counted once across publishes.
+    #[test]
+    fn whole_view_rules_exclude_single_entries_not_services() {
+        let id = "spiffe://cluster.local/ns/default/sa/web";
+        let mut eps = vec![
+            ep("a", "p1", 8080, Some(id)),
+            ep("b", "p2", 8080, None),
+            ep("a", "p3", 9090, None),
+            ep("b", "p4", 9090, None),
+        ];
+        // 2 + 31 more ports: 33, the highest is over the cap.
+        for (i, port) in (10_000..10_000 + MAX_PORTS as u16 - 1).enumerate() {
+            eps.push(ep("c", &format!("q{i}"), port, None));
+        }
+        let v = view(eps);
+        let (serving, excluded) = serving_endpoints(&v);
+        let over = v.endpoints.values().map(|e| e.service_port).max().unwrap();
+        let want: BTreeMap<String, Reject> = v
+            .endpoints
+            .iter()
+            .filter_map(|(k, e)| {
+                if e.pod == "default/p2" {
+                    Some((k.clone(), Reject::Downgrade))
+                } else if e.service_port == over {
+                    Some((k.clone(), Reject::TooManyPorts))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(excluded, want);
+        assert_eq!(serving.len(), v.endpoints.len() - 2);
+        let services = service_models(serving);
+        assert_eq!(services.len(), 1);
+        assert_eq!(services[0].ports.len(), MAX_PORTS);
+        Mesh {
+            services,
+            ..Mesh::default()
+        }
+        .validate()
+        .expect("the service is served");
+
+        let r = Rejections::default();
+        r.set_excluded("test", excluded.clone());
+        r.set_excluded("test", excluded.clone());
+        assert_eq!(
+            r.count(Reject::Downgrade),
+            1,
+            "counted once, not per publish"
+        );
+        assert_eq!(r.count(Reject::TooManyPorts), 1);
+        r.set_excluded("test", BTreeMap::new());
+        r.set_excluded("test", excluded);
+        assert_eq!(
+            r.count(Reject::Downgrade),
+            2,
+            "excluded again after it was served"
+        );
+    }
+
+    /// Mostly one of `good`, sometimes one of `bad`: most generated entries pass the
+    /// per-entry check, so the property below is about many accepted entries at once.
+    fn mostly<T: Clone + std::fmt::Debug + 'static>(
+        good: Vec<T>,
+        bad: Vec<T>,
+    ) -> impl Strategy<Value = T> {
+        prop_oneof![
+            12 => proptest::sample::select(good),
+            1 => proptest::sample::select(bad),
+        ]
+    }
+
+    prop_compose! {
+        /// An endpoint from pools of good and bad values (a node may write anything).
+        fn any_entry()(
+            node in mostly(vec!["a", "b", "c"], vec!["B", ""]),
+            ns in mostly(vec!["default", "kube-system"], vec!["bad.ns", ""]),
+            svc in mostly(vec!["web", "db"], vec!["Web", "a|b"]),
+            sp in mostly(vec![80u16, 8080, 9090], vec![0]),
+            proto in proptest::sample::select(vec![Protocol::Http, Protocol::Grpc, Protocol::Tcp]),
+            addr in mostly(
+                vec!["10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::1"],
+                vec!["0.0.0.0", "224.0.0.1", "127.0.0.1", "::"],
+            ),
+            port in mostly(vec![15006u16, 15007], vec![0]),
+            pod_ns_ok in mostly(vec![true], vec![false]),
+            pod in mostly(vec!["p1", "p2"], vec!["P", ""]),
+            cid in mostly(vec!["c1", "c2", "c3"], vec!["-x", ""]),
+            ifname in mostly(vec!["eth0", "net1"], vec!["a/b", ""]),
+            zone in mostly(vec!["", "z1"], vec!["bad\nzone"]),
+            identity in mostly(
+                vec![None, Some("web"), Some("db")],
+                vec![Some("evil"), Some("other-ns"), Some("space"), Some("http")],
+            ),
+            key_ok in mostly(vec![true], vec![false]),
+        ) -> (String, Endpoint) {
+            let identity = identity.map(|id| match id {
+                "evil" => format!("spiffe://evil.example/ns/{ns}/sa/web"),
+                "other-ns" => "spiffe://cluster.local/ns/elsewhere/sa/x".to_string(),
+                "space" => format!("spiffe://cluster.local/ns/{ns}/sa/a b"),
+                "http" => "http://x".to_string(),
+                sa => format!("spiffe://cluster.local/ns/{ns}/sa/{sa}"),
+            });
+            let e = Endpoint {
+                service: svc.into(),
+                namespace: ns.into(),
+                service_port: sp,
+                protocol: proto,
+                address: addr.parse().unwrap(),
+                port,
+                node: node.into(),
+                pod: if pod_ns_ok { format!("{ns}/{pod}") } else { pod.to_string() },
+                pod_key: PodKey { container_id: cid.into(), ifname: ifname.into() },
+                region: String::new(),
+                zone: zone.into(),
+                health: Health::Healthy,
+                identity,
+            };
+            let key = if key_ok { e.key() } else { format!("b/{}", e.key()) };
+            (key, e)
+        }
+    }
+
+    proptest! {
+        /// Whatever a node writes: the entries that pass the per-entry check and the
+        /// whole-view rules form only services the translation model accepts.
+        #[test]
+        fn accepted_entries_always_form_valid_services(
+            entries in proptest::collection::vec(any_entry(), 0..24),
+        ) {
+            let trust = Trust { local_node: "a", trust_domain: Some("cluster.local") };
+            let accepted: BTreeMap<String, Endpoint> = entries
+                .into_iter()
+                .filter(|(k, e)| check_entry(&e.entry_fields(k), &trust).is_ok())
+                .collect();
+            // Not vacuous: most generated entries pass (see `mostly`).
+            let v = View { endpoints: accepted, ..View::default() };
+            let (serving, _) = serving_endpoints(&v);
+            for svc in service_models(serving) {
+                let name = format!("{}.{}", svc.name, svc.namespace);
+                let one = Mesh { services: vec![svc], ..Mesh::default() };
+                prop_assert!(one.validate().is_ok(), "{name}: {:?}", one.validate());
+            }
+        }
+    }
+}

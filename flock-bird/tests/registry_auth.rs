@@ -598,7 +598,10 @@ async fn an_identity_less_entry_never_creates_a_plaintext_path() {
     .await;
 
     let (serving, excluded) = serving_endpoints(&view);
-    assert_eq!(excluded, BTreeSet::from([plain.key()]));
+    assert_eq!(
+        excluded,
+        std::collections::BTreeMap::from([(plain.key(), Reject::Downgrade)])
+    );
     let mut mesh = Mesh {
         services: service_models(serving),
         ..Mesh::default()

@@ -62,11 +62,14 @@ pub enum Reject {
     /// An endpoint without an identity in a service port whose other endpoints have
     /// one: excluded rather than turning the port's callers to plaintext.
     Downgrade,
+    /// An endpoint of a service port beyond the most ports a service may have
+    /// ([`crate::pod::MAX_PORTS`]): excluded rather than the whole service refused.
+    TooManyPorts,
 }
 
 impl Reject {
     /// Every reason, in label order.
-    pub const ALL: [Reject; 12] = [
+    pub const ALL: [Reject; 13] = [
         Reject::Oversized,
         Reject::Undecodable,
         Reject::Key,
@@ -79,6 +82,7 @@ impl Reject {
         Reject::TrustDomain,
         Reject::IdentityNamespace,
         Reject::Downgrade,
+        Reject::TooManyPorts,
     ];
 
     /// The metric label value.
@@ -96,6 +100,7 @@ impl Reject {
             Reject::TrustDomain => "trust_domain",
             Reject::IdentityNamespace => "identity_namespace",
             Reject::Downgrade => "downgrade",
+            Reject::TooManyPorts => "too_many_ports",
         }
     }
 

@@ -6,6 +6,8 @@
 use super::{Agent, AgentConfig};
 use crate::model::{Endpoint, Health, OUTBOUND_PORT, PodRecord};
 use crate::registry::View;
+use flock_core::pod::MAX_PORTS;
+use flock_core::registry::Reject;
 use flock_core::sync::lock;
 use flock_xds::translate::{self, Mesh};
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,26 +43,48 @@ pub fn endpoints(
         .collect()
 }
 
-/// The registry endpoints the agent serves, and the keys it leaves out by the
-/// never-downgrade rule: a service port (namespace, service, port) where any endpoint
-/// has an identity is mTLS, and its endpoints without one are left out. Mixing must not
-/// switch the port's callers to plaintext: one identity-less registry entry would
-/// otherwise turn off encryption and peer verification for every caller of the port.
-/// (The translation applies the same rule, [`translate::port_endpoints`]; filtering
-/// here, before the model, is what lets the agent name and count each excluded key.)
-pub fn serving_endpoints(view: &View) -> (Vec<&Endpoint>, BTreeSet<String>) {
+/// The registry endpoints the agent serves, and the keys it leaves out by a rule
+/// that needs the whole view (each entry was already checked on its own by the
+/// registry backend):
+///
+/// * never downgrade ([`Reject::Downgrade`]): a service port (namespace, service,
+///   port) where any endpoint has an identity is mTLS, and its endpoints without one
+///   are left out. Mixing must not switch the port's callers to plaintext: one
+///   identity-less registry entry would otherwise turn off encryption and peer
+///   verification for every caller of the port. (The translation applies the same
+///   rule, [`translate::port_endpoints`]; filtering here lets the agent name and
+///   count each excluded key.)
+/// * the port cap ([`Reject::TooManyPorts`]): the translation refuses a service with
+///   more than [`MAX_PORTS`] ports, so entries of the ports beyond the lowest
+///   [`MAX_PORTS`] are left out instead of the whole service.
+///
+/// With both, every service [`service_models`] forms from the result passes the
+/// model's validation.
+pub fn serving_endpoints(view: &View) -> (Vec<&Endpoint>, BTreeMap<String, Reject>) {
     let mtls: BTreeSet<(&str, &str, u16)> = view
         .endpoints
         .values()
         .filter(|e| e.identity.is_some())
         .map(|e| (e.namespace.as_str(), e.service.as_str(), e.service_port))
         .collect();
+    let mut ports: BTreeMap<(&str, &str), BTreeSet<u16>> = BTreeMap::new();
+    for e in view.endpoints.values() {
+        ports
+            .entry((e.namespace.as_str(), e.service.as_str()))
+            .or_default()
+            .insert(e.service_port);
+    }
     let mut kept = Vec::with_capacity(view.endpoints.len());
-    let mut excluded = BTreeSet::new();
+    let mut excluded = BTreeMap::new();
     for (key, e) in &view.endpoints {
-        let port = (e.namespace.as_str(), e.service.as_str(), e.service_port);
-        if e.identity.is_none() && mtls.contains(&port) {
-            excluded.insert(key.clone());
+        let svc = (e.namespace.as_str(), e.service.as_str());
+        let allowed = ports
+            .get(&svc)
+            .is_some_and(|p| p.iter().take(MAX_PORTS).any(|p| *p == e.service_port));
+        if !allowed {
+            excluded.insert(key.clone(), Reject::TooManyPorts);
+        } else if e.identity.is_none() && mtls.contains(&(svc.0, svc.1, e.service_port)) {
+            excluded.insert(key.clone(), Reject::Downgrade);
         } else {
             kept.push(e);
         }
@@ -155,9 +179,9 @@ impl Agent {
         let mut mesh = Mesh::default();
         // Remote entries were checked one by one by the registry backend; what is left
         // to decide here needs the whole view.
-        let (serving, downgraded) = serving_endpoints(view);
+        let (serving, excluded) = serving_endpoints(view);
         if let Some(r) = self.registry.rejections() {
-            r.set_downgraded(&self.registry.describe(), downgraded);
+            r.set_excluded(&self.registry.describe(), excluded);
         }
         for svc in service_models(serving) {
             let one = Mesh {

@@ -117,8 +117,9 @@ pub trait Registry: Send + Sync + 'static {
 pub struct Rejections {
     counts: [AtomicU64; Reject::ALL.len()],
     by_key: flock_core::sync::Mutex<BTreeMap<String, Reject>>,
-    /// Keys excluded by the never-downgrade rule at the last publish.
-    downgraded: flock_core::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Keys the agent excluded at the last publish by a rule over the whole view
+    /// (never-downgrade, the port cap), with the reason.
+    excluded: flock_core::sync::Mutex<BTreeMap<String, Reject>>,
 }
 
 impl Default for Rejections {
@@ -126,7 +127,7 @@ impl Default for Rejections {
         Self {
             counts: Default::default(),
             by_key: flock_core::sync::Mutex::new(BTreeMap::new()),
-            downgraded: flock_core::sync::Mutex::new(std::collections::BTreeSet::new()),
+            excluded: flock_core::sync::Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -159,27 +160,37 @@ impl Rejections {
         lock(&self.by_key).retain(|k, _| keep(k));
     }
 
-    /// Records the keys the agent currently excludes by the never-downgrade rule (an
-    /// endpoint without an identity in a service port whose other endpoints have one):
-    /// warns about and counts ([`Reject::Downgrade`]) the ones not excluded last time.
-    pub fn set_downgraded(&self, backend: &str, keys: std::collections::BTreeSet<String>) {
-        let mut current = lock(&self.downgraded);
-        for key in keys.difference(&current) {
-            self.counts[Reject::Downgrade.index()].fetch_add(1, Ordering::Relaxed);
+    /// Records the keys the agent currently leaves out by a rule over the whole view
+    /// ([`Reject::Downgrade`]: no identity in a service port whose other endpoints have
+    /// one; [`Reject::TooManyPorts`]): warns about and counts the ones not left out
+    /// (for that reason) at the last publish, so a publish loop does not flood the log.
+    pub fn set_excluded(&self, backend: &str, keys: BTreeMap<String, Reject>) {
+        let mut current = lock(&self.excluded);
+        for (key, reason) in &keys {
+            if current.get(key) == Some(reason) {
+                continue;
+            }
+            self.counts[reason.index()].fetch_add(1, Ordering::Relaxed);
+            let why = match reason {
+                Reject::Downgrade => {
+                    "it has no identity but its service port's other endpoints do; the port \
+                     stays mTLS without it"
+                }
+                _ => "its service has more ports than a service may have",
+            };
             tracing::warn!(
                 registry = %backend,
                 key = %flock_core::registry::bounded(key),
-                reason = Reject::Downgrade.as_str(),
-                "not serving registry entry: it has no identity but its service port's other \
-                 endpoints do; the port stays mTLS without it"
+                reason = reason.as_str(),
+                "not serving registry entry: {why}"
             );
         }
         *current = keys;
     }
 
-    /// The keys excluded by the never-downgrade rule at the last publish.
-    pub fn downgraded(&self) -> std::collections::BTreeSet<String> {
-        lock(&self.downgraded).clone()
+    /// The keys left out at the last publish ([`Rejections::set_excluded`]).
+    pub fn excluded(&self) -> BTreeMap<String, Reject> {
+        lock(&self.excluded).clone()
     }
 
     /// How many entries were refused for `reason`.
