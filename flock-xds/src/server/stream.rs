@@ -301,7 +301,7 @@ pub(crate) async fn run<F: Flavor>(
     });
     inner.metrics.stream_opened(kind);
     inner.callbacks.on_stream_open(id, kind, &node);
-    tracing::debug!(stream = id.0, node = %node.id, %group, ?kind, "xDS stream opened");
+    tracing::debug!(stream = id.0, node = ?node.id, %group, ?kind, "xDS stream opened");
 
     let mut machine = F::new();
     let result = drive(
@@ -338,7 +338,7 @@ pub(crate) async fn run<F: Flavor>(
     };
     inner.metrics.stream_closed(error);
     inner.callbacks.on_stream_closed(id, &node);
-    tracing::debug!(stream = id.0, node = %node.id, stats = ?machine.stats(), "xDS stream closed");
+    tracing::debug!(stream = id.0, node = ?node.id, stats = ?machine.stats(), "xDS stream closed");
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -406,7 +406,7 @@ async fn drive<F: Flavor>(
                             removed: summary.removed,
                         });
                         tracing::trace!(
-                            stream = id.0, node = %node.id, r#type = crate::types::short_name(&summary.type_url),
+                            stream = id.0, node = ?node.id, r#type = ?crate::types::short_name(&summary.type_url),
                             version = summary.version, nonce = %summary.nonce,
                             resources = summary.resources, removed = summary.removed,
                             "xDS response"
