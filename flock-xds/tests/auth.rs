@@ -2,8 +2,8 @@
 //! certificates made by rcgen (a client without a certificate, one from the trusted
 //! CA, one whose principal may not see secrets), unix peer credentials of a process
 //! running under another uid (Python grpcio under `setpriv`; root only, the `peers`
-//! tier), the connection cap, a real `EMFILE` on accept, and the socket directory
-//! checks of `bind_unix` / `ensure_private_dir`.
+//! tier), the connection and per-connection stream caps, a real `EMFILE` on accept,
+//! and the socket directory checks of `bind_unix` / `ensure_private_dir`.
 //!
 //! The snapshot every test serves holds a secret whose body contains `PRIVATE KEY`: a
 //! test that must leak no key checks every byte it received for that string.
@@ -511,6 +511,44 @@ async fn the_connection_over_the_cap_is_closed_and_a_freed_slot_is_reused() {
     drop(second);
     drop(fourth);
     running.stop().await;
+}
+
+/// The stream cap of one connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`): with
+/// 2 allowed, a third stream on the same connection is not opened while two are, and
+/// is once one of them ends.
+#[tokio::test]
+async fn a_connection_carries_at_most_its_stream_cap() {
+    let server = Server::builder(cache())
+        .connection_limits(ConnectionLimits {
+            max_concurrent_streams_per_connection: 2,
+            ..ConnectionLimits::default()
+        })
+        .build();
+    let running = common::xds::start_tcp(server).await;
+    let channel = client::connect(&running.target).await.unwrap();
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut ads = client::sotw(channel.clone()).await.unwrap();
+        ads.send(sotw(CLUSTER, &[])).unwrap();
+        ads.recv(WAIT).await.unwrap();
+        open.push(ads);
+    }
+    assert_eq!(running.server.metrics().streams_open(), 2);
+    // The client holds the third stream back until the server's limit allows it.
+    let third = tokio::spawn(client::sotw(channel.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await; // must NOT open meanwhile
+    assert!(!third.is_finished(), "a third stream opened past the cap");
+    assert_eq!(running.server.metrics().streams_open(), 2);
+    let first = open.remove(0);
+    drop(first.close());
+    let mut ads = tokio::time::timeout(WAIT, third)
+        .await
+        .expect("the third stream opens once a slot frees")
+        .unwrap()
+        .unwrap();
+    ads.send(sotw(CLUSTER, &[])).unwrap();
+    let cds = ads.recv(WAIT).await.unwrap();
+    assert_eq!(cds.resources, vec![any(CLUSTER, "cluster web")]);
 }
 
 /// `ensure_private_dir` creates a missing directory 0700; `bind_unix` makes the
