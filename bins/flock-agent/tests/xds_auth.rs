@@ -9,6 +9,8 @@
 //! * a TLS client with a certificate of the trust domain (proxyless gRPC) gets
 //!   non-secret resources only, and `PERMISSION_DENIED` for secrets.
 //!
+//! And the agent's memory itself: it is not dumpable (no same-uid process reads it).
+//!
 //! Every refused client is checked for every byte it received: never `PRIVATE KEY`.
 //! Each test first shows, with an allowed client on the same agent, that the key *is*
 //! there to leak (a meshed pod with an SVID from the built-in CA), so a refusal is not
@@ -314,6 +316,55 @@ async fn the_envoy_uid_reaches_the_socket_and_gets_its_keys() {
     let line = probe_as_uid_65534(&agent);
     assert!(line.contains("private_key=true "), "{line}");
     assert!(!line.contains("=7"), "no PERMISSION_DENIED: {line}");
+}
+
+/// The agent is not dumpable (`PR_SET_DUMPABLE=0`), so another process of its own uid
+/// can neither attach to it nor read its memory through /proc: the kernel makes a
+/// non-dumpable process's /proc files root's. Shown with the agent run as uid 65534
+/// (`--dev`, unprivileged) beside a control process of the same uid, whose /proc files
+/// stay its own.
+#[test]
+fn the_agent_is_not_dumpable() {
+    use common::{ChildGuard, http_get, wait_for};
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |program: &str| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            program,
+        ])
+        .env("TMPDIR", dir.path());
+        cmd
+    };
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut agent = as_nobody(common::AGENT_BIN);
+    agent.args(["--dev", "--admin-address", &admin]);
+    let mut agent = ChildGuard::spawn(agent, dir.path().join("agent.log"));
+    wait_for("the unprivileged agent's /readyz", WAIT, || {
+        assert!(agent.running(), "{}", agent.log_text());
+        matches!(http_get(&admin, "/readyz"), Ok((200, _)))
+    });
+    let mut control = as_nobody("sleep");
+    control.arg("60");
+    let control = ChildGuard::spawn(control, dir.path().join("control.log"));
+    // Until setpriv has exec'd `sleep`, its uid change leaves it non-dumpable.
+    wait_for("the control to exec sleep", WAIT, || {
+        std::fs::read_to_string(format!("/proc/{}/comm", control.pid()))
+            .is_ok_and(|c| c.trim() == "sleep")
+    });
+    let owner = |pid: u32| {
+        std::fs::metadata(format!("/proc/{pid}/environ"))
+            .unwrap()
+            .uid()
+    };
+    assert_eq!(owner(control.pid()), 65534, "the control is dumpable");
+    assert_eq!(owner(agent.pid()), 0, "the agent is not dumpable");
 }
 
 /// A CA and the certificates the TLS tests need (rcgen).
