@@ -379,6 +379,92 @@ async fn a_stream_without_a_first_request_ends_at_the_first_request_timeout() {
     running.stop().await;
 }
 
+/// A `tracing` writer into a shared buffer, to read what the server logged.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The NACK warning carries the client's node ID, type URL and error message: each is
+/// written escaped, so a newline in any of them cannot start a forged log line, and
+/// the error is cut to `max_error_detail_len`. (Single-threaded runtime: the server's
+/// stream tasks log through this test's subscriber.)
+#[tokio::test]
+async fn a_nack_cannot_forge_log_lines() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let evil_type = "type.googleapis.com/x\nFORGED type line";
+    let evil_node = "n1\nFORGED node line";
+    let cache = Arc::new(flock_xds::cache::Cache::by_node_id());
+    cache.update(evil_node, |s| s.edit().build()); // version 1, empty
+    let server = Server::builder(Arc::clone(&cache))
+        .limits(Limits {
+            max_error_detail_len: 40,
+            ..Limits::default()
+        })
+        .build();
+    let running = start_tcp(server).await;
+    let mut ads = running.sotw().await;
+    let mut req = sotw_req(evil_type, &[], "", "");
+    req.node = Some(Node {
+        id: evil_node.into(),
+        ..Node::default()
+    });
+    ads.send(req.clone()).unwrap();
+    let resp = ads.recv(WAIT).await.unwrap();
+    req.response_nonce = resp.nonce.clone();
+    req.error_detail = Some(envoy_types::pb::google::rpc::Status {
+        code: 3,
+        message: format!("bad\nFORGED error line{}", "!".repeat(1000)),
+        details: vec![],
+    });
+    ads.send(req).unwrap();
+    // The NACK is handled before the stream looks at the next request.
+    ads.send(sotw_req("", &[], "", "")).unwrap();
+    let _ = ended_with(&mut ads).await;
+    running.stop().await;
+
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let nack = text
+        .lines()
+        .find(|l| l.contains("rejected a response (NACK)"))
+        .unwrap_or_else(|| panic!("no NACK warning in:\n{text}"));
+    assert!(
+        nack.contains(r#"node="n1\nFORGED node line""#),
+        "node escaped: {nack}"
+    );
+    assert!(
+        nack.contains(r#"\nFORGED type line""#),
+        "type escaped: {nack}"
+    );
+    assert!(
+        nack.contains(&format!(
+            r#"error="bad\nFORGED error line{}""#,
+            "!".repeat(40 - "bad\nFORGED error line".len())
+        )),
+        "error escaped and cut to 40 bytes: {nack}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("FORGED")),
+        "no forged line:\n{text}"
+    );
+}
+
 /// Sends every type URL of `urls` on SotW ADS streams of `channel`, as many per stream
 /// as the per-stream type limit allows, and reads each type's initial response; each
 /// stream is then ended by a request without a type, which the server refuses after
