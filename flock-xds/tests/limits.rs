@@ -10,7 +10,7 @@ use common::xds::{NODE, cache_with, delta_req, sotw_req, start_tcp};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use flock_xds::client::{self, RecvError, SotwStream};
 use flock_xds::protocol::{DeltaAds, DeltaRequest, SotwAds, SotwRequest};
-use flock_xds::server::{Limits, Server};
+use flock_xds::server::{ConnectionLimits, Limits, Server};
 use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER};
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -559,8 +559,9 @@ async fn a_type_url_with_a_quote_and_newline_cannot_inject_a_metric_line() {
     running.stop().await;
 }
 
-/// 5,000 streams that never send a request, over 50 connections (100 streams each,
-/// within the per-connection stream limit) with a cap of 4,000 open streams: the ones
+/// 5,000 streams that never send a request, over 5 connections (1,000 streams each,
+/// the per-connection stream limit raised to let them) with a cap of 4,000 open
+/// streams on the server: the ones
 /// over the cap end at once with `RESOURCE_EXHAUSTED` naming the limit, a client whose
 /// stream was open before keeps being served, every admitted silent stream ends with
 /// `DEADLINE_EXCEEDED` at the first-request timeout, and then a new client is served.
@@ -569,7 +570,7 @@ async fn a_type_url_with_a_quote_and_newline_cannot_inject_a_metric_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_thousand_silent_streams_are_capped_and_time_out() {
     const STREAMS: usize = 5_000;
-    const CONNECTIONS: usize = 50;
+    const CONNECTIONS: usize = 5;
     const CAP: usize = 4_000;
     // Long enough for all 5,000 to open on a loaded 2-core machine (about 2 s here)
     // before the first admitted ones time out and free their slots.
@@ -580,6 +581,10 @@ async fn five_thousand_silent_streams_are_capped_and_time_out() {
             max_open_streams: CAP,
             first_request_timeout: timeout,
             ..Limits::default()
+        })
+        .connection_limits(ConnectionLimits {
+            max_concurrent_streams_per_connection: (STREAMS / CONNECTIONS) as u32,
+            ..ConnectionLimits::default()
         })
         .build();
     let running = start_tcp(server).await;
