@@ -549,3 +549,40 @@ mod whole_view {
         }
     }
 }
+
+/// `decode_entry`, the etcd backend's decoder of other nodes' entries: a valid entry
+/// under its key decodes; over the size limit, undecodable JSON (its message bounded
+/// and escaped) and a mismatched key each give their own reason.
+#[test]
+fn decode_entry_accepts_valid_entries_and_names_each_refusal() {
+    use flock_core::registry::{MAX_ENTRY_BYTES, Reject, Trust};
+    let trust = Trust {
+        local_node: "n2",
+        trust_domain: Some("cluster.local"),
+    };
+    let e = ep("c1", 8080);
+    let bytes = serde_json::to_vec(&e).unwrap();
+    assert_eq!(
+        registry::decode_entry(&e.key(), &bytes, &trust),
+        Ok(e.clone())
+    );
+    let reason = |key: &str, value: &[u8]| {
+        registry::decode_entry(key, value, &trust)
+            .unwrap_err()
+            .reason
+    };
+    assert_eq!(
+        reason(&e.key(), &vec![b' '; MAX_ENTRY_BYTES + 1]),
+        Reject::Oversized
+    );
+    assert_eq!(reason(&e.key(), b"{\"service\": 7}"), Reject::Undecodable);
+    assert_eq!(reason("n1/default/web/c1/eth0/9090", &bytes), Reject::Key);
+    assert_eq!(reason("n9/default/web/c1/eth0/8080", &bytes), Reject::Node);
+    let long = format!("{{\"{}\n\": 1}}", "x".repeat(10_000));
+    let err = registry::decode_entry(&e.key(), long.as_bytes(), &trust).unwrap_err();
+    assert!(
+        err.detail.len() < 300 && !err.detail.contains('\n'),
+        "{}",
+        err.detail
+    );
+}

@@ -43,7 +43,7 @@ use etcd_client::{
     LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use flock_core::backoff::Backoff;
-use flock_core::registry::{MAX_ENTRY_BYTES, Reject, Rejected, Trust};
+use flock_core::registry::{Rejected, Trust};
 use flock_core::sync::Mutex as SyncMutex;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -237,38 +237,14 @@ impl Shared {
     }
 
     fn check(&self, key: &str, value: &[u8]) -> Result<Endpoint, Rejected> {
-        if value.len() > MAX_ENTRY_BYTES {
-            return Err(Rejected::new(
-                Reject::Oversized,
-                format!(
-                    "{} bytes, more than the limit of {MAX_ENTRY_BYTES}",
-                    value.len()
-                ),
-            ));
-        }
-        let ep = serde_json::from_slice::<Endpoint>(value).map_err(|e| {
-            Rejected::new(
-                Reject::Undecodable,
-                format!(
-                    "not an endpoint: {}",
-                    flock_core::registry::bounded(&e.to_string())
-                ),
-            )
-        })?;
-        // The mutant trusts every decodable entry, as the registry did before entries
-        // were checked one by one: one bad entry then reaches the translation, which
-        // refuses its whole service.
-        #[cfg(not(flock_reintroduce = "registry-trust-all"))]
-        flock_core::registry::check_entry(
-            &ep.entry_fields(key),
+        super::decode_entry(
+            key,
+            value,
             &Trust {
                 local_node: &self.node,
                 trust_domain: self.opts.trust_domain.as_deref(),
             },
-        )?;
-        #[cfg(flock_reintroduce = "registry-trust-all")]
-        let _ = key;
-        Ok(ep)
+        )
     }
 
     /// Grants a new lease and puts every own endpoint again under it. Called with the

@@ -56,7 +56,7 @@ pub fn decode_file(bytes: &[u8]) -> Result<(usize, u64), String> {
 }
 
 use crate::model::Endpoint;
-use flock_core::registry::{Reject, Rejected};
+use flock_core::registry::{MAX_ENTRY_BYTES, Reject, Rejected, Trust};
 use flock_core::sync::lock;
 use flock_telemetry::prometheus_client;
 use std::collections::BTreeMap;
@@ -64,6 +64,40 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// Decodes one registry entry written by any node (no I/O): `value` found under `key`
+/// (relative to the registry prefix). Applies the size limit
+/// ([`flock_core::registry::MAX_ENTRY_BYTES`]) before parsing, then the JSON decode,
+/// then [`flock_core::registry::check_entry`]. Never panics; the error's detail bounds
+/// and escapes what it quotes.
+pub fn decode_entry(key: &str, value: &[u8], trust: &Trust<'_>) -> Result<Endpoint, Rejected> {
+    if value.len() > MAX_ENTRY_BYTES {
+        return Err(Rejected::new(
+            Reject::Oversized,
+            format!(
+                "{} bytes, more than the limit of {MAX_ENTRY_BYTES}",
+                value.len()
+            ),
+        ));
+    }
+    let ep = serde_json::from_slice::<Endpoint>(value).map_err(|e| {
+        Rejected::new(
+            Reject::Undecodable,
+            format!(
+                "not an endpoint: {}",
+                flock_core::registry::bounded(&e.to_string())
+            ),
+        )
+    })?;
+    // The mutant trusts every decodable entry, as the registry did before entries were
+    // checked one by one: one bad entry then reaches the translation, which refuses its
+    // whole service.
+    #[cfg(not(flock_reintroduce = "registry-trust-all"))]
+    flock_core::registry::check_entry(&ep.entry_fields(key), trust)?;
+    #[cfg(flock_reintroduce = "registry-trust-all")]
+    let _ = (key, trust);
+    Ok(ep)
+}
 
 /// Everything in the registry (all nodes), as the backend currently knows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
