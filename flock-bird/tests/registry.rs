@@ -586,3 +586,39 @@ fn decode_entry_accepts_valid_entries_and_names_each_refusal() {
         err.detail
     );
 }
+
+/// `/metrics`: `flock_registry_entries_rejected_total` has one series per reason (a
+/// closed set, whatever the entries' contents) and counts what was refused.
+#[test]
+fn the_rejection_metric_has_one_series_per_reason() {
+    use flock_core::registry::{Reject, Rejected};
+    use flock_telemetry::prometheus_client::registry::Registry as Metrics;
+    let r = Arc::new(registry::Rejections::default());
+    r.reject(
+        "etcd://x",
+        "n1/a\"b\nc",
+        &Rejected::new(Reject::Address, "0.0.0.0"),
+    );
+    r.reject(
+        "etcd://x",
+        "n1/a\"b\nc",
+        &Rejected::new(Reject::Address, "0.0.0.0"),
+    );
+    r.reject("etcd://x", "n1/other", &Rejected::new(Reject::Name, "bad"));
+    let mut m = Metrics::default();
+    m.register_collector(Box::new(registry::RejectionsCollector(Arc::clone(&r))));
+    let text = flock_telemetry::metrics::render(&m);
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("flock_registry_entries_rejected_total{"))
+        .collect();
+    assert_eq!(series.len(), Reject::ALL.len(), "{text}");
+    assert!(
+        series.contains(&"flock_registry_entries_rejected_total{reason=\"address\"} 1"),
+        "{text}"
+    );
+    assert!(
+        series.contains(&"flock_registry_entries_rejected_total{reason=\"name\"} 1"),
+        "{text}"
+    );
+}
