@@ -161,7 +161,8 @@ pub struct Bound {
 }
 
 /// Runs the agent until `shutdown` resolves. `on_bound` is called once every
-/// listener is bound (tests use it to learn ephemeral ports).
+/// listener is bound, before the pod store is loaded (tests use it to learn ephemeral
+/// ports; the agent is ready when `/readyz` says so).
 pub async fn run(
     opts: Options,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -298,6 +299,9 @@ pub async fn run(
     let socket = opts.cni_socket.clone();
     let cni_listener = CniServer::bind(&socket)
         .with_context(|| format!("binding the CNI socket {}", socket.display()))?;
+    // Every listener is bound: the binary drops the capabilities binding needed here,
+    // before the load starts blocking-pool threads that would inherit them.
+    on_bound(bound);
 
     // Load the store (merging, R3) before serving CNI: a DEL for a stored pod then
     // finds it.
@@ -324,7 +328,6 @@ pub async fn run(
     }
     tasks.spawn(liveness_loop(Arc::clone(&agent), stop_rx.clone()));
     tasks.spawn(gc_loop(Arc::clone(&agent), stop_rx.clone()));
-    on_bound(bound);
 
     shutdown.await;
     tracing::info!("shutting down");

@@ -25,7 +25,8 @@
 //! 2. [`drop_capabilities`] once every listener is bound, for the bind-time ones (a
 //!    no-op in the default configuration): at once on the calling thread, and on each
 //!    runtime worker at its next park or unpark ([`apply_pending_drop`]). A blocking-pool
-//!    thread started between the two steps keeps them until tokio retires it (10 s
+//!    thread started between the two steps (before the listeners are bound: the
+//!    registry connection's name lookups) keeps them until tokio retires it (10 s
 //!    idle).
 //!
 //! The bounding set is cleared too (with `CAP_SETPCAP`, itself dropped last), so an

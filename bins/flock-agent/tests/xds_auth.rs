@@ -316,6 +316,21 @@ async fn the_envoy_uid_reaches_the_socket_and_gets_its_keys() {
     let line = probe_as_uid_65534(&agent);
     assert!(line.contains("private_key=true "), "{line}");
     assert!(!line.contains("=7"), "no PERMISSION_DENIED: {line}");
+    // CAP_CHOWN (and CAP_SETPCAP) served the chown only: gone from every thread, in
+    // every set, once the workers have parked.
+    const SYS_ADMIN: u64 = 1 << 21;
+    common::wait_for(
+        "every agent thread to hold CAP_SYS_ADMIN only",
+        WAIT,
+        || {
+            agent
+                .thread_capabilities()
+                .iter()
+                .all(|(_, [inh, prm, eff, bnd, amb])| {
+                    *inh == 0 && *amb == 0 && [prm, eff, bnd].iter().all(|s| **s & !SYS_ADMIN == 0)
+                })
+        },
+    );
 }
 
 /// The agent is not dumpable (`PR_SET_DUMPABLE=0`), so another process of its own uid
