@@ -91,6 +91,8 @@ pub struct XdsLimits {
     pub max_streams_per_connection: u32,
     /// A stream whose first request does not arrive within this ends `DEADLINE_EXCEEDED`.
     pub first_request_timeout: Duration,
+    /// Open streams at once, server-wide; one more gets `RESOURCE_EXHAUSTED` at once.
+    pub max_open_streams: usize,
 }
 
 impl Default for XdsLimits {
@@ -99,6 +101,7 @@ impl Default for XdsLimits {
             max_connections: 1024,
             max_streams_per_connection: 100,
             first_request_timeout: Duration::from_secs(10),
+            max_open_streams: Limits::default().max_open_streams,
         }
     }
 }
@@ -229,6 +232,7 @@ pub async fn run(
         })
         .limits(Limits {
             first_request_timeout: opts.xds_limits.first_request_timeout,
+            max_open_streams: opts.xds_limits.max_open_streams,
             ..Limits::default()
         })
         .build();

@@ -93,6 +93,10 @@ struct Args {
     /// Concurrent xDS streams per connection (HTTP/2 MAX_CONCURRENT_STREAMS).
     #[arg(long, default_value_t = 100, value_name = "N")]
     xds_max_streams: u32,
+    /// Open xDS streams at once, across every connection and listener; one more gets
+    /// RESOURCE_EXHAUSTED at once (a node-local Envoy uses one).
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    xds_max_open_streams: usize,
     /// An xDS stream whose first request does not arrive within this many seconds ends
     /// with DEADLINE_EXCEEDED.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
@@ -396,6 +400,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             max_connections: args.xds_max_connections.max(1),
             max_streams_per_connection: args.xds_max_streams.max(1),
             first_request_timeout: Duration::from_secs(args.xds_first_request_timeout.max(1)),
+            max_open_streams: args.xds_max_open_streams.max(1),
         },
         admin_address: args.admin_address,
         admin_max_connections: args.admin_max_connections,
