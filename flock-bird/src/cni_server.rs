@@ -7,6 +7,7 @@ use flock_cni::proto::v1::{
     Outcome, PodResponse, RemovePodRequest, StatusRequest, StatusResponse,
 };
 use flock_core::pod::PodKey;
+use flock_xds::server::Peer;
 use std::path::Path;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
@@ -72,13 +73,38 @@ impl CniServer {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> std::io::Result<()> {
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let own_uid = nix::unistd::geteuid().as_raw();
+        let service = CniServiceServer::new(self).max_decoding_message_size(MAX_REQUEST_BYTES);
         let result = tonic::transport::Server::builder()
-            .add_service(CniServiceServer::new(self).max_decoding_message_size(MAX_REQUEST_BYTES))
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                service,
+                move |req: Request<()>| check_peer(&Peer::of(&req), own_uid).map(|()| req),
+            ))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await
             .map_err(std::io::Error::other);
         let _ = std::fs::remove_file(path);
         result
+    }
+}
+
+/// Only the agent's own uid (the container runtime that runs the CNI plugin is root,
+/// like the agent) may report or remove pods. The socket's mode already keeps other
+/// uids out; this check is the second layer, so a socket left reachable by a mistaken
+/// mode or directory still serves nobody else: a forged ADD would mesh a pod under any
+/// service name and get it that service's identity.
+fn check_peer(peer: &Peer, own_uid: u32) -> Result<(), Status> {
+    match peer {
+        Peer::Unix { uid, .. } if *uid == own_uid => Ok(()),
+        Peer::Unix { uid, .. } => {
+            tracing::warn!(%peer, "CNI call refused: the peer's uid is not the agent's");
+            Err(Status::permission_denied(format!(
+                "only uid {own_uid} may call the CNI service; this peer is uid {uid}"
+            )))
+        }
+        other => Err(Status::unauthenticated(format!(
+            "the CNI service is served on a unix socket only; peer {other} has no credentials"
+        ))),
     }
 }
 
@@ -183,5 +209,36 @@ impl CniService for CniServer {
                 message: format!("flock-agent not ready: {why}"),
             },
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_agents_own_uid_may_call() {
+        let own = Peer::Unix {
+            uid: 0,
+            gid: 0,
+            pid: Some(1),
+        };
+        assert!(check_peer(&own, 0).is_ok());
+        let other = Peer::Unix {
+            uid: 65534,
+            gid: 65534,
+            pid: None,
+        };
+        let refused = check_peer(&other, 0).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(
+            refused.message().contains("uid 65534"),
+            "{}",
+            refused.message()
+        );
+        assert_eq!(
+            check_peer(&Peer::Unknown, 0).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
     }
 }

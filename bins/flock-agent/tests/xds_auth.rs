@@ -576,3 +576,86 @@ async fn listeners_of(channel: &Channel) -> usize {
     });
     ads.recv(T).await.map_or(0, |r| r.resources.len())
 }
+
+/// Set in the environment of the re-run test binary: the CNI socket it calls.
+const CNI_SOCKET_ENV: &str = "FLOCK_CNI_AUTH_CLIENT_SOCKET";
+
+/// Not a test on its own: the CNI client the CNI uid test runs as another user. Sends
+/// one ADD of a meshed pod and prints `RESULT code=<gRPC code> outcome=<outcome>`.
+#[tokio::test]
+#[ignore = "run by a_process_of_another_uid_on_the_cni_socket_is_refused_and_meshes_nothing"]
+async fn other_uid_cni_client() {
+    let socket = std::env::var(CNI_SOCKET_ENV).expect("run by the CNI uid test");
+    let mut client = cni::connect(std::path::Path::new(&socket))
+        .await
+        .expect("connecting to the CNI socket");
+    let req = AddPodRequest {
+        container_id: "c-forged".into(),
+        netns: "/var/run/netns/none".into(),
+        ifname: "eth0".into(),
+        pod: Some(PodRef {
+            name: "forged-0".into(),
+            namespace: "default".into(),
+            uid: "u-forged".into(),
+        }),
+        ips: vec![IpConfig {
+            address: "10.7.0.9/24".into(),
+            ..IpConfig::default()
+        }],
+        annotations: HashMap::from([("flock.io/service".to_string(), "web".to_string())]),
+        network_name: "net".into(),
+        cni_version: "1.1.0".into(),
+        prev_result_json: String::new(),
+    };
+    match client.add_pod(req).await {
+        Ok(resp) => println!("RESULT code=0 outcome={}", resp.into_inner().outcome),
+        Err(status) => println!("RESULT code={} outcome=none", status.code() as i32),
+    }
+}
+
+/// A process of another uid on the agent's CNI socket (made reachable for the test,
+/// as above: the agent's own modes would stop it first) cannot report a pod: its ADD
+/// gets `PERMISSION_DENIED` from the peer-credential check, and no pod is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_of_another_uid_on_the_cni_socket_is_refused_and_meshes_nothing() {
+    let agent = Agent::start(&[]);
+    for (path, mode) in [
+        (agent.dir.path(), 0o711),
+        (agent.cni_socket.as_path(), 0o666),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(&exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "other_uid_cni_client",
+            "--nocapture",
+        ])
+        .env(CNI_SOCKET_ENV, &agent.cni_socket)
+        .output()
+        .expect("setpriv (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the uid-65534 CNI client failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line: {stdout}"));
+    assert_eq!(
+        line,
+        format!("RESULT code={} outcome=none", Code::PermissionDenied as i32),
+        "{stdout}"
+    );
+    let pods = agent.get("/debug/pods").1;
+    assert!(
+        !pods.contains("forged-0"),
+        "a refused ADD stored a pod: {pods}"
+    );
+}
