@@ -21,13 +21,10 @@ use flock_bird::registry::{
 use flock_core::pod::PodKey;
 use flock_core::registry::Reject;
 use flock_testkit::free_port;
+use flock_testkit::pki::{Leaf, TestCa};
 use flock_xds::translate::{self, EnvoyOptions, Mesh};
 use flock_xds::types::{CLUSTER, ENDPOINT, ROUTE};
 use prost::Message;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    SanType,
-};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -39,59 +36,31 @@ const TD: &str = "cluster.local";
 const WEB_ID: &str = "spiffe://cluster.local/ns/default/sa/web";
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/default/sa/client";
 
-/// A test CA and the PEMs it issued.
+/// The test CA of etcd and its clients.
 struct Pki {
-    ca_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-/// A certificate and its key, PEM.
-struct Leaf {
-    cert: String,
-    key: String,
+    ca: TestCa,
 }
 
 impl Pki {
     fn new() -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "flock test etcd CA");
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
         Pki {
-            ca_pem: cert.pem(),
-            issuer: Issuer::new(params, key),
+            ca: TestCa::new("flock test etcd"),
         }
     }
 
-    /// A certificate with CN `cn`, valid for 127.0.0.1, for servers and clients.
+    /// A certificate with CN `cn` (etcd's user name for a client certificate), valid
+    /// for 127.0.0.1, for servers and clients.
     fn leaf(&self, cn: &str) -> Leaf {
-        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-        params.distinguished_name.push(DnType::CommonName, cn);
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
+        self.ca.named(cn)
     }
 
     /// The registry's TLS settings with the client certificate of `cn`.
     fn registry_tls(&self, cn: &str) -> EtcdTls {
         let leaf = self.leaf(cn);
         EtcdTls {
-            ca_pem: self.ca_pem.clone(),
-            cert_pem: Some(leaf.cert),
-            key_pem: Some(zeroize::Zeroizing::new(leaf.key)),
+            ca_pem: self.ca.ca_pem.clone(),
+            cert_pem: Some(leaf.cert_pem),
+            key_pem: Some(zeroize::Zeroizing::new(leaf.key_pem)),
         }
     }
 }
@@ -119,9 +88,9 @@ impl Etcd {
             std::fs::write(&p, body).unwrap();
             p
         };
-        let ca = file("ca.pem", &pki.ca_pem);
-        let cert = file("server.pem", &server.cert);
-        let key = file("server-key.pem", &server.key);
+        let ca = file("ca.pem", &pki.ca.ca_pem);
+        let cert = file("server.pem", &server.cert_pem);
+        let key = file("server-key.pem", &server.key_pem);
         let (client_port, peer_port) = (free_port(), free_port());
         let client = format!("https://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
@@ -166,10 +135,10 @@ impl Etcd {
     async fn client(&self, pki: &Pki, cn: &str, user: Option<(&str, &str)>) -> Client {
         let leaf = pki.leaf(cn);
         let tls = TlsOptions::new()
-            .ca_certificate(Certificate::from_pem(pki.ca_pem.as_bytes()))
+            .ca_certificate(Certificate::from_pem(pki.ca.ca_pem.as_bytes()))
             .identity(Identity::from_pem(
-                leaf.cert.as_bytes(),
-                leaf.key.as_bytes(),
+                leaf.cert_pem.as_bytes(),
+                leaf.key_pem.as_bytes(),
             ));
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {

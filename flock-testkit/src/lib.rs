@@ -1,9 +1,11 @@
-//! Test support shared by flock's suites that run real peers: the Envoy binary, its ADS bootstrap (TCP or unix socket), a plain HTTP backend, free ports.
+//! Test support shared by flock's suites that run real peers: the Envoy binary, its ADS bootstrap (TCP or unix socket), a plain HTTP backend, free ports, a test CA.
 //!
 //! A dev-dependency only (`publish = false`), and it depends on no flock crate, so any
 //! crate's tests can use it without a dependency cycle. Helpers fail (never skip) when
 //! a peer is missing, saying how to get it: `scripts/test` installs every peer.
 #![forbid(unsafe_code)]
+
+pub mod pki;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

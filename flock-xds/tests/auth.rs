@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_clie
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use envoy_types::pb::google::protobuf::Any;
+use flock_testkit::pki::{Leaf, TestCa};
 use flock_xds::cache::Cache;
 use flock_xds::client::{self, RecvError};
 use flock_xds::server::{
@@ -120,74 +121,6 @@ fn policy(peer: &Peer) -> Result<Principal, Status> {
     }
 }
 
-/// A CA, a server certificate for localhost/127.0.0.1, and client certificates.
-struct Pki {
-    ca_pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-/// A certificate chain and its key (PEM).
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = rcgen::CertificateParams::default();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("{name} CA"));
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-        ];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Self {
-            ca_pem: cert.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    fn leaf(&self, sans: Vec<rcgen::SanType>, client: bool) -> Leaf {
-        let mut params = rcgen::CertificateParams::default();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, "flock test");
-        params.subject_alt_names = sans;
-        params.extended_key_usages = vec![if client {
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth
-        } else {
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth
-        }];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-
-    fn server(&self) -> Leaf {
-        self.leaf(
-            vec![
-                rcgen::SanType::DnsName("localhost".try_into().unwrap()),
-                rcgen::SanType::IpAddress([127, 0, 0, 1].into()),
-            ],
-            false,
-        )
-    }
-
-    fn client(&self, spiffe_id: &str) -> Leaf {
-        self.leaf(
-            vec![rcgen::SanType::URI(spiffe_id.try_into().unwrap())],
-            true,
-        )
-    }
-}
-
 /// A server serving mTLS on a free 127.0.0.1 port until dropped.
 struct TlsRunning {
     server: Server,
@@ -196,7 +129,7 @@ struct TlsRunning {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-async fn serve_tls(pki: &Pki) -> TlsRunning {
+async fn serve_tls(pki: &TestCa) -> TlsRunning {
     let server = Server::builder(cache()).authorizer(policy).build();
     let leaf = pki.server();
     let tls = TlsSettings {
@@ -286,7 +219,7 @@ fn expect_recv_code<T: std::fmt::Debug>(
 /// fetch — and not one resource; each refusal is counted.
 #[tokio::test]
 async fn a_tls_client_without_a_certificate_gets_unauthenticated_and_nothing() {
-    let pki = Pki::new("trusted");
+    let pki = TestCa::new("trusted");
     let running = serve_tls(&pki).await;
     let channel = running.channel(None).await;
     let mut received = Received::default();
@@ -348,9 +281,9 @@ async fn a_tls_client_without_a_certificate_gets_unauthenticated_and_nothing() {
 /// (rustls verifies it against the configured client CA), so it reaches nothing.
 #[tokio::test]
 async fn a_certificate_from_another_ca_gets_nothing() {
-    let pki = Pki::new("trusted");
+    let pki = TestCa::new("trusted");
     let running = serve_tls(&pki).await;
-    let rogue = Pki::new("rogue").client(ENVOY_ID);
+    let rogue = TestCa::new("rogue").client(ENVOY_ID);
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&running.ca_pem))
         .domain_name("localhost")
@@ -372,7 +305,7 @@ async fn a_certificate_from_another_ca_gets_nothing() {
 /// over SotW and Delta, secrets included.
 #[tokio::test]
 async fn a_trusted_envoy_certificate_gets_resources_and_secrets() {
-    let pki = Pki::new("trusted");
+    let pki = TestCa::new("trusted");
     let running = serve_tls(&pki).await;
     let envoy = pki.client(ENVOY_ID);
     let mut ads = client::sotw(running.channel(Some(&envoy)).await)
@@ -403,7 +336,7 @@ async fn a_trusted_envoy_certificate_gets_resources_and_secrets() {
 /// byte it receives contains a private key.
 #[tokio::test]
 async fn a_principal_without_secrets_is_refused_sds_however_it_asks() {
-    let pki = Pki::new("trusted");
+    let pki = TestCa::new("trusted");
     let running = serve_tls(&pki).await;
     let grpc = pki.client(GRPC_ID);
     let channel = running.channel(Some(&grpc)).await;

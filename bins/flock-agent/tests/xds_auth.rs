@@ -23,6 +23,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use flock_cni::client as cni;
 use flock_cni::proto::v1::{AddPodRequest, IpConfig, Outcome, PodRef};
+use flock_testkit::pki::{Leaf, TestCa};
 use flock_xds::client::{self, RecvError};
 use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 use prost::Message;
@@ -382,74 +383,27 @@ fn the_agent_is_not_dumpable() {
     assert_eq!(owner(agent.pid()), 0, "the agent is not dumpable");
 }
 
-/// A CA and the certificates the TLS tests need (rcgen).
+/// The in-test CA and the directory the agent's TLS files are written to.
 struct Pki {
     dir: tempfile::TempDir,
-    ca_pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-/// A certificate and its key (PEM).
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
+    ca: TestCa,
 }
 
 impl Pki {
     fn new() -> Self {
-        let mut params = rcgen::CertificateParams::default();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "flock xDS test CA");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-        ];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
         Self {
             dir: tempfile::tempdir().unwrap(),
-            ca_pem: cert.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    fn leaf(&self, sans: Vec<rcgen::SanType>, client: bool) -> Leaf {
-        let mut params = rcgen::CertificateParams::default();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, "flock test");
-        params.subject_alt_names = sans;
-        params.extended_key_usages = vec![if client {
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth
-        } else {
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth
-        }];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
+            ca: TestCa::new("flock xDS test"),
         }
     }
 
     fn client(&self, spiffe_id: &str) -> Leaf {
-        self.leaf(
-            vec![rcgen::SanType::URI(spiffe_id.try_into().unwrap())],
-            true,
-        )
+        self.ca.client(spiffe_id)
     }
 
     /// Writes the server's files and returns the agent's TLS flags for `port`.
     fn agent_flags(&self, port: u16) -> Vec<String> {
-        let server = self.leaf(
-            vec![
-                rcgen::SanType::DnsName("localhost".try_into().unwrap()),
-                rcgen::SanType::IpAddress([127, 0, 0, 1].into()),
-            ],
-            false,
-        );
+        let server = self.ca.server();
         let write = |name: &str, text: &str| {
             let p = self.dir.path().join(name);
             std::fs::write(&p, text).unwrap();
@@ -463,7 +417,7 @@ impl Pki {
             "--xds-tls-key".into(),
             write("server-key.pem", &server.key_pem),
             "--xds-tls-client-ca".into(),
-            write("ca.pem", &self.ca_pem),
+            write("ca.pem", &self.ca.ca_pem),
             "--xds-envoy-spiffe-id".into(),
             ENVOY_ID.into(),
         ]
@@ -472,7 +426,7 @@ impl Pki {
     /// A TLS channel to the agent's port that trusts the CA, presenting `identity`.
     async fn channel(&self, port: u16, identity: Option<&Leaf>) -> Channel {
         let mut tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .ca_certificate(Certificate::from_pem(&self.ca.ca_pem))
             .domain_name("localhost");
         if let Some(leaf) = identity {
             tls = tls.identity(Identity::from_pem(&leaf.cert_pem, &leaf.key_pem));
