@@ -93,13 +93,21 @@ pub fn drop_early(extra: &[Capability], bind_time: &[Capability]) {
 pub fn drop_capabilities() {
     REQUESTED.store(true, Ordering::Release);
     match apply(&final_set()) {
-        Ok(bounding_cleared) => {
-            let effective = caps::read(None, CapSet::Effective).unwrap_or_default();
-            let mut names: Vec<String> = effective.iter().map(|c| c.to_string()).collect();
-            names.sort();
+        Ok(_) => {
+            // What the thread holds now, not what this step cleared: the bounding set
+            // is usually cleared by the early step, which also drops CAP_SETPCAP.
+            let sorted = |set: CapSet| {
+                let mut names: Vec<String> = caps::read(None, set)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect();
+                names.sort();
+                names
+            };
             tracing::info!(
-                kept = ?names,
-                bounding_cleared,
+                kept = ?sorted(CapSet::Effective),
+                bounding = ?sorted(CapSet::Bounding),
                 "dropped every other Linux capability"
             );
         }
