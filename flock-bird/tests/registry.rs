@@ -2,30 +2,18 @@
 //! delete semantics, view updates, persistence across reopen, corrupt-file recovery,
 //! file mode and size limit; and spec parsing.
 
-use flock_bird::model::{Endpoint, Health, Protocol};
+#[path = "common/endpoint.rs"]
+mod endpoint;
+
+use flock_bird::model::{Endpoint, Health};
 use flock_bird::registry::{self, Registry, RegistryError, RegistryOptions, RegistrySpec};
-use flock_core::pod::PodKey;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
 fn ep(pod: &str, port: u16) -> Endpoint {
     Endpoint {
-        service: "web".into(),
-        namespace: "default".into(),
         service_port: port,
-        protocol: Protocol::Http,
-        address: "10.0.0.7".parse().unwrap(),
-        port: 15006,
-        node: "n1".into(),
-        pod: format!("default/{pod}"),
-        pod_key: PodKey {
-            container_id: pod.into(),
-            ifname: "eth0".into(),
-        },
-        region: "r".into(),
-        zone: "z".into(),
-        health: Health::Healthy,
-        identity: None,
+        ..endpoint::web("n1", pod)
     }
 }
 
@@ -374,22 +362,9 @@ mod whole_view {
 
     fn ep(node: &str, pod: &str, port: u16, identity: Option<&str>) -> Endpoint {
         Endpoint {
-            service: "web".into(),
-            namespace: "default".into(),
             service_port: port,
-            protocol: Protocol::Http,
-            address: "10.0.0.7".parse().unwrap(),
-            port: 15006,
-            node: node.into(),
-            pod: format!("default/{pod}"),
-            pod_key: PodKey {
-                container_id: pod.into(),
-                ifname: "eth0".into(),
-            },
-            region: "r".into(),
-            zone: "z".into(),
-            health: Health::Healthy,
             identity: identity.map(str::to_string),
+            ..super::endpoint::web(node, pod)
         }
     }
 

@@ -10,15 +10,17 @@
 //! Each test starts its own single-member etcd on free ports in a temp dir; a guard
 //! kills it on drop. Waits are on the registry's view channel with a timeout.
 
+#[path = "common/endpoint.rs"]
+mod endpoint;
+
 use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, Permission, TlsOptions};
 use flock_bird::agent::mesh::{service_models, serving_endpoints};
-use flock_bird::model::{Endpoint, Health, Protocol};
+use flock_bird::model::Endpoint;
 use flock_bird::registry::{
     self, EtcdAuth, EtcdTls, Registry, RegistryError, RegistryOptions, RegistrySpec, View,
 };
-use flock_core::pod::PodKey;
 use flock_core::registry::Reject;
 use flock_testkit::free_port;
 use flock_testkit::pki::{Leaf, TestCa};
@@ -261,22 +263,9 @@ async fn node_b(etcd: &Etcd, pki: &Pki) -> Arc<dyn Registry> {
 
 fn ep(node: &str, pod: &str, address: &str, identity: Option<&str>) -> Endpoint {
     Endpoint {
-        service: "web".into(),
-        namespace: "default".into(),
-        service_port: 8080,
-        protocol: Protocol::Http,
         address: address.parse().unwrap(),
-        port: 15006,
-        node: node.into(),
-        pod: format!("default/{pod}"),
-        pod_key: PodKey {
-            container_id: pod.into(),
-            ifname: "eth0".into(),
-        },
-        region: "r".into(),
-        zone: "z".into(),
-        health: Health::Healthy,
         identity: identity.map(str::to_string),
+        ..endpoint::web(node, pod)
     }
 }
 

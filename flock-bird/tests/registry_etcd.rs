@@ -6,10 +6,13 @@
 //! Two `EtcdRegistry` instances play two nodes. Waits are on the view channel with a
 //! timeout (no fixed sleeps).
 
-use flock_bird::model::{Endpoint, Health, Protocol};
+#[path = "common/endpoint.rs"]
+mod endpoint;
+
+use endpoint::web as ep;
+use flock_bird::model::{Endpoint, Health};
 use flock_bird::registry::etcd::EtcdRegistry;
 use flock_bird::registry::{Registry, RegistryOptions, View};
-use flock_core::pod::PodKey;
 use flock_testkit::free_port;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -143,27 +146,6 @@ async fn node(etcd: &Etcd, name: &str) -> Arc<EtcdRegistry> {
             .await
             .unwrap(),
     )
-}
-
-fn ep(node: &str, pod: &str) -> Endpoint {
-    Endpoint {
-        service: "web".into(),
-        namespace: "default".into(),
-        service_port: 8080,
-        protocol: Protocol::Http,
-        address: "10.0.0.7".parse().unwrap(),
-        port: 15006,
-        node: node.into(),
-        pod: format!("default/{pod}"),
-        pod_key: PodKey {
-            container_id: pod.into(),
-            ifname: "eth0".into(),
-        },
-        region: "r".into(),
-        zone: "z".into(),
-        health: Health::Healthy,
-        identity: None,
-    }
 }
 
 /// Waits until `cond` holds for `reg`'s view; returns the view and how long it took.
