@@ -5,11 +5,11 @@
 
 mod common;
 
-use common::{Agent, http_get};
+use common::{Agent, http_get, web_add_request};
 use flock_cni::client;
 use flock_cni::proto::v1::{
-    AddPodRequest, CheckRequest, GarbageCollectRequest, IpConfig, Outcome, PodRef,
-    RemovePodRequest, StatusRequest,
+    AddPodRequest, CheckRequest, GarbageCollectRequest, IpConfig, Outcome, RemovePodRequest,
+    StatusRequest,
 };
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -18,27 +18,7 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(5);
 
 fn add(container_id: &str) -> AddPodRequest {
-    AddPodRequest {
-        container_id: container_id.into(),
-        netns: "/proc/1/ns/net".into(),
-        ifname: "eth0".into(),
-        pod: Some(PodRef {
-            name: "web-0".into(),
-            namespace: "default".into(),
-            uid: "u1".into(),
-        }),
-        ips: vec![IpConfig {
-            address: "10.7.0.2/24".into(),
-            ..IpConfig::default()
-        }],
-        annotations: HashMap::from([
-            ("flock.io/service".to_string(), "web".to_string()),
-            ("flock.io/ports".to_string(), "8080".to_string()),
-        ]),
-        network_name: "net".into(),
-        cni_version: "1.1.0".into(),
-        prev_result_json: String::new(),
-    }
+    web_add_request(container_id, "web-0", "10.7.0.2/24", "/proc/1/ns/net")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

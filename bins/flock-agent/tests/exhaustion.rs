@@ -17,11 +17,10 @@
 
 mod common;
 
-use common::{AGENT_BIN, ChildGuard, WAIT, free_port, http_get, wait_for};
+use common::{AGENT_BIN, ChildGuard, WAIT, free_port, http_get, wait_for, web_add_request};
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use flock_cni::client;
-use flock_cni::proto::v1::{AddPodRequest, IpConfig, Outcome, PodRef};
-use std::collections::HashMap;
+use flock_cni::proto::v1::{AddPodRequest, Outcome};
 use std::io::Read;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
@@ -179,27 +178,12 @@ impl Agent {
 }
 
 fn add_request(n: usize) -> AddPodRequest {
-    AddPodRequest {
-        container_id: format!("exhaust-{n}"),
-        netns: "/proc/1/ns/net".into(),
-        ifname: "eth0".into(),
-        pod: Some(PodRef {
-            name: format!("web-{n}"),
-            namespace: "default".into(),
-            uid: format!("u-{n}"),
-        }),
-        ips: vec![IpConfig {
-            address: format!("10.7.{}.{}/16", (n / 250) % 250, n % 250 + 2),
-            ..IpConfig::default()
-        }],
-        annotations: HashMap::from([
-            ("flock.io/service".to_string(), "web".to_string()),
-            ("flock.io/ports".to_string(), "8080".to_string()),
-        ]),
-        network_name: "net".into(),
-        cni_version: "1.1.0".into(),
-        prev_result_json: String::new(),
-    }
+    web_add_request(
+        &format!("exhaust-{n}"),
+        &format!("web-{n}"),
+        &format!("10.7.{}.{}/16", (n / 250) % 250, n % 250 + 2),
+        "/proc/1/ns/net",
+    )
 }
 
 /// What the prober saw in one phase.

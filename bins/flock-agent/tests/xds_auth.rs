@@ -18,11 +18,11 @@
 
 mod common;
 
-use common::{Agent, NetNs, WAIT, free_port};
+use common::{Agent, NetNs, WAIT, free_port, web_add_request};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use flock_cni::client as cni;
-use flock_cni::proto::v1::{AddPodRequest, IpConfig, Outcome, PodRef};
+use flock_cni::proto::v1::{AddPodRequest, Outcome};
 use flock_testkit::pki::{Leaf, TestCa};
 use flock_xds::client::{self, RecvError};
 use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
@@ -47,27 +47,14 @@ const CLIENT_TARGET_ENV: &str = "FLOCK_XDS_AUTH_CLIENT_TARGET";
 async fn add_meshed_pod(agent: &Agent) -> NetNs {
     let ns = NetNs::new("xdsauth");
     let req = AddPodRequest {
-        container_id: "c-web".into(),
-        netns: ns.path(),
-        ifname: "eth0".into(),
-        pod: Some(PodRef {
-            name: "web-0".into(),
-            namespace: "default".into(),
-            uid: "u1".into(),
-        }),
-        ips: vec![IpConfig {
-            address: "10.7.0.2/24".into(),
-            ..IpConfig::default()
-        }],
+        // gRPC: proxyless clients get resources for it too.
         annotations: HashMap::from([
             ("flock.io/service".to_string(), "web".to_string()),
-            // gRPC: proxyless clients get resources for it too.
             ("flock.io/ports".to_string(), "8080/grpc".to_string()),
         ]),
-        network_name: "net".into(),
-        cni_version: "1.1.0".into(),
-        prev_result_json: String::new(),
+        ..web_add_request("c-web", "web-0", "10.7.0.2/24", &ns.path())
     };
+
     let resp = cni::call(
         &agent.cni_socket,
         T,
@@ -543,24 +530,8 @@ async fn other_uid_cni_client() {
     let mut client = cni::connect(std::path::Path::new(&socket))
         .await
         .expect("connecting to the CNI socket");
-    let req = AddPodRequest {
-        container_id: "c-forged".into(),
-        netns: "/var/run/netns/none".into(),
-        ifname: "eth0".into(),
-        pod: Some(PodRef {
-            name: "forged-0".into(),
-            namespace: "default".into(),
-            uid: "u-forged".into(),
-        }),
-        ips: vec![IpConfig {
-            address: "10.7.0.9/24".into(),
-            ..IpConfig::default()
-        }],
-        annotations: HashMap::from([("flock.io/service".to_string(), "web".to_string())]),
-        network_name: "net".into(),
-        cni_version: "1.1.0".into(),
-        prev_result_json: String::new(),
-    };
+    let req = web_add_request("c-forged", "forged-0", "10.7.0.9/24", "/var/run/netns/none");
+
     match client.add_pod(req).await {
         Ok(resp) => println!("RESULT code=0 outcome={}", resp.into_inner().outcome),
         Err(status) => println!("RESULT code={} outcome=none", status.code() as i32),

@@ -848,3 +848,37 @@ pub fn http_server_in(ns: &NetNs, port: u16, body: &str, log: PathBuf) -> ChildG
     });
     server
 }
+
+/// An AddPod request as the CNI plugin sends it: pod `default/<name>` (pod uid
+/// `uid-<name>`) in container `container_id`, netns `netns`, interface `eth0` with
+/// address `cidr` (e.g. `10.7.0.2/24`), meshed as service `web` on port 8080. Cases
+/// change what they test with struct update syntax.
+pub fn web_add_request(
+    container_id: &str,
+    name: &str,
+    cidr: &str,
+    netns: &str,
+) -> flock_cni::proto::v1::AddPodRequest {
+    use flock_cni::proto::v1::{AddPodRequest, IpConfig, PodRef};
+    AddPodRequest {
+        container_id: container_id.into(),
+        netns: netns.into(),
+        ifname: "eth0".into(),
+        pod: Some(PodRef {
+            name: name.into(),
+            namespace: "default".into(),
+            uid: format!("uid-{name}"),
+        }),
+        ips: vec![IpConfig {
+            address: cidr.into(),
+            ..IpConfig::default()
+        }],
+        annotations: std::collections::HashMap::from([
+            ("flock.io/service".to_string(), "web".to_string()),
+            ("flock.io/ports".to_string(), "8080".to_string()),
+        ]),
+        network_name: "net".into(),
+        cni_version: "1.1.0".into(),
+        prev_result_json: String::new(),
+    }
+}
