@@ -522,3 +522,69 @@ async fn double_authenticates_and_kubeconfig_works() {
         Ok(_) => panic!("a client from a kubeconfig that does not exist"),
     }
 }
+
+/// The double pages lists (`limit`/`continue`, as kube's watcher requests them),
+/// expires continue tokens older than the compaction point with 410, and filters
+/// lists by label selector (API double).
+#[tokio::test]
+async fn double_pages_lists_and_expires_continue_tokens() {
+    let api = cluster().await;
+    for (i, app) in ["web", "api", "web", "db", "web"].iter().enumerate() {
+        let mut svc = service("default", &format!("svc-{i}"), json!({ "app": app }));
+        svc.metadata.labels = Some([("app".to_string(), app.to_string())].into());
+        api.apply(&svc);
+    }
+    let services: Api<Service> = Api::all(api.client());
+    let mut names = Vec::new();
+    let mut params = kube::api::ListParams::default().limit(2);
+    let mut pages = 0;
+    loop {
+        let page = services.list(&params).await.expect("list page");
+        pages += 1;
+        assert!(page.items.len() <= 2);
+        names.extend(page.items.iter().filter_map(|s| s.metadata.name.clone()));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(names, ["svc-0", "svc-1", "svc-2", "svc-3", "svc-4"]);
+
+    let page = services
+        .list(&kube::api::ListParams::default().limit(2))
+        .await
+        .unwrap();
+    let token = page.metadata.continue_.expect("a continue token");
+    api.apply(&service("default", "svc-5", json!({ "app": "web" })));
+    api.compact();
+    match services
+        .list(
+            &kube::api::ListParams::default()
+                .limit(2)
+                .continue_token(&token),
+        )
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"))
+        }
+        other => panic!("expected 410 Expired, got {other:?}"),
+    }
+
+    let not_web = services
+        .list(&kube::api::ListParams::default().labels("app!=web"))
+        .await
+        .unwrap();
+    let names: Vec<_> = not_web
+        .items
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    // svc-5 has no `app` label: an absent label is `!=` any value, as in Kubernetes.
+    assert_eq!(names, ["svc-1", "svc-3", "svc-5"]);
+    let bad = services
+        .list(&kube::api::ListParams::default().labels("app in (web)"))
+        .await;
+    assert!(matches!(bad, Err(kube::Error::Api(s)) if s.code == 400));
+}

@@ -394,11 +394,13 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        // Subscribed before the check: `set_unreachable` sets `down` and then bumps
+        // `kill`, so a connection accepted as the API goes down is closed either way.
+        let mut kill = shared.kill.subscribe();
         if shared.down.load(Ordering::SeqCst) {
             drop(stream);
             continue;
         }
-        let mut kill = shared.kill.subscribe();
         let shared = shared.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| handle(shared.clone(), req));

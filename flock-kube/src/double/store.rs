@@ -511,3 +511,159 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
         other => *target = other.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(labels: Value, node: Option<&str>) -> Value {
+        let mut p = json!({ "metadata": { "namespace": "default", "name": "p", "labels": labels },
+            "spec": {} });
+        if let Some(n) = node {
+            p["spec"]["nodeName"] = json!(n);
+        }
+        p
+    }
+
+    #[test]
+    fn label_selectors() {
+        let p = pod(json!({ "app": "web", "tier": "" }), None);
+        let m = |sel: &str| Selector::labels(sel).unwrap().matches(&p);
+        assert!(m(""));
+        assert!(m("app=web") && m("app==web") && m("app = web"));
+        assert!(!m("app=api"));
+        assert!(m("app!=api") && !m("app!=web"));
+        assert!(m("missing!=x"), "an absent label is not equal to anything");
+        assert!(
+            !m("missing="),
+            "an absent label equals nothing, not the empty value"
+        );
+        assert!(m("tier="));
+        assert!(m("app,tier") && !m("missing") && m("!missing") && !m("!app"));
+        assert!(m("app=web,tier") && !m("app=web,missing"));
+        assert!(Selector::labels("app in (web,api)").is_err());
+        assert!(Selector::labels("=web").is_err());
+    }
+
+    #[test]
+    fn field_selectors() {
+        let on_a = pod(json!({}), Some("node-a"));
+        let unscheduled = pod(json!({}), None);
+        let sel = |s: &str| Selector::fields(s, Kind::Pods).unwrap();
+        assert!(sel("spec.nodeName=node-a").matches(&on_a));
+        assert!(!sel("spec.nodeName=node-b").matches(&on_a));
+        assert!(sel("spec.nodeName!=node-b").matches(&on_a));
+        assert!(
+            sel("spec.nodeName=").matches(&unscheduled),
+            "a missing field reads as empty"
+        );
+        assert!(!sel("spec.nodeName!=").matches(&unscheduled));
+        assert!(sel("metadata.name=p,metadata.namespace=default").matches(&on_a));
+        let err = Selector::fields("spec.nodeName=x", Kind::Services).unwrap_err();
+        assert!(
+            err.contains("field label not supported: spec.nodeName"),
+            "{err}"
+        );
+        assert!(Selector::fields("status.phase=Running", Kind::Pods).is_err());
+        assert!(Selector::fields("metadata.name", Kind::Nodes).is_err());
+    }
+
+    #[test]
+    fn merge_patch_follows_rfc7386() {
+        let mut doc = json!({ "a": "b", "c": { "d": "e", "f": "g" }, "l": [1, 2] });
+        merge_patch(
+            &mut doc,
+            &json!({ "a": "z", "c": { "f": null }, "l": [3], "n": { "x": 1 } }),
+        );
+        assert_eq!(
+            doc,
+            json!({ "a": "z", "c": { "d": "e" }, "l": [3], "n": { "x": 1 } })
+        );
+        merge_patch(&mut doc, &json!("scalar"));
+        assert_eq!(doc, json!("scalar"));
+    }
+
+    fn lines(rx: &mut mpsc::UnboundedReceiver<WatchMsg>) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        while let Ok(WatchMsg::Line(l)) = rx.try_recv() {
+            let v: Value = serde_json::from_slice(&l).unwrap();
+            let name = name_of(&v["object"]).unwrap_or_default().to_string();
+            out.push((v["type"].as_str().unwrap().to_string(), name));
+        }
+        out
+    }
+
+    #[test]
+    fn watch_filters_and_replays_like_the_api_server() {
+        let mut store = Store::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let sub = Subscription {
+            kind: Kind::Pods,
+            namespace: None,
+            labels: Selector::labels("app=web").unwrap(),
+            fields: Selector::default(),
+            bookmarks: false,
+            tx,
+        };
+        store.subscribe(sub, Some(0)).unwrap();
+        let mut p = pod(json!({ "app": "web" }), None);
+        store
+            .put(Kind::Pods, p.clone(), false, false, false)
+            .unwrap();
+        p["metadata"]["labels"] = json!({ "app": "api" });
+        store
+            .put(Kind::Pods, p.clone(), false, false, false)
+            .unwrap();
+        p["metadata"]["labels"] = json!({ "app": "web" });
+        store
+            .put(Kind::Pods, p.clone(), false, false, false)
+            .unwrap();
+        store
+            .put(Kind::Pods, p.clone(), false, false, false)
+            .unwrap();
+        store.remove(Kind::Pods, "default", "p");
+        let seen = lines(&mut rx);
+        let types: Vec<&str> = seen.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(types, ["ADDED", "DELETED", "ADDED", "MODIFIED", "DELETED"]);
+
+        // A watch from resourceVersion 2 replays what came after it; after compaction
+        // it is refused (410).
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let sub = |tx| Subscription {
+            kind: Kind::Pods,
+            namespace: Some("default".into()),
+            labels: Selector::default(),
+            fields: Selector::default(),
+            bookmarks: true,
+            tx,
+        };
+        store.subscribe(sub(tx), Some(2)).unwrap();
+        let types: Vec<String> = lines(&mut rx).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(types, ["MODIFIED", "MODIFIED", "DELETED"]);
+        store.compact();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        assert_eq!(store.subscribe(sub(tx), Some(2)), Err(5));
+    }
+
+    #[test]
+    fn stale_resource_version_conflicts() {
+        let mut store = Store::default();
+        let p = store
+            .put(Kind::Pods, pod(json!({}), None), true, false, false)
+            .unwrap();
+        assert_eq!(rv_of(&p), Some("1"));
+        let mut stale = p.clone();
+        stale["metadata"]["resourceVersion"] = json!("0");
+        assert!(matches!(
+            store.put(Kind::Pods, stale, true, true, false),
+            Err(WriteError::Conflict(_))
+        ));
+        let updated = store.put(Kind::Pods, p.clone(), true, true, false).unwrap();
+        assert_eq!(rv_of(&updated), Some("2"));
+        assert_eq!(updated["metadata"]["uid"], p["metadata"]["uid"], "uid kept");
+        assert!(matches!(
+            store.put(Kind::Pods, p, false, false, true),
+            Err(WriteError::AlreadyExists)
+        ));
+    }
+}
