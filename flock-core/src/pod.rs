@@ -19,7 +19,11 @@
 //!
 //! The annotations that mesh a pod are [`SERVICE_ANNOTATION`] (its service),
 //! [`PORTS_ANNOTATION`] (its application ports, [`parse_ports`]) and
-//! [`SERVICE_ACCOUNT_ANNOTATION`].
+//! [`SERVICE_ACCOUNT_ANNOTATION`] ([`admit`]). In the agent's kube mode none of them is
+//! read: the service account and ports come from the Kubernetes API ([`admit_api`]),
+//! and the record's service is empty (membership comes from the Services that select
+//! the pod, recomputed live), which [`validate`] accepts; an empty
+//! [`SERVICE_ANNOTATION`] is still refused by [`admit`].
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -177,7 +181,7 @@ pub struct PodFields<'a> {
     pub netns: &'a str,
     /// The pod's IPs; the first is the one the mesh uses.
     pub ips: &'a [IpAddr],
-    /// The service.
+    /// The service (empty: no annotation membership, the kube mode's record).
     pub service: &'a str,
     /// The service account (may be empty).
     pub service_account: &'a str,
@@ -212,7 +216,11 @@ pub fn validate(p: &PodFields<'_>) -> Result<(), InvalidPod> {
     for ip in p.ips {
         check_ip(*ip).map_err(|m| invalid("IPs", m))?;
     }
-    check_label(p.service).map_err(|m| invalid(SERVICE_ANNOTATION, m))?;
+    // Empty: no annotation membership. In kube mode the Services that select the pod
+    // define its memberships, live, so the record names none.
+    if !p.service.is_empty() {
+        check_label(p.service).map_err(|m| invalid(SERVICE_ANNOTATION, m))?;
+    }
     if !p.service_account.is_empty() {
         check_subdomain(p.service_account).map_err(|m| invalid(SERVICE_ACCOUNT_ANNOTATION, m))?;
     }
@@ -264,11 +272,13 @@ pub struct AdmittedPod {
     pub netns: String,
     /// The pod's IPs, without prefix lengths.
     pub ips: Vec<IpAddr>,
-    /// The service ([`SERVICE_ANNOTATION`]).
+    /// The service ([`SERVICE_ANNOTATION`]; empty from [`admit_api`]).
     pub service: String,
-    /// The service account ([`SERVICE_ACCOUNT_ANNOTATION`], may be empty).
+    /// The service account ([`SERVICE_ACCOUNT_ANNOTATION`], may be empty; from the
+    /// pod's `spec.serviceAccountName` with [`admit_api`]).
     pub service_account: String,
-    /// The application ports ([`PORTS_ANNOTATION`]).
+    /// The application ports ([`PORTS_ANNOTATION`]; the containers' ports with
+    /// [`admit_api`]).
     pub ports: Vec<PodPort>,
     /// The CNI network name.
     pub network_name: String,
@@ -299,26 +309,17 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
     let Some(service) = req.annotations.get(SERVICE_ANNOTATION) else {
         return Ok(None);
     };
-    if req.ips.len() > MAX_IPS {
+    // The validator accepts an empty service (a record without annotation membership,
+    // kube mode's), so the annotation's own rule is checked here: an annotation that
+    // is present must name a service.
+    if service.is_empty() {
         return Err(invalid(
-            "IPs",
-            format!("{} IPs, more than {MAX_IPS}", req.ips.len()),
+            SERVICE_ANNOTATION,
+            "the annotation is empty: it must name the pod's service (a DNS label), or be \
+             left out (the pod is then not meshed)",
         ));
     }
-    let mut ips = Vec::with_capacity(req.ips.len());
-    for ip in &req.ips {
-        let addr = ip.split_once('/').map_or(ip.as_str(), |(a, _)| a);
-        let parsed: IpAddr = addr.parse().map_err(|_| {
-            invalid(
-                "IPs",
-                format!(
-                    "{:?} from the primary CNI is not an IP address",
-                    bounded(ip)
-                ),
-            )
-        })?;
-        ips.push(parsed);
-    }
+    let ips = parse_ips(&req.ips)?;
     let ports = parse_ports(
         req.annotations
             .get(PORTS_ANNOTATION)
@@ -343,6 +344,68 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
     };
     validate(&pod.fields())?;
     Ok(Some(pod))
+}
+
+/// Decides an AddPod request whose identity and ports come from the Kubernetes API
+/// (the agent's kube mode), not from annotations: the CNI facts (container ID,
+/// interface, netns, IPs, network name, and the pod's namespace, name and UID the
+/// runtime passed) from `req`, `service_account` (the pod's
+/// `spec.serviceAccountName`) and `ports` (its containers' ports) from the API. The
+/// record names no service: the Services that select the pod define its memberships.
+/// Annotations are not read. Validated by the same [`validate`] as [`admit`].
+pub fn admit_api(
+    req: &AddRequest,
+    service_account: String,
+    ports: Vec<PodPort>,
+) -> Result<AdmittedPod, InvalidPod> {
+    let pod = AdmittedPod {
+        key: PodKey::new(&req.container_id, &req.ifname),
+        name: req.name.clone(),
+        namespace: req.namespace.clone(),
+        uid: req.uid.clone(),
+        netns: req.netns.clone(),
+        ips: parse_ips(&req.ips)?,
+        service: String::new(),
+        service_account,
+        ports,
+        network_name: req.network_name.clone(),
+    };
+    // The same rules, but the message names where these values came from: an
+    // operator reading "flock.io/ports" would look for an annotation the pod lacks.
+    validate(&pod.fields()).map_err(|e| InvalidPod {
+        field: match e.field {
+            PORTS_ANNOTATION => "container ports",
+            SERVICE_ACCOUNT_ANNOTATION => "spec.serviceAccountName",
+            other => other,
+        },
+        message: e.message,
+    })?;
+    Ok(pod)
+}
+
+/// The primary CNI's IPs (CIDR or plain) without their prefix lengths.
+fn parse_ips(raw: &[String]) -> Result<Vec<IpAddr>, InvalidPod> {
+    if raw.len() > MAX_IPS {
+        return Err(invalid(
+            "IPs",
+            format!("{} IPs, more than {MAX_IPS}", raw.len()),
+        ));
+    }
+    let mut ips = Vec::with_capacity(raw.len());
+    for ip in raw {
+        let addr = ip.split_once('/').map_or(ip.as_str(), |(a, _)| a);
+        let parsed: IpAddr = addr.parse().map_err(|_| {
+            invalid(
+                "IPs",
+                format!(
+                    "{:?} from the primary CNI is not an IP address",
+                    bounded(ip)
+                ),
+            )
+        })?;
+        ips.push(parsed);
+    }
+    Ok(ips)
 }
 
 /// Parses [`PORTS_ANNOTATION`]: `8080`, `8080/http,50051/grpc`, `5432/tcp`. The
@@ -699,6 +762,79 @@ mod tests {
             refused(|r| r.ips = vec!["10.0.0.1".into(); MAX_IPS + 1]).field,
             "IPs"
         );
+    }
+
+    #[test]
+    fn an_empty_service_annotation_is_refused_but_an_empty_record_service_is_valid() {
+        let e = refused(|r| {
+            r.annotations
+                .insert(SERVICE_ANNOTATION.into(), String::new());
+        });
+        assert_eq!(e.field, SERVICE_ANNOTATION);
+        assert!(e.message.contains("empty"), "{e}");
+        // The record kube mode stores: no annotation membership.
+        let pod = admit_api(&request(), "web".into(), Vec::new()).unwrap();
+        assert_eq!(pod.service, "");
+        assert_eq!(validate(&pod.fields()), Ok(()));
+    }
+
+    #[test]
+    fn admit_api_takes_identity_and_ports_from_its_arguments_not_annotations() {
+        let mut r = request();
+        r.annotations
+            .insert(SERVICE_ACCOUNT_ANNOTATION.into(), "admin".into());
+        let ports = parse_ports("9000/tcp").unwrap();
+        let pod = admit_api(&r, "web-sa".into(), ports.clone()).unwrap();
+        assert_eq!(pod.service_account, "web-sa");
+        assert_eq!(pod.ports, ports);
+        assert_eq!(pod.service, "");
+        // The CNI facts come from the request, as with `admit`.
+        assert_eq!(pod.key, PodKey::new("c1", "eth0"));
+        assert_eq!(
+            pod.ips,
+            vec![
+                "10.0.0.5".parse::<IpAddr>().unwrap(),
+                "fd00::5".parse::<IpAddr>().unwrap()
+            ]
+        );
+        assert_eq!(
+            (
+                pod.name.as_str(),
+                pod.namespace.as_str(),
+                pod.netns.as_str()
+            ),
+            ("web-0", "default", "/var/run/netns/c1")
+        );
+        assert_eq!(pod.uid, r.uid);
+        assert_eq!(pod.network_name, "k8s-pod-network");
+    }
+
+    #[test]
+    fn admit_api_validates_with_the_same_rules_and_names_the_api_field() {
+        let e = admit_api(&request(), "Not_A_Name".into(), Vec::new()).unwrap_err();
+        assert_eq!(e.field, "spec.serviceAccountName");
+        let colliding = vec![PodPort {
+            app_port: OUTBOUND_PORT,
+            listen_port: INBOUND_BASE_PORT,
+            protocol: Protocol::Tcp,
+        }];
+        let e = admit_api(&request(), "web".into(), colliding).unwrap_err();
+        assert_eq!(e.field, "container ports");
+        let mut r = request();
+        r.ips = vec!["nope".into()];
+        assert_eq!(
+            admit_api(&r, "web".into(), Vec::new()).unwrap_err().field,
+            "IPs"
+        );
+        let mut r = request();
+        r.netns = "relative".into();
+        assert_eq!(
+            admit_api(&r, "web".into(), Vec::new()).unwrap_err().field,
+            "netns"
+        );
+        // An empty service account is allowed, as with `admit` (the identity layer
+        // runs such a pod as `default`).
+        assert!(admit_api(&request(), String::new(), Vec::new()).is_ok());
     }
 
     #[test]
