@@ -588,3 +588,54 @@ async fn double_pages_lists_and_expires_continue_tokens() {
         .await;
     assert!(matches!(bad, Err(kube::Error::Api(s)) if s.code == 400));
 }
+
+/// With `FLOCK_KUBE_AUDIT_DIR` set, the double appends one JSON line per request,
+/// verbs named as RBAC names them (API double). The variable is read when a double
+/// starts, so the requests are made in a child run of this test binary (setting the
+/// environment of this multi-threaded process is not sound).
+#[tokio::test]
+async fn double_writes_the_audit_jsonl() {
+    if std::env::var_os("FLOCK_KUBE_AUDIT_CHILD").is_some() {
+        let api = cluster().await;
+        let pods: Api<Pod> = Api::namespaced(api.client(), "default");
+        let _ = pods.get_opt("web-1").await.expect("get pod");
+        let nodes: Api<Node> = Api::all(api.client());
+        nodes.list(&Default::default()).await.expect("list nodes");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "double_writes_the_audit_jsonl",
+            "--test-threads=1",
+        ])
+        .env("FLOCK_KUBE_AUDIT_CHILD", "1")
+        .env("FLOCK_KUBE_AUDIT_DIR", dir.path())
+        .output()
+        .expect("run the child test");
+    assert!(
+        out.status.success(),
+        "child failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.ends_with(".jsonl") && name.contains('-'), "{name}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&files[0])
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            json!({ "verb": "get", "group": "", "resource": "pods", "namespace": "default", "subresource": null }),
+            json!({ "verb": "list", "group": "", "resource": "nodes", "namespace": null, "subresource": null }),
+        ]
+    );
+}

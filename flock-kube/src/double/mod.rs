@@ -621,12 +621,14 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             watch_stream(
                 &shared,
                 target,
-                labels,
-                fields,
-                rv,
-                timeout,
-                param("allowWatchBookmarks") == Some("true"),
-                param("sendInitialEvents") == Some("true"),
+                WatchQuery {
+                    labels,
+                    fields,
+                    resource_version: rv,
+                    timeout_seconds: timeout,
+                    bookmarks: param("allowWatchBookmarks") == Some("true"),
+                    send_initial_events: param("sendInitialEvents") == Some("true"),
+                },
             )
         }
         _ => {
@@ -738,18 +740,26 @@ fn list(
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-fn watch_stream(
-    shared: &Arc<Shared>,
-    target: Target,
+/// The query of a watch request.
+struct WatchQuery<'a> {
     labels: Selector,
     fields: Selector,
-    rv: &str,
+    resource_version: &'a str,
     timeout_seconds: Option<u64>,
     bookmarks: bool,
     send_initial_events: bool,
-) -> Response<Body> {
-    let from = match rv {
+}
+
+fn watch_stream(shared: &Arc<Shared>, target: Target, query: WatchQuery<'_>) -> Response<Body> {
+    let WatchQuery {
+        labels,
+        fields,
+        resource_version,
+        timeout_seconds,
+        bookmarks,
+        send_initial_events,
+    } = query;
+    let from = match resource_version {
         "" | "0" => None,
         n => match n.parse::<u64>() {
             Ok(n) => Some(n),
@@ -826,7 +836,12 @@ fn watch_stream(
                 }
                 msg
             };
+            // Biased: once the watch is ended (or past its deadline) nothing more is
+            // delivered on it, even if events are queued.
             tokio::select! {
+                biased;
+                _ = end.changed() => None,
+                () = tokio::time::sleep_until(deadline) => None,
                 msg = next => match msg {
                     Some(WatchMsg::Line(line)) => Some((Ok(Frame::data(line)), (rx, paused, end, false))),
                     Some(WatchMsg::Drop) => Some((
@@ -838,8 +853,6 @@ fn watch_stream(
                     )),
                     None => None,
                 },
-                _ = end.changed() => None,
-                () = tokio::time::sleep_until(deadline) => None,
             }
         },
     );
