@@ -639,3 +639,60 @@ async fn double_writes_the_audit_jsonl() {
         ]
     );
 }
+
+/// The double answers kube's streaming-list watcher (`sendInitialEvents=true`): the
+/// current objects, then the initial-events-end bookmark, then live changes; and a
+/// plain watch with `allowWatchBookmarks` gets BOOKMARKs at the current version (API
+/// double).
+#[tokio::test]
+async fn double_serves_streaming_lists_and_bookmarks() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{WatchEvent, WatchParams};
+    use kube::runtime::watcher;
+
+    let api = cluster().await;
+    api.apply(&pod("default", "here", NODE, json!({})));
+    api.apply(&pod("default", "there", "node-b", json!({})));
+    let pods: Api<Pod> = Api::all(api.client());
+    let config = watcher::Config::default()
+        .streaming_lists()
+        .fields(&format!("spec.nodeName={NODE}"));
+    let mut events = watcher::watcher(pods.clone(), config).boxed();
+    let mut initial = Vec::new();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let ev = tokio::time::timeout_at(deadline, events.try_next())
+            .await
+            .expect("streaming list within the deadline")
+            .expect("watcher event")
+            .expect("stream open");
+        match ev {
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(p) => initial.push(p.metadata.name.unwrap()),
+            watcher::Event::InitDone => break,
+            other => panic!("unexpected {other:?} before InitDone"),
+        }
+    }
+    assert_eq!(initial, ["here"]);
+    api.apply(&pod("default", "later", NODE, json!({})));
+    match tokio::time::timeout_at(deadline, events.try_next()).await {
+        Ok(Ok(Some(watcher::Event::Apply(p)))) => {
+            assert_eq!(p.metadata.name.as_deref(), Some("later"))
+        }
+        other => panic!("expected pod later, got {other:?}"),
+    }
+
+    let rv = api.resource_version().to_string();
+    let mut raw = pods
+        .watch(
+            &WatchParams::default().fields(&format!("spec.nodeName={NODE}")),
+            &rv,
+        )
+        .await
+        .expect("watch")
+        .boxed();
+    match tokio::time::timeout_at(deadline, raw.next()).await {
+        Ok(Some(Ok(WatchEvent::Bookmark(b)))) => assert_eq!(b.metadata.resource_version, rv),
+        other => panic!("expected a bookmark, got {other:?}"),
+    }
+}
