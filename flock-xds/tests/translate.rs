@@ -324,6 +324,7 @@ fn same_service_name_in_two_namespaces_drops_the_ambiguous_short_names() {
             protocol: Protocol::Http,
         }],
         endpoints: vec![],
+        vips: vec![],
     };
     let services = vec![svc("a"), svc("b")];
     let r = translate::outbound_routes(&services, &EnvoyOptions::default());
@@ -823,6 +824,7 @@ fn validation_enforces_limits() {
             protocol: Protocol::Http,
         }],
         endpoints: eps.clone(),
+        vips: vec![],
     };
     let m = Mesh {
         services: vec![svc.clone()],
@@ -1002,9 +1004,16 @@ mod props {
                     health(),
                     1u32..4,
                     prop::option::of(0usize..4),
+                    prop::option::of(prop::sample::select(vec![
+                        "spiffe://td/ns/x/sa/a",
+                        "spiffe://td/ns/x/sa/*",
+                        "spiffe://other/ns/x/sa/*",
+                    ])),
                 ),
                 0..6,
             ),
+            // VIPs: none, IPv4, IPv6 or both, numbered by the service (unique).
+            (any::<bool>(), any::<bool>()),
         );
         prop::collection::btree_map(
             (
@@ -1017,7 +1026,8 @@ mod props {
         .prop_map(|services| {
             services
                 .into_iter()
-                .map(|((name, ns), (ports, eps))| {
+                .enumerate()
+                .map(|(i, ((name, ns), (ports, eps, (v4, v6))))| {
                     let ports: Vec<ServicePort> = ports
                         .into_iter()
                         .map(|(port, protocol)| ServicePort {
@@ -1028,7 +1038,7 @@ mod props {
                         .collect();
                     let mut endpoints: Vec<Endpoint> = eps
                         .into_iter()
-                        .map(|(ip, port, zone, health, weight, sp)| Endpoint {
+                        .map(|(ip, port, zone, health, weight, sp, identity)| Endpoint {
                             address: std::net::Ipv4Addr::new(10, 0, 0, ip).into(),
                             port,
                             locality: Locality {
@@ -1039,16 +1049,26 @@ mod props {
                             health,
                             weight,
                             service_port: sp.map(|i| ports[i % ports.len()].port),
-                            identity: None,
+                            identity: identity.map(String::from),
                         })
                         .collect();
                     let mut seen = HashSet::new();
                     endpoints.retain(|e| seen.insert((e.address, e.port)));
+                    let mut vips: Vec<std::net::IpAddr> = Vec::new();
+                    if v4 {
+                        vips.push(std::net::Ipv4Addr::new(10, 96, 0, i as u8 + 1).into());
+                    }
+                    if v6 {
+                        vips.push(
+                            std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i as u16 + 1).into(),
+                        );
+                    }
                     Service {
                         name: name.into(),
                         namespace: ns.into(),
                         ports,
                         endpoints,
+                        vips,
                     }
                 })
                 .collect()
@@ -1200,6 +1220,9 @@ fn envoy_accepts_the_translation() {
         &example,
         &EnvoyOptions::default(),
     ));
+    // VIP domains (IPv4, bracketed IPv6, bare) and an identity-prefix SAN matcher.
+    let kube = vip_mesh();
+    resources.extend(translate::envoy_resources(&kube, &EnvoyOptions::default()));
     resources.extend(
         translate::grpc_resources(&m)
             .into_iter()
@@ -2026,4 +2049,217 @@ fn the_memo_reuses_unchanged_entities_and_equals_a_fresh_translation() {
     // What went away is forgotten.
     envoy.translate(&Mesh::default(), &opts);
     assert!(envoy.is_empty());
+}
+
+const KUBE_CLIENT: &str = "spiffe://cluster.local/ns/default/sa/kube-client";
+
+/// A service with a ClusterIP of each family behind endpoints that name a SPIFFE ID
+/// prefix (any account of namespace `shop`), its caller and the secrets they need.
+fn vip_mesh() -> Mesh {
+    Mesh::from_json(
+        format!(
+            r#"{{"services": [
+                {{"name": "shop", "namespace": "shop", "vips": ["10.96.0.10", "fd00::10"],
+                  "ports": [{{"port": 5432, "protocol": "tcp"}}, {{"port": 80}}, {{"port": 9090, "protocol": "grpc"}}],
+                  "endpoints": [{{"address": "10.1.0.2", "port": 8080, "identity": "spiffe://cluster.local/ns/shop/sa/*"}},
+                                {{"address": "10.1.0.3", "port": 8080, "identity": "spiffe://cluster.local/ns/shop/sa/cart"}},
+                                {{"address": "10.1.0.4", "port": 8080}}]}}],
+              "pods": [{{"name": "kube-client", "ip": "10.1.0.1", "identity": "{KUBE_CLIENT}", "outbound_port": 15011}}],
+              "secrets": [
+                {{"name": "{KUBE_CLIENT}", "kind": {{"tls_certificate": {{"certificate_chain_pem": "C", "private_key_pem": "K"}}}}}},
+                {{"name": "cluster.local", "kind": {{"validation_context": {{"trusted_ca_pem": "CA"}}}}}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .expect("valid mesh")
+}
+
+/// A service's VIPs are host names of its HTTP/gRPC ports in the shared outbound
+/// routes and in the callers' routes: `<ip>:<port>` for each VIP and port (IPv6 in
+/// brackets), the bare `<ip>` only on the first HTTP/gRPC port, nothing for a TCP
+/// port; proxyless gRPC clients get a listener per VIP authority.
+#[test]
+fn vips_are_host_names_of_the_service_ports() {
+    let m = vip_mesh();
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    check_consistency(&translate::into_set(rs.clone()), &EnvoyReferences).unwrap();
+    for route in [
+        "outbound|http".to_string(),
+        format!("outbound|http|{KUBE_CLIENT}"),
+    ] {
+        let rc: RouteConfiguration = decode(find(&rs, ROUTE, &route));
+        let domains = |vh: &str| -> Vec<String> {
+            rc.virtual_hosts
+                .iter()
+                .find(|v| v.name == vh)
+                .unwrap_or_else(|| panic!("no virtual host {vh}"))
+                .domains
+                .clone()
+        };
+        let http = domains("shop.shop:80");
+        for d in ["10.96.0.10:80", "[fd00::10]:80", "10.96.0.10", "[fd00::10]"] {
+            assert!(
+                http.contains(&d.to_string()),
+                "{route}: {d} not in {http:?}"
+            );
+        }
+        let grpc = domains("shop.shop:9090");
+        for d in ["10.96.0.10:9090", "[fd00::10]:9090"] {
+            assert!(
+                grpc.contains(&d.to_string()),
+                "{route}: {d} not in {grpc:?}"
+            );
+        }
+        for d in ["10.96.0.10", "[fd00::10]"] {
+            assert!(
+                !grpc.contains(&d.to_string()),
+                "bare {d} only on the first port"
+            );
+        }
+        assert!(
+            !rc.virtual_hosts
+                .iter()
+                .flat_map(|v| &v.domains)
+                .any(|d| d.ends_with(":5432")),
+            "a TCP port has no route"
+        );
+    }
+
+    let grpc = translate::grpc_resources(&m);
+    check_consistency(&translate::into_set(grpc.clone()), &EnvoyReferences).unwrap();
+    for target in ["shop.shop:9090", "10.96.0.10:9090", "[fd00::10]:9090"] {
+        let l: Listener = decode(find(&grpc, LISTENER, target));
+        assert!(l.api_listener.is_some(), "{target} is an ApiListener");
+    }
+    let rc: RouteConfiguration = decode(find(&grpc, ROUTE, "grpc|shop.shop:9090"));
+    assert!(
+        rc.virtual_hosts[0]
+            .domains
+            .contains(&"[fd00::10]:9090".to_string())
+    );
+}
+
+/// An endpoint identity ending in `/*` is a SAN prefix: the caller's mTLS cluster
+/// accepts any SPIFFE ID under that path (and the exact IDs of the other endpoints),
+/// and it still makes the port mTLS, so the endpoint without an identity is left out.
+#[test]
+fn an_identity_prefix_is_a_san_prefix_match_and_still_mtls() {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        UpstreamTlsContext, common_tls_context::ValidationContextType,
+    };
+    use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+    let m = vip_mesh();
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    let c: Cluster = decode(find(
+        &rs,
+        CLUSTER,
+        &format!("outbound|80|shop.shop|{KUBE_CLIENT}"),
+    ));
+    let Some(transport_socket::ConfigType::TypedConfig(any)) =
+        c.transport_socket.and_then(|t| t.config_type)
+    else {
+        panic!("no TLS")
+    };
+    let up = UpstreamTlsContext::decode(any.value.as_slice()).unwrap();
+    let Some(ValidationContextType::CombinedValidationContext(v)) =
+        up.common_tls_context.unwrap().validation_context_type
+    else {
+        panic!("no combined validation context")
+    };
+    let patterns: Vec<MatchPattern> = v
+        .default_validation_context
+        .unwrap()
+        .match_typed_subject_alt_names
+        .into_iter()
+        .map(|m| m.matcher.unwrap().match_pattern.unwrap())
+        .collect();
+    assert_eq!(
+        patterns,
+        vec![
+            MatchPattern::Exact("spiffe://cluster.local/ns/shop/sa/cart".into()),
+            MatchPattern::Prefix("spiffe://cluster.local/ns/shop/sa/".into()),
+        ]
+    );
+    let cla: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|80|shop.shop"));
+    assert_eq!(
+        cla_addresses(&cla),
+        BTreeSet::from(["10.1.0.2".to_string(), "10.1.0.3".to_string()]),
+        "the identity-less endpoint is left out of an mTLS port"
+    );
+}
+
+/// The validator takes an ID prefix only as an endpoint's identity and only well
+/// formed (a trust domain and a path before the `/*`, no other `*`), and refuses bad
+/// VIPs: unspecified, multicast, duplicate, too many, or a VIP host name that another
+/// service has too.
+#[test]
+fn the_validator_checks_identity_prefixes_and_vips() {
+    let errors = |json: &str| -> Vec<String> {
+        let m: Mesh = serde_json::from_str(json).unwrap();
+        m.validate()
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect()
+    };
+    let ep = |id: &str| {
+        format!(
+            r#"{{"services": [{{"name": "a", "ports": [{{"port": 80}}],
+                "endpoints": [{{"address": "10.0.0.1", "port": 80, "identity": "{id}"}}]}}]}}"#
+        )
+    };
+    assert!(errors(&ep("spiffe://td/ns/x/sa/*")).is_empty());
+    for bad in [
+        "spiffe://td/*",
+        "spiffe://td/ns/*/sa/*",
+        "spiffe://td/ns/x/sa/a*",
+        "spiffe:///ns/*",
+    ] {
+        let e = errors(&ep(bad));
+        assert_eq!(e.len(), 1, "{bad}: {e:?}");
+        assert!(e[0].contains("services[0].endpoints[0].identity"), "{e:?}");
+    }
+    let e = errors(
+        r#"{"pods": [{"name": "p", "ip": "10.0.0.1", "identity": "spiffe://td/ns/x/sa/*"}]}"#,
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("pods[0].identity"), "{e:?}");
+
+    let svc = |name: &str, vips: &str| {
+        format!(r#"{{"name": "{name}", "ports": [{{"port": 80}}], "vips": {vips}}}"#)
+    };
+    let mesh = |services: &[String]| format!(r#"{{"services": [{}]}}"#, services.join(","));
+    assert!(errors(&mesh(&[svc("a", r#"["10.96.0.1", "fd00::1"]"#)])).is_empty());
+    for (vips, want) in [
+        (r#"["0.0.0.0"]"#, "services[0].vips[0]"),
+        (r#"["224.0.0.1"]"#, "services[0].vips[0]"),
+        (r#"["10.96.0.1", "10.96.0.1"]"#, "duplicate VIP"),
+        (
+            r#"["10.96.0.1","10.96.0.2","10.96.0.3","10.96.0.4","10.96.0.5","10.96.0.6","10.96.0.7","10.96.0.8","10.96.0.9"]"#,
+            "more than the limit",
+        ),
+    ] {
+        let e = errors(&mesh(&[svc("a", vips)]));
+        assert!(e.iter().any(|e| e.contains(want)), "{vips}: {e:?}");
+    }
+    let e = errors(&mesh(&[
+        svc("a", r#"["10.96.0.1"]"#),
+        svc("b", r#"["10.96.0.1"]"#),
+    ]));
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with("services[1].vips") && e.contains("services[0]")),
+        "{e:?}"
+    );
+    // Two services sharing a VIP on different ports still share the bare `<ip>`.
+    let e = errors(&mesh(&[
+        svc("a", r#"["10.96.0.1"]"#),
+        r#"{"name": "b", "ports": [{"port": 81}], "vips": ["10.96.0.1"]}"#.to_string(),
+    ]));
+    assert!(
+        e.iter().any(|e| e.contains("VIP host name 10.96.0.1 ")),
+        "{e:?}"
+    );
 }

@@ -105,6 +105,7 @@ pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<tr
                 namespace: ep.namespace.clone(),
                 ports: Vec::new(),
                 endpoints: Vec::new(),
+                vips: Vec::new(),
             });
         if !svc.ports.iter().any(|p| p.port == ep.service_port) {
             svc.ports.push(translate::ServicePort {

@@ -4,7 +4,7 @@
 
 use super::model::{
     Endpoint, Health, Locality, Mesh, Pod, Protocol, Secret, SecretKind, Service,
-    ambiguous_service_names, port_endpoints, trust_domain,
+    ambiguous_service_names, identity_prefix, ip_host, port_endpoints, trust_domain,
 };
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
@@ -427,10 +427,10 @@ pub fn service_resources(service: &Service) -> Vec<Resource> {
 }
 
 /// The host names of a service port in the outbound routes: `<svc>`, `<svc>.<ns>`,
-/// `<svc>.<ns>.svc` and `<svc>.<ns>.svc.<cluster_domain>`, each with `:<port>`, and
-/// without the port too if `with_bare` (the service's first HTTP/gRPC port). The
-/// bare `<svc>` forms are left out if `short` is false (the name is in several
-/// namespaces).
+/// `<svc>.<ns>.svc`, `<svc>.<ns>.svc.<cluster_domain>` and each VIP (`<ip>`, IPv6
+/// in brackets), each with `:<port>`, and without the port too if `with_bare` (the
+/// service's first HTTP/gRPC port). The bare `<svc>` forms are left out if `short`
+/// is false (the name is in several namespaces).
 fn domains(
     service: &Service,
     port: u16,
@@ -448,6 +448,7 @@ fn domains(
     if !cluster_domain.is_empty() {
         hosts.push(format!("{s}.{ns}.svc.{cluster_domain}"));
     }
+    hosts.extend(service.vips.iter().map(|ip| ip_host(*ip)));
     let mut out = Vec::with_capacity(hosts.len() * 2);
     for h in &hosts {
         out.push(format!("{h}:{port}"));
@@ -483,6 +484,10 @@ fn routes(
     sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     sorted.dedup_by(|a, b| (&a.namespace, &a.name) == (&b.namespace, &b.name));
     let mut virtual_hosts = Vec::new();
+    // Every domain emitted so far: a valid mesh has no VIP host name in two services,
+    // but Envoy rejects the whole route configuration (every pod's routes) if two
+    // virtual hosts share one, so an invalid mesh loses the later duplicate instead.
+    let mut emitted = std::collections::HashSet::new();
     for s in sorted {
         let short = !ambiguous.contains(s.name.as_str());
         let mut first = true;
@@ -492,9 +497,11 @@ fn routes(
                 continue; // an invalid mesh; never emit a duplicate domain
             }
             let cluster = cluster_for(s, p.port);
+            let mut domains = domains(s, p.port, first, short, &opts.cluster_domain);
+            domains.retain(|d| emitted.insert(d.clone()));
             virtual_hosts.push(VirtualHost {
                 name: names::service_authority(s, p.port),
-                domains: domains(s, p.port, first, short, &opts.cluster_domain),
+                domains,
                 routes: vec![route_to("/", &cluster)],
                 ..Default::default()
             });
@@ -577,23 +584,40 @@ fn server_tls(identity: &str) -> Option<TransportSocket> {
     Some(tls_socket(type_urls::DOWNSTREAM_TLS, ctx.encode_to_vec()))
 }
 
-/// The SPIFFE IDs a caller accepts from a service port's endpoints if the port is
-/// mTLS (any endpoint has an identity, [`port_endpoints`]), else `None` (plaintext).
+/// The URI SAN matchers a caller accepts from a service port's endpoints if the port
+/// is mTLS (any endpoint has an identity, [`port_endpoints`]), else `None`
+/// (plaintext): an exact match per SPIFFE ID, a prefix match per ID prefix
+/// (`spiffe://td/path/*` → prefix `spiffe://td/path/`), sorted and deduplicated.
 /// Never empty when `Some`: an empty SAN list would accept any certificate the bundle
 /// verifies. An ID outside the caller's trust domain stays in the list; the caller's
 /// bundle cannot verify its certificate, so that endpoint fails closed instead of
 /// turning the port to plaintext.
-fn mtls_peers(service: &Service, port: u16) -> Option<Vec<String>> {
+fn mtls_peers(service: &Service, port: u16) -> Option<Vec<MatchPattern>> {
     let eps = port_endpoints(service, port);
     if !eps.mtls {
         return None;
     }
-    let ids: std::collections::BTreeSet<String> = eps
+    // (is a prefix, the string): exact IDs first, then prefixes, each sorted.
+    let ids: std::collections::BTreeSet<(bool, &str)> = eps
         .serving
         .iter()
-        .filter_map(|e| e.identity.clone())
+        .filter_map(|e| e.identity.as_deref())
+        .map(|id| match identity_prefix(id) {
+            Some(prefix) => (true, prefix),
+            None => (false, id),
+        })
         .collect();
-    (!ids.is_empty()).then(|| ids.into_iter().collect())
+    (!ids.is_empty()).then(|| {
+        ids.into_iter()
+            .map(|(prefix, s)| {
+                if prefix {
+                    MatchPattern::Prefix(s.to_string())
+                } else {
+                    MatchPattern::Exact(s.to_string())
+                }
+            })
+            .collect()
+    })
 }
 
 /// The outbound resources of the pods with SPIFFE ID `identity`: the route
@@ -631,10 +655,7 @@ pub fn caller_resources(
                 common_tls_context: Some(common_tls(
                     identity,
                     td,
-                    peers
-                        .into_iter()
-                        .map(|id| uri_san(MatchPattern::Exact(id)))
-                        .collect(),
+                    peers.into_iter().map(uri_san).collect(),
                 )),
                 ..Default::default()
             };

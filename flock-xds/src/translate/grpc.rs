@@ -3,7 +3,7 @@
 //! the same EDS cluster and endpoints Envoy gets. See the [module docs](super).
 
 use super::envoy::{any, hcm_rds, load_assignment, outbound_cluster, route_to};
-use super::model::{Mesh, Protocol, Service};
+use super::model::{Mesh, Protocol, Service, ip_host};
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
@@ -14,7 +14,11 @@ use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost}
 /// `HttpConnectionManager` with RDS over ADS and the router filter), the route
 /// configuration `grpc|<svc>.<ns>:<port>` (one virtual host for the target and `*`, routing
 /// everything to the cluster), the EDS cluster `outbound|<port>|<svc>.<ns>` and its
-/// endpoints. Other ports give nothing.
+/// endpoints. Each VIP of the service adds a listener `<ip>:<port>` (IPv6 in
+/// brackets: the client dials `xds:///<ip>:<port>`) using the same route
+/// configuration, whose virtual host also lists those authorities. The endpoints are
+/// plaintext: proxyless clients get no TLS settings (an mTLS port's endpoints without
+/// an identity are still left out, [`load_assignment`]). Other ports give nothing.
 pub fn grpc_service_resources(service: &Service) -> Vec<Resource> {
     let mut out = Vec::new();
     for p in service
@@ -26,25 +30,35 @@ pub fn grpc_service_resources(service: &Service) -> Vec<Resource> {
         let route_name = names::grpc_route(service, p.port);
         let cluster_name = names::outbound_cluster(service, p.port);
 
-        let hcm = hcm_rds(&authority, &route_name);
-        let listener = Listener {
-            name: authority.clone(),
-            api_listener: Some(ApiListener {
-                api_listener: Some(any(type_urls::HCM, &hcm)),
-            }),
-            ..Default::default()
-        };
-        out.push(Resource::new(
-            LISTENER,
-            authority.clone(),
-            any(LISTENER, &listener),
-        ));
+        let vip_authorities: Vec<String> = service
+            .vips
+            .iter()
+            .map(|ip| format!("{}:{}", ip_host(*ip), p.port))
+            .collect();
+        for target in std::iter::once(&authority).chain(&vip_authorities) {
+            let hcm = hcm_rds(target, &route_name);
+            let listener = Listener {
+                name: target.clone(),
+                api_listener: Some(ApiListener {
+                    api_listener: Some(any(type_urls::HCM, &hcm)),
+                }),
+                ..Default::default()
+            };
+            out.push(Resource::new(
+                LISTENER,
+                target.clone(),
+                any(LISTENER, &listener),
+            ));
+        }
 
+        let mut domains = vec![authority.clone()];
+        domains.extend(vip_authorities);
+        domains.push("*".to_string());
         let rc = RouteConfiguration {
             name: route_name.clone(),
             virtual_hosts: vec![VirtualHost {
                 name: authority.clone(),
-                domains: vec![authority.clone(), "*".to_string()],
+                domains,
                 // gRPC matches paths like "/pkg.Service/Method": the empty prefix
                 // matches them all.
                 routes: vec![route_to("", &cluster_name)],

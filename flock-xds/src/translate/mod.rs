@@ -24,13 +24,13 @@
 //! | inbound listener, on `<pod ip>:<listen_port>` in the pod's netns | LDS | `inbound\|<ns>/<pod>\|<app_port>` | [`pod_resources`] |
 //! | app cluster, `127.0.0.1:<app_port>` from inside the pod (STATIC) | CDS | `inbound\|<app_port>\|<ns>/<pod>` | [`pod_resources`] |
 //! | outbound listener, `127.0.0.1:<outbound_port>` in the pod's netns | LDS | `outbound\|<ns>/<pod>` | [`pod_resources`] |
-//! | outbound routes of every pod (one virtual host `<svc>.<ns>:<port>` per HTTP/gRPC service port) | RDS | `outbound\|http` | [`outbound_routes`] |
+//! | outbound routes of every pod (one virtual host `<svc>.<ns>:<port>` per HTTP/gRPC service port; its domains include the service's VIPs `<ip>:<port>`) | RDS | `outbound\|http` | [`outbound_routes`] |
 //! | service port cluster (EDS over ADS) | CDS | `outbound\|<port>\|<svc>.<ns>` | [`service_resources`], [`grpc_service_resources`] |
 //! | service port endpoints | EDS | `outbound\|<port>\|<svc>.<ns>` (the cluster's name) | [`service_resources`], [`grpc_service_resources`] |
 //! | outbound routes of the pods with SPIFFE ID `<id>` | RDS | `outbound\|http\|<id>` | [`caller_resources`] |
 //! | service port cluster over mTLS for callers `<id>` (endpoints by EDS `service_name` `outbound\|<port>\|<svc>.<ns>`) | CDS | `outbound\|<port>\|<svc>.<ns>\|<id>` | [`caller_resources`] |
 //! | secret: a pod's certificate (`TlsCertificate`), named by its SPIFFE ID; a trust bundle (`ValidationContext`), named by its trust domain | SDS | the secret's `name` | [`secret_resource`] |
-//! | proxyless gRPC listener (`ApiListener`; the client dials `xds:///<svc>.<ns>:<port>`) | LDS | `<svc>.<ns>:<port>` | [`grpc_service_resources`] |
+//! | proxyless gRPC listener (`ApiListener`; the client dials `xds:///<svc>.<ns>:<port>` or `xds:///<vip>:<port>`) | LDS | `<svc>.<ns>:<port>`, `<vip>:<port>` | [`grpc_service_resources`] |
 //! | proxyless gRPC route configuration | RDS | `grpc\|<svc>.<ns>:<port>` | [`grpc_service_resources`] |
 //!
 //! The inbound listener of an HTTP or gRPC port holds an HTTP connection manager with
@@ -43,7 +43,8 @@
 //! trust domain). Its outbound listener uses the routes `outbound|http|<id>`, whose
 //! clusters for service ports where any endpoint has an `identity` connect over
 //! mTLS, present the caller's certificate and accept only a server certificate
-//! naming one of those endpoints' IDs. Never downgrade: an endpoint without an
+//! naming one of those endpoints' IDs (an endpoint identity `spiffe://td/path/*`
+//! accepts any ID under `spiffe://td/path/`, a SAN prefix match). Never downgrade: an endpoint without an
 //! identity in such a port is left out of its endpoints ([`model::port_endpoints`]);
 //! only ports where no endpoint has an identity keep the plain cluster. The secrets
 //! must be in the mesh (the consistency check says which is missing). Pods without an
@@ -52,7 +53,9 @@
 //! **Host names.** A pod's app reaches a service through its outbound listener with
 //! `Host`/`:authority` set to `<svc>`, `<svc>.<ns>`, `<svc>.<ns>.svc` or
 //! `<svc>.<ns>.svc.cluster.local` followed by `:<port>`, or without the port for the
-//! service's first HTTP/gRPC port. Envoy rejects a route configuration in which two
+//! service's first HTTP/gRPC port. A service's VIPs (Kubernetes ClusterIPs) are host
+//! names too: `<ip>:<port>` (IPv6 in brackets) and the bare `<ip>` for the first
+//! HTTP/gRPC port. Envoy rejects a route configuration in which two
 //! virtual hosts share a domain, and the route configuration is shared by all pods,
 //! so the bare `<svc>` forms are only generated for a service name that exists in a
 //! single namespace (otherwise clients use `<svc>.<ns>`). TCP service ports get
@@ -116,7 +119,8 @@ pub use grpc::{grpc_resources, grpc_service_resources};
 pub use memo::{Entries, Flavor, Memo};
 pub use model::{
     Endpoint, Health, InboundPort, Locality, Mesh, MeshError, Pod, PortEndpoints, PrivateKeyPem,
-    Protocol, Secret, SecretKind, Service, ServicePort, ValidationError, port_endpoints,
+    Protocol, Secret, SecretKind, Service, ServicePort, ValidationError, identity_prefix,
+    port_endpoints,
 };
 pub use refs::EnvoyReferences;
 

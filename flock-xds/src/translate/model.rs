@@ -47,6 +47,8 @@ pub use flock_core::pod::MAX_NETNS_LEN as MAX_PATH_LEN;
 /// Most ports of one service, and most inbound ports of one pod: the pod
 /// validator's limit, so a pod the agent accepts is one the translation accepts.
 pub use flock_core::pod::MAX_PORTS;
+/// Most virtual IPs of one service (Kubernetes gives at most two: one per family).
+pub const MAX_VIPS: usize = 8;
 /// Longest PEM string of a secret (1 MiB).
 pub const MAX_PEM_LEN: usize = 1 << 20;
 
@@ -85,6 +87,14 @@ pub struct Service {
     /// The endpoints (pod addresses) behind the service.
     #[serde(default)]
     pub endpoints: Vec<Endpoint>,
+    /// Virtual IPs of the service (Kubernetes ClusterIPs): each VIP × port is one more
+    /// host name of that port in the outbound routes (`<ip>:<port>`, IPv6 in brackets),
+    /// and the bare `<ip>` of the first `http`/`grpc` port, like the port-less names;
+    /// proxyless gRPC clients may dial `xds:///<ip>:<port>`. At most
+    /// [`MAX_VIPS`], not unspecified or multicast, and no host name may be another
+    /// service's too. Default: none.
+    #[serde(default)]
+    pub vips: Vec<IpAddr>,
 }
 
 /// One port of a service.
@@ -135,6 +145,11 @@ pub struct Endpoint {
     /// verify the server's certificate names one of these IDs, and an endpoint of that
     /// port without an identity is left out ([`port_endpoints`]), never a reason to
     /// fall back to plaintext. Only a port where no endpoint has one is plaintext.
+    ///
+    /// An ID ending in `/*` (`spiffe://td/ns/shop/sa/*`) accepts any SPIFFE ID under
+    /// that path (a URI SAN prefix match on `spiffe://td/ns/shop/sa/`): what a
+    /// registry knows when it knows the callee's namespace but not its accounts. It is
+    /// still an identity, so the port is still mTLS.
     #[serde(default)]
     pub identity: Option<String>,
 }
@@ -412,9 +427,25 @@ impl Validator {
         }
 
         let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
+        // VIP host name → the service that has it: the outbound route configuration is
+        // shared by every pod and Envoy rejects one in which two virtual hosts share a
+        // domain, so a VIP host name must belong to one service only.
+        let mut vip_hosts: HashMap<String, usize> = HashMap::new();
         for (i, s) in m.services.iter().enumerate() {
             let path = format!("services[{i}]");
             self.service(&path, s);
+            for host in vip_domains(s) {
+                if let Some(&first) = vip_hosts.get(&host) {
+                    if first != i {
+                        self.err(
+                            format!("{path}.vips"),
+                            format!("VIP host name {host} is also services[{first}]'s"),
+                        );
+                    }
+                } else {
+                    vip_hosts.insert(host, i);
+                }
+            }
             if let Some(first) = seen.insert((&s.namespace, &s.name), i) {
                 self.err(
                     format!("{path}.name"),
@@ -506,6 +537,19 @@ impl Validator {
                 ),
             );
         }
+        if s.vips.len() > MAX_VIPS {
+            self.err(
+                format!("{path}.vips"),
+                format!("{} VIPs, more than the limit of {MAX_VIPS}", s.vips.len()),
+            );
+        }
+        let mut vips = HashSet::new();
+        for (j, ip) in s.vips.iter().enumerate() {
+            self.address(&format!("{path}.vips[{j}]"), *ip);
+            if !vips.insert(ip) {
+                self.err(format!("{path}.vips[{j}]"), format!("duplicate VIP {ip}"));
+            }
+        }
         let mut numbers = HashSet::new();
         let mut names = HashSet::new();
         for (j, p) in s.ports.iter().enumerate() {
@@ -534,7 +578,7 @@ impl Validator {
                 self.err(format!("{ep}.port"), "port must be 1-65535");
             }
             if let Some(id) = &e.identity {
-                self.spiffe_id(format!("{ep}.identity"), id);
+                self.spiffe_id(format!("{ep}.identity"), id, true);
             }
             if e.weight == 0 {
                 self.err(format!("{ep}.weight"), "weight must be at least 1");
@@ -617,19 +661,40 @@ impl Validator {
             }
         }
         if let Some(id) = &p.identity {
-            self.spiffe_id(format!("{path}.identity"), id);
+            self.spiffe_id(format!("{path}.identity"), id, false);
         }
     }
 
-    fn spiffe_id(&mut self, at: String, id: &str) {
-        if trust_domain(id).is_none()
-            || id
+    /// A SPIFFE ID, or with `allow_prefix` also an ID prefix `spiffe://td/path/*`
+    /// (an endpoint may name "any ID under this path"; a pod presents one exact ID).
+    fn spiffe_id(&mut self, at: String, id: &str, allow_prefix: bool) {
+        let exact = match id.strip_suffix("/*") {
+            Some(prefix) if allow_prefix => prefix,
+            Some(_) => {
+                self.err(
+                    at,
+                    format!("a pod's identity must be one SPIFFE ID, not the prefix {id:?}"),
+                );
+                return;
+            }
+            None => id,
+        };
+        if trust_domain(exact).is_none()
+            || exact
                 .chars()
-                .any(|c| c.is_control() || c.is_whitespace() || c == '|')
+                .any(|c| c.is_control() || c.is_whitespace() || c == '|' || c == '*')
+            || exact.ends_with('/')
         {
             self.err(
                 at,
-                format!("identity must be a SPIFFE ID (spiffe://trust-domain/path), not {id:?}"),
+                format!(
+                    "identity must be a SPIFFE ID (spiffe://trust-domain/path){}, not {id:?}",
+                    if allow_prefix {
+                        " or an ID prefix (spiffe://trust-domain/path/*)"
+                    } else {
+                        ""
+                    }
+                ),
             );
         }
     }
@@ -773,6 +838,42 @@ pub(crate) fn ambiguous_service_names(services: &[Service]) -> BTreeSet<&str> {
             && ns != s.namespace
         {
             out.insert(s.name.as_str());
+        }
+    }
+    out
+}
+
+/// The SAN prefix an endpoint identity `spiffe://td/path/*` stands for
+/// (`spiffe://td/path/`), or `None` for an exact ID.
+pub fn identity_prefix(id: &str) -> Option<&str> {
+    id.strip_suffix('*').filter(|p| p.ends_with('/'))
+}
+
+/// `ip` as a host name: IPv6 in brackets (`[fd00::1]`), as in a URL authority.
+pub(crate) fn ip_host(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+/// The VIP host names of a service in the outbound routes: `<ip>:<port>` for each VIP
+/// and HTTP/gRPC port, and `<ip>` for the first HTTP/gRPC port (TCP ports get no
+/// route). In port order, then VIP order.
+pub(crate) fn vip_domains(service: &Service) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut first = true;
+    let mut seen = BTreeSet::new();
+    for p in service.ports.iter().filter(|p| p.protocol.is_http()) {
+        if !seen.insert(p.port) {
+            continue;
+        }
+        for ip in &service.vips {
+            out.push(format!("{}:{}", ip_host(*ip), p.port));
+        }
+        if first {
+            out.extend(service.vips.iter().map(|ip| ip_host(*ip)));
+            first = false;
         }
     }
     out
