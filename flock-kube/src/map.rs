@@ -828,8 +828,9 @@ fn topology(value: Option<&str>) -> Option<String> {
 /// left out alone, with an error naming it (`endpoints[3].addresses[0]`); a bad slice
 /// port is left out alone likewise. A slice that is not `svc`'s (another namespace or
 /// `kubernetes.io/service-name`), that is over the API's size limits, or for whose
-/// meshed namespace no identity can be built (a malformed `trust_domain`) gives no
-/// endpoint and one error. `FQDN` slices (and any address type but `IPv4` and `IPv6`)
+/// meshed namespace no identity can be built (a malformed `trust_domain`, a
+/// hand-built `svc` with malformed names or an empty account list) gives no endpoint
+/// and one error. `FQDN` slices (and any address type but `IPv4` and `IPv6`)
 /// give nothing and no error: the mesh routes to IPs only. Slice ports with no number
 /// (the API's "all ports") or not TCP, and ports the Service no longer has (the slice
 /// lags a Service update), are skipped.
@@ -857,6 +858,13 @@ fn slice_checked(
     trust_domain: &str,
     node_labels: &dyn Fn(&str) -> Option<BTreeMap<String, String>>,
 ) -> Result<(Vec<RemoteEndpoint>, Vec<MapError>), MapError> {
+    // A ServiceInfo is plain data a caller may build by hand: its names go into
+    // SPIFFE IDs, so they are checked here too, not only in `service_info`.
+    check_label(&svc.namespace).map_err(|m| map_err("service namespace", m))?;
+    check_label(&svc.name).map_err(|m| map_err("service name", m))?;
+    for a in svc.service_accounts.iter().flatten() {
+        check_subdomain(a).map_err(|m| map_err("service accounts", m))?;
+    }
     let meta = &slice.metadata;
     let ns = meta.namespace.as_deref().unwrap_or_default();
     if ns != svc.namespace {
@@ -906,6 +914,11 @@ fn slice_checked(
         check_trust_domain(trust_domain).map_err(|m| map_err("trust domain", m))?;
         let prefix = format!("spiffe://{trust_domain}/ns/{}/sa/", svc.namespace);
         match &svc.service_accounts {
+            // Never plaintext to a meshed Service: an empty list would leave the
+            // endpoints without identity.
+            Some(accounts) if accounts.is_empty() => {
+                return Err(map_err("service accounts", "names no service account"));
+            }
             Some(accounts) => accounts.iter().map(|a| format!("{prefix}{a}")).collect(),
             None => vec![format!("{prefix}*")],
         }

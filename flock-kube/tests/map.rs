@@ -696,10 +696,22 @@ fn slice_identity_per_the_namespace_and_the_annotation() {
             .all(|e| e.identity.is_none() && e.identities.is_empty())
     );
 
-    // Never plaintext to a meshed Service: no identity can be built, no endpoints.
+    // Never plaintext to a meshed Service: where no identity can be built (no trust
+    // domain, an empty account list, a name that cannot go into a SPIFFE ID), no
+    // endpoints and one error.
     let (eps, errors) = slice_endpoints(&web_info(), &slice, true, "", &node_labels);
     assert!(eps.is_empty());
     assert_eq!(errors.len(), 1);
+    let mut info = web_info();
+    info.service_accounts = Some(Vec::new());
+    let (eps, errors) = slice_endpoints(&info, &slice, true, "cluster.local", &node_labels);
+    assert!(eps.is_empty());
+    assert_eq!(errors[0].field, "service accounts");
+    let mut info = web_info();
+    info.service_accounts = Some(vec!["web/../admin".into()]);
+    let (eps, errors) = slice_endpoints(&info, &slice, true, "cluster.local", &node_labels);
+    assert!(eps.is_empty());
+    assert_eq!(errors[0].field, "service accounts");
 }
 
 /// An FQDN slice gives nothing and no error: the mesh routes to IPs only.
