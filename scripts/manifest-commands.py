@@ -8,7 +8,8 @@ sample values). The envoy-bootstrap init container's script runs for real, into 
 temporary directory, and its output must be an Envoy bootstrap naming the agent's xDS
 socket. The long-running containers get `--help` appended after their own arguments
 (before a `--`): clap parses every argument before it, so an unknown flag or a bad
-value exits 2 instead of printing the help.
+value exits 2 instead of printing the help (values the binaries read from the
+environment are not checked this way).
 """
 
 import json
