@@ -351,6 +351,13 @@ fn daemonset_keeps_the_node_agent_invariants() {
     );
     assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
     assert_ne!(pod.host_pid, Some(true));
+    assert_eq!(
+        pod.security_context
+            .as_ref()
+            .and_then(|s| s.seccomp_profile.as_ref())
+            .map(|p| p.type_.as_str()),
+        Some("RuntimeDefault")
+    );
     assert_ne!(pod.host_ipc, Some(true));
 
     // Tolerations: the startup taint the agent removes, and tolerate-all for both
