@@ -64,8 +64,8 @@ use std::net::IpAddr;
 
 pub use flock_core::pod::Health;
 use flock_core::pod::{
-    INBOUND_BASE_PORT, MAX_PORTS, PodPort, Protocol, check_ip, check_label, check_node_name,
-    check_ports, check_subdomain, check_uid,
+    INBOUND_BASE_PORT, MAX_PORTS, PodPort, Protocol, check_ip, check_label, check_ports,
+    check_subdomain, check_uid,
 };
 use k8s_openapi::api::core::v1::{Container, Pod, Service};
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
@@ -690,7 +690,9 @@ pub fn service_info(svc: &Service) -> Result<ServiceInfo, MapError> {
         }
         let name = sp.name.clone().filter(|n| !n.is_empty());
         if let Some(n) = &name {
-            check_port_name(n).map_err(|m| map_err(format!("spec.ports[{i}].name"), m))?;
+            // Service port names are DNS labels (up to 63), unlike container port
+            // names (IANA service names, up to 15).
+            check_label(n).map_err(|m| map_err(format!("spec.ports[{i}].name"), m))?;
         }
         ports.push(ServicePortInfo {
             protocol: infer_protocol(sp.app_protocol.as_deref(), name.as_deref()),
@@ -981,7 +983,7 @@ fn slice_checked(
             check_ip(address).map_err(|m| map_err(format!("{field}.addresses[0]"), m))?;
             let node = ep.node_name.clone().unwrap_or_default();
             if !node.is_empty() {
-                check_node_name(&node).map_err(|m| map_err(format!("{field}.nodeName"), m))?;
+                check_subdomain(&node).map_err(|m| map_err(format!("{field}.nodeName"), m))?;
             }
             let pod = match &ep.target_ref {
                 Some(r) if r.kind.as_deref() == Some("Pod") => {

@@ -338,7 +338,9 @@ fn memberships_of_a_pod_selected_by_several_services() {
                     mp(6379, "cache", 6379, 0, Protocol::Tcp),
                     // targetPort 8080 by number; "web" says nothing, the pod's http.
                     mp(8443, "web", 8080, 1, Protocol::Http),
-                    // "admin" targets http-migrate, a plain init container's: left out.
+                    // "admin-console-legacy" (a Service port name may be a 63-long
+                    // DNS label) targets http-migrate, a plain init container's
+                    // port: left out.
                 ]
             ),
             member(
@@ -456,6 +458,10 @@ fn service_info_errors_name_the_field() {
     let mut svc: Service = fixture("service-web.json");
     svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[1].port = 0;
     assert_eq!(service_info(&svc).unwrap_err().field, "spec.ports[1].port");
+
+    let mut svc: Service = fixture("service-web.json");
+    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].name = Some("Bad_Name".into());
+    assert_eq!(service_info(&svc).unwrap_err().field, "spec.ports[0].name");
 }
 
 fn node_labels(node: &str) -> Option<BTreeMap<String, String>> {
