@@ -9,6 +9,7 @@ pub mod admin;
 pub mod agent;
 pub mod cni_server;
 pub mod identity;
+pub mod kube;
 pub mod model;
 pub mod probe;
 pub mod registry;

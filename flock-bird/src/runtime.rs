@@ -6,12 +6,14 @@ use crate::agent::{Agent, AgentConfig, group_of};
 use crate::cni_server::CniServer;
 use crate::identity::IdentityProvider as _;
 use crate::identity::{BuiltinCa, SpireBridge};
+use crate::kube::KubePods;
 use crate::registry::{self, RegistryOptions};
 use crate::store::PodStore;
 use crate::xds_auth::AgentAuthorizer;
 use anyhow::Context as _;
 use flock_core::access::AccessPolicy;
 use flock_core::debounce::{Debounce, DebouncePoll};
+use flock_kube::watch::{KubeWatch, WatchOptions};
 use flock_xds::cache::Cache;
 use flock_xds::server::{
     ConnectionLimits, Limits, Server, TlsSettings, bind_unix_with_mode, ensure_private_dir,
@@ -54,6 +56,45 @@ pub struct Options {
     pub registry_auth: Option<registry::EtcdAuth>,
     /// Where pods' workload identities come from.
     pub identity: IdentitySource,
+    /// Kube mode (`--kube`): pod facts and Service memberships from the Kubernetes
+    /// API; `None`: from pod annotations.
+    pub kube: Option<KubeOptions>,
+}
+
+/// Kube mode's settings (see [`crate::kube`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeOptions {
+    /// The kubeconfig to use; `None`: the in-cluster configuration (the pod's
+    /// service-account token and `KUBERNETES_SERVICE_HOST`).
+    pub kubeconfig: Option<PathBuf>,
+    /// How long a CNI ADD waits for its pod to show up in the reflector before the
+    /// agent asks the API directly.
+    pub pod_wait: Duration,
+}
+
+/// Starts kube mode's reflectors (`None` without kube mode): this node's pods, the
+/// Services, Namespaces and this node's Node (with `--registry kubernetes` also every
+/// EndpointSlice and Node, for the registry, which reads the same watch).
+pub async fn start_kube_watch(opts: &Options) -> anyhow::Result<Option<Arc<KubeWatch>>> {
+    let Some(kube) = &opts.kube else {
+        return Ok(None);
+    };
+    let client = flock_kube::watch::client(kube.kubeconfig.as_deref())
+        .await
+        .context("--kube: connecting to the Kubernetes API")?;
+    let watch = KubeWatch::start(
+        client,
+        WatchOptions {
+            node_name: opts.agent.node_name.clone(),
+            endpoint_slices: opts.registry == "kubernetes",
+        },
+    );
+    tracing::info!(
+        kubeconfig = ?kube.kubeconfig,
+        node = %opts.agent.node_name,
+        "kube mode: pod identities, ports and Service memberships from the Kubernetes API"
+    );
+    Ok(Some(Arc::new(watch)))
 }
 
 /// The xDS unix socket and who besides the agent's own uid can open it.
@@ -175,6 +216,8 @@ pub async fn run(
         PodStore::open(&opts.state_dir)
             .with_context(|| format!("opening the pod store in {}", opts.state_dir.display()))?,
     );
+    // Before the registry: `--registry kubernetes` reads EndpointSlices from this watch.
+    let kube_watch = start_kube_watch(&opts).await?;
     let spec =
         registry::parse_spec(&opts.registry).map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
     let reg = registry::connect(
@@ -220,6 +263,13 @@ pub async fn run(
         let bridge = SpireBridge::connect(socket.clone());
         tracing::info!(identity = %bridge.describe(), "workload identity: SPIRE Delegated Identity API");
         agent = agent.with_identity(bridge);
+    }
+    if let (Some(watch), Some(kube)) = (&kube_watch, &opts.kube) {
+        agent = agent.with_kube(Arc::new(KubePods::new(
+            Arc::clone(watch),
+            opts.agent.node_name.clone(),
+            kube.pod_wait,
+        )));
     }
     let agent = Arc::new(agent);
     let xds = Server::builder(Arc::clone(&cache))
@@ -332,6 +382,8 @@ pub async fn run(
     }
     tasks.spawn(liveness_loop(Arc::clone(&agent), stop_rx.clone()));
     tasks.spawn(gc_loop(Arc::clone(&agent), stop_rx.clone()));
+    // Kube mode: registrations follow labels and Services (returns at once without).
+    tasks.spawn(Arc::clone(&agent).run_kube_resync(stop_rx.clone()));
 
     shutdown.await;
     tracing::info!("shutting down");

@@ -3,7 +3,9 @@
 use anyhow::Context as _;
 use clap::Parser;
 use flock_bird::agent::AgentConfig;
-use flock_bird::runtime::{self, IdentitySource, Options, XdsLimits, XdsSocket, XdsTls};
+use flock_bird::runtime::{
+    self, IdentitySource, KubeOptions, Options, XdsLimits, XdsSocket, XdsTls,
+};
 use flock_core::access::{AccessPolicy, check_listen_addr};
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -18,6 +20,11 @@ use std::time::Duration;
 /// the unix socket --xds-socket (and, with mTLS, to proxyless gRPC clients on
 /// --xds-address). Pods without the annotation are ignored. An orphan GC removes what
 /// crashed operations or missed CNI DELs leave.
+///
+/// In a Kubernetes cluster (or with --kube) the pods' facts come from the Kubernetes
+/// API instead of annotations: opt-in by the `flock.io/mesh: enabled` label, identity
+/// from the service account, ports from the containers, memberships from Services (see
+/// --kube).
 ///
 /// Every meshed pod gets a SPIFFE identity from --identity (by default a node-local
 /// CA), delivered to Envoy over SDS: pods talk mTLS. Only an authenticated peer gets
@@ -184,9 +191,59 @@ struct Args {
     /// other capability once its listeners are bound.
     #[arg(long = "keep-capability", value_name = "CAP", value_parser = harden::parse_capability)]
     keep_capabilities: Vec<caps::Capability>,
+    /// Kube mode: every fact about a pod from the Kubernetes API, none from annotations.
+    /// A pod is meshed when its namespace or itself has the label `flock.io/mesh:
+    /// enabled` (a pod label `flock.io/mesh: disabled` opts out); its identity is its
+    /// `spec.serviceAccountName`, its ports its containers' TCP ports, and it registers
+    /// under every Service of its namespace that selects it (followed live as labels
+    /// and Services change). The annotations flock.io/service, flock.io/ports and
+    /// flock.io/service-account are ignored. A CNI ADD fails when the API cannot be
+    /// asked (the agent refuses to guess an identity). On by default when the agent
+    /// runs in a cluster (`KUBERNETES_SERVICE_HOST` is set) — annotations there could
+    /// be written by anyone who can create a pod — and with --kubeconfig; off with
+    /// --no-kube.
+    #[arg(long, help_heading = "Kubernetes")]
+    kube: bool,
+    /// Turn kube mode off even in a cluster: pods are meshed by their annotations.
+    #[arg(long, conflicts_with_all = ["kube", "kubeconfig"], help_heading = "Kubernetes")]
+    no_kube: bool,
+    /// Kube mode: the kubeconfig to reach the API with (implies --kube) [default: the
+    /// in-cluster configuration: the pod's service-account token].
+    #[arg(long, value_name = "PATH", help_heading = "Kubernetes")]
+    kubeconfig: Option<PathBuf>,
+    /// Kube mode: how long a CNI ADD waits for its pod to appear in the agent's watch
+    /// before asking the API directly (`500ms`, `2s`, or seconds).
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Kubernetes")]
+    kube_pod_wait: Duration,
     /// Log format.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+}
+
+/// `500ms`, `2s` or `2` (seconds).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration (e.g. 500ms, 2s, 2)");
+    let (number, unit_ms) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000)
+    } else {
+        (s, 1000)
+    };
+    let n: u64 = number.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(bad)
+}
+
+/// Kube mode's settings, when on: --kube or --kubeconfig, or in a cluster
+/// (`in_cluster`: `KUBERNETES_SERVICE_HOST` set) unless --no-kube.
+fn kube_options(args: &Args, in_cluster: bool) -> Option<KubeOptions> {
+    let on = !args.no_kube && (args.kube || args.kubeconfig.is_some() || in_cluster);
+    on.then(|| KubeOptions {
+        kubeconfig: args.kubeconfig.clone(),
+        pod_wait: args.kube_pod_wait,
+    })
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -414,6 +471,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Duration::from_secs(args.svid_ttl),
         )
         .map_err(|e| anyhow::anyhow!(e))?,
+        kube: kube_options(
+            &args,
+            std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|h| !h.is_empty()),
+        ),
     };
     // Kept alive until exit: the --dev directory is removed when the agent stops.
     let _dev_dir = if args.dev {
@@ -480,4 +541,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
         harden::drop_capabilities();
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(flags: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("flock-agent").chain(flags.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn kube_mode_is_on_with_the_flag_the_kubeconfig_or_in_a_cluster_unless_refused() {
+        assert_eq!(kube_options(&args(&[]), false), None);
+        let on = kube_options(&args(&["--kube"]), false).unwrap();
+        assert_eq!(on.kubeconfig, None);
+        assert_eq!(on.pod_wait, Duration::from_secs(2));
+        let with_config = kube_options(&args(&["--kubeconfig", "/k"]), false).unwrap();
+        assert_eq!(with_config.kubeconfig, Some(PathBuf::from("/k")));
+        assert!(kube_options(&args(&[]), true).is_some());
+        assert_eq!(kube_options(&args(&["--no-kube"]), true), None);
+        assert!(Args::try_parse_from(["flock-agent", "--kube", "--no-kube"]).is_err());
+        let wait = kube_options(&args(&["--kube", "--kube-pod-wait", "500ms"]), false).unwrap();
+        assert_eq!(wait.pod_wait, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn durations_take_ms_s_or_plain_seconds() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        for bad in ["", "s", "-1s", "2m", "1.5s", "99999999999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -8,6 +8,10 @@ pub enum PodError {
     /// The request is malformed (the plugin reports it to the runtime).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// Kube mode could not take the pod's facts from the Kubernetes API (unreachable,
+    /// no such pod, another pod of that name); the message says why, for the runtime.
+    #[error("{0}")]
+    Unidentified(String),
     /// A step failed; the pod was rolled back.
     #[error("{step} failed: {message}")]
     Step {

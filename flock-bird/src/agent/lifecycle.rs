@@ -2,6 +2,7 @@
 
 use super::{AddPodInput, Agent, PodError, PodOutcome};
 use crate::identity::PodIdentity;
+use crate::kube::KubeAdmission;
 use crate::model::{Endpoint, Health, PodRecord, SERVICE_ANNOTATION};
 use flock_core::lifecycle::liveness::Liveness;
 use flock_core::lifecycle::steps::{ADD_POD, REMOVE_POD, Step};
@@ -82,18 +83,54 @@ impl Agent {
         Ok((merge.added.len(), quarantined))
     }
 
-    /// The endpoints a pod registers (one per app port).
+    /// The endpoints a pod registers: one per app port of its annotated service, or
+    /// in kube mode (a record without a service) one per Service port it is a member
+    /// of now.
     pub(super) fn endpoints_of(&self, rec: &PodRecord, health: Health) -> Vec<Endpoint> {
         let identity = self
             .identity_view()
             .and_then(|v| v.svid_of(&rec.key).map(|s| s.spiffe_id.clone()));
-        super::mesh::endpoints(rec, &self.cfg, health, identity.as_deref())
+        if !rec.service.is_empty() {
+            return super::mesh::endpoints(rec, &self.cfg, health, identity.as_deref());
+        }
+        match &self.kube {
+            Some(kube) => super::member_endpoints(
+                rec,
+                &kube.members(rec),
+                &self.cfg,
+                health,
+                identity.as_deref(),
+            ),
+            None => Vec::new(),
+        }
     }
 
     /// CNI ADD: runs `flock_core::lifecycle::ADD_POD` in order; on a failed step,
     /// rolls back with `REMOVE_POD` in full. Answers once a snapshot with the pod is
     /// published.
     pub async fn add_pod(self: &Arc<Self>, input: &AddPodInput) -> Result<PodOutcome, PodError> {
+        if let Some(kube) = &self.kube {
+            let rec = match kube.admit(input).await {
+                Ok(KubeAdmission::Meshed { pod, members }) => {
+                    let rec = PodRecord::admitted(*pod, flock_clock::unix_now());
+                    // Registered by this ADD even if the reflector does not show the
+                    // pod yet (its GET answered first).
+                    kube.remember(&rec.key, members);
+                    rec
+                }
+                Ok(KubeAdmission::Ignored(why)) => {
+                    self.metrics.pods_ignored.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(pod = %format!("{}/{}", input.namespace, input.name), "{why}");
+                    return Ok(PodOutcome::Ignored(why));
+                }
+                Err(e) => {
+                    self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(pod = %format!("{}/{}", input.namespace, input.name), "AddPod refused: {e}");
+                    return Err(e);
+                }
+            };
+            return self.add_record(rec).await;
+        }
         let rec = match self.record_for(input) {
             Ok(Some(rec)) => rec,
             Ok(None) => {
@@ -108,6 +145,10 @@ impl Agent {
                 return Err(e);
             }
         };
+        self.add_record(rec).await
+    }
+
+    async fn add_record(self: &Arc<Self>, rec: PodRecord) -> Result<PodOutcome, PodError> {
         let result = self.locks.run(&rec.key, self.add_locked(&rec)).await;
         match &result {
             Ok(_) => self.metrics.pods_added.fetch_add(1, Ordering::Relaxed),
@@ -161,7 +202,21 @@ impl Agent {
                 });
             }
         }
-        tracing::info!(pod = %rec.pod_ref(), key = %rec.key, service = %rec.service, ports = rec.ports.len(), version, "pod added");
+        tracing::info!(pod = %rec.pod_ref(), key = %rec.key, service = %rec.service, service_account = %rec.service_account, ports = rec.ports.len(), version, "pod added");
+        if rec.service.is_empty() {
+            let memberships: BTreeSet<String> = self
+                .endpoints_of(rec, Health::Healthy)
+                .into_iter()
+                .map(|e| format!("{}:{}", e.service, e.service_port))
+                .collect();
+            return Ok(PodOutcome::Done(format!(
+                "pod {} meshed with service account {} ({} port(s)); member of [{}]; xDS version {version}",
+                rec.pod_ref(),
+                rec.service_account,
+                rec.ports.len(),
+                memberships.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
         Ok(PodOutcome::Done(format!(
             "pod {} meshed as {}.{} ({} port(s)); xDS version {version}",
             rec.pod_ref(),
@@ -208,6 +263,9 @@ impl Agent {
                     // Invisible first: from here no background loop sees the pod.
                     existed |= self.pods.remove(key).is_some();
                     lock(&self.liveness).remove(key);
+                    if let Some(kube) = &self.kube {
+                        kube.forget(key);
+                    }
                     lock(&self.netns_missing).remove(key);
                     let store = Arc::clone(&self.store);
                     let k = key.clone();
@@ -275,7 +333,7 @@ impl Agent {
 }
 
 /// The pod key encoded in a registry key (`…/<container_id>/<ifname>/<port>`).
-fn key_owner(key: &str) -> Option<PodKey> {
+pub(super) fn key_owner(key: &str) -> Option<PodKey> {
     let mut parts = key.rsplit('/');
     let _port = parts.next()?;
     let ifname = parts.next()?;

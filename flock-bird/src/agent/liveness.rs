@@ -30,6 +30,17 @@ impl Agent {
         }
     }
 
+    /// The health a pod's endpoints are registered with: unhealthy once its probes say
+    /// so, else serving.
+    pub(super) fn registered_health(&self, key: &PodKey) -> Health {
+        match lock(&self.liveness).get(key).map(Liveness::health) {
+            Some(Health::Unhealthy) => Health::Unhealthy,
+            // Not decided yet (a new pod) registers as serving: it is not kept out
+            // of the mesh until its first probes pass.
+            _ => Health::Healthy,
+        }
+    }
+
     /// Re-registers a pod's endpoints with its current health, guarded (R4): after
     /// the put, the pod must still be live, else the registration is undone — only
     /// if it is still the one we wrote.
@@ -37,12 +48,7 @@ impl Agent {
         let Some(rec) = self.pods.get(key) else {
             return;
         };
-        let health = match lock(&self.liveness).get(key).map(Liveness::health) {
-            Some(Health::Unhealthy) => Health::Unhealthy,
-            // Not decided yet (a new pod) registers as serving: it is not kept out
-            // of the mesh until its first probes pass.
-            _ => Health::Healthy,
-        };
+        let health = self.registered_health(key);
         for ep in self.endpoints_of(&rec, health) {
             let ep_key = ep.key();
             let rev = match self.registry.put(&ep).await {

@@ -24,7 +24,17 @@
 //! * `liveness`: the probe round and the guarded re-registration;
 //! * [`mesh`]: the registry view and the live pods as a translation model;
 //! * `publish`: the one publish point, translating through each node group's
-//!   `flock_xds::translate::Memo`; `gc`: the orphan-GC executor.
+//!   `flock_xds::translate::Memo`; `gc`: the orphan-GC executor;
+//! * `members`: kube mode's registrations (one endpoint per Service port the pod is a
+//!   member of) and the resync that keeps them current as labels and Services change.
+//!
+//! # Kube mode
+//! With [`Agent::with_kube`] (`--kube`) every fact about a pod comes from the
+//! Kubernetes API ([`crate::kube`]): its record holds the service account and ports
+//! the API gives and no service; what it registers is recomputed from the reflectors
+//! ([`Agent::kube_resync`], run by [`Agent::run_kube_resync`] on every change), under
+//! the pod's lock and with the same guards as the liveness re-registration (R4) and
+//! conditional deletes.
 
 mod config;
 mod error;
@@ -32,6 +42,7 @@ mod gc;
 mod lifecycle;
 mod liveness;
 mod locks;
+mod members;
 pub mod mesh;
 mod metrics;
 mod publish;
@@ -39,6 +50,7 @@ mod request;
 
 pub use config::AgentConfig;
 pub use error::{PodError, PodOutcome};
+pub use members::member_endpoints;
 pub use metrics::AgentMetrics;
 pub use request::{AddPodInput, parse_ports};
 
@@ -85,6 +97,8 @@ pub struct Agent {
     registry: Arc<dyn Registry>,
     cache: Arc<Cache<Any>>,
     identity: Option<Arc<dyn IdentityProvider>>,
+    /// Kube mode's pod source (`--kube`), if on.
+    kube: Option<Arc<crate::kube::KubePods>>,
     /// Registry keys this agent wrote → the revision of its last write.
     own: Mutex<BTreeMap<String, u64>>,
     liveness: Mutex<BTreeMap<PodKey, Liveness>>,
@@ -120,6 +134,7 @@ impl Agent {
             registry,
             cache,
             identity: None,
+            kube: None,
             own: Mutex::new(BTreeMap::new()),
             liveness: Mutex::new(BTreeMap::new()),
             locks: locks::PodLocks::new(),
@@ -139,6 +154,18 @@ impl Agent {
     pub fn with_identity(mut self, provider: Arc<dyn IdentityProvider>) -> Self {
         self.identity = Some(provider);
         self
+    }
+
+    /// Kube mode: pods' facts from the Kubernetes API through `kube` (see the module
+    /// docs); without it, from their annotations.
+    pub fn with_kube(mut self, kube: Arc<crate::kube::KubePods>) -> Self {
+        self.kube = Some(kube);
+        self
+    }
+
+    /// Kube mode's pod source, when on.
+    pub fn kube(&self) -> Option<&Arc<crate::kube::KubePods>> {
+        self.kube.as_ref()
     }
 
     /// The identity provider, if any.
@@ -170,11 +197,15 @@ impl Agent {
         self.pods.snapshot()
     }
 
-    /// Why the agent is not ready, or `None` when it is: the store is loaded, the
-    /// registry is synced and the first snapshot is published.
+    /// Why the agent is not ready, or `None` when it is: the store is loaded, in kube
+    /// mode the Kubernetes reflectors have listed everything, the registry is synced
+    /// and the first snapshot is published.
     pub fn not_ready(&self) -> Option<String> {
         if !self.store_loaded.load(Ordering::Acquire) {
             return Some("pod store not loaded yet".into());
+        }
+        if let Some(why) = self.kube.as_ref().and_then(|k| k.not_ready()) {
+            return Some(why);
         }
         let view = self.registry.view().borrow().clone();
         if !view.synced {

@@ -1,0 +1,223 @@
+//! Kube mode's registrations: one registry endpoint per Service port a pod is a member
+//! of, kept current by a resync as labels and Services change.
+//!
+//! Memberships are live (a Service created after the pod's ADD selects it; a label
+//! change moves it out of one), so they are not stored in the pod record. The resync
+//! compares, for each live pod, the endpoints it should register now
+//! ([`member_endpoints`] of [`crate::kube::KubePods::members`]) with what the registry
+//! holds for it, and writes the difference:
+//!
+//! * under the pod's lock, so it never interleaves with the pod's AddPod or RemovePod;
+//! * a put is re-checked against the live table afterwards and undone by a
+//!   conditional delete if the pod went away meanwhile (R4, as the liveness
+//!   re-registration does);
+//! * a registration the pod no longer has is deleted only at the revision this agent
+//!   wrote or last saw ([`crate::registry::Registry::delete_if_revision`]), never a
+//!   newer write of the same key.
+//!
+//! The orphan GC is unaffected: it judges a registry entry by its pod key, and every
+//! membership of a live pod carries that pod's key, so none is an orphan while the pod
+//! lives; a membership that stopped applying is the resync's to delete, not the GC's.
+
+use super::{Agent, AgentConfig};
+use crate::kube::Members;
+use crate::model::{Endpoint, Health, PodRecord};
+use flock_core::debounce::{Debounce, DebouncePoll};
+use flock_core::pod::PodKey;
+use flock_core::sync::lock;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::sync::watch;
+
+/// The registry endpoints of a kube-mode pod (pure): one per member Service port, on
+/// this node, at the pod's listener for the targeted app port. A terminating pod's
+/// serving endpoints register as draining (no new requests, as Kubernetes marks a
+/// terminating endpoint).
+pub fn member_endpoints(
+    rec: &PodRecord,
+    members: &Members,
+    node: &AgentConfig,
+    health: Health,
+    identity: Option<&str>,
+) -> Vec<Endpoint> {
+    let Some(address) = rec.ip() else {
+        return Vec::new();
+    };
+    let health = if members.terminating && health == Health::Healthy {
+        Health::Draining
+    } else {
+        health
+    };
+    members
+        .ports
+        .iter()
+        .map(|m| Endpoint {
+            service: m.service.clone(),
+            namespace: rec.namespace.clone(),
+            service_port: m.service_port,
+            protocol: m.protocol,
+            address,
+            port: m.listen_port,
+            node: node.node_name.clone(),
+            pod: rec.pod_ref(),
+            pod_key: rec.key.clone(),
+            region: node.region.clone(),
+            zone: node.zone.clone(),
+            health,
+            identity: identity.map(str::to_string),
+        })
+        .collect()
+}
+
+impl Agent {
+    /// One resync of kube mode's registrations (see the module docs); publishes when
+    /// anything changed. Returns the number of registry writes. Does nothing until
+    /// the reflectors are synced: an unsynced snapshot lacks pods and Services, and
+    /// would read as "every membership is gone".
+    pub async fn kube_resync(self: &Arc<Self>) -> usize {
+        let Some(kube) = &self.kube else {
+            return 0;
+        };
+        if !kube.snapshot().synced {
+            return 0;
+        }
+        let keys: Vec<PodKey> = self
+            .pods
+            .snapshot()
+            .into_iter()
+            .filter(|(_, rec)| rec.service.is_empty())
+            .map(|(key, _)| key)
+            .collect();
+        let mut writes = 0;
+        for key in keys {
+            writes += self.locks.run(&key, self.resync_pod(&key)).await;
+        }
+        if writes > 0 {
+            let version = self.publish();
+            tracing::info!(
+                writes,
+                version,
+                "Service memberships changed; registry updated and published"
+            );
+        }
+        writes
+    }
+
+    /// Brings one pod's registrations to its current memberships (the caller holds the
+    /// pod's lock).
+    async fn resync_pod(&self, key: &PodKey) -> usize {
+        let Some(rec) = self.pods.get(key) else {
+            return 0;
+        };
+        let desired: BTreeMap<String, Endpoint> = self
+            .endpoints_of(&rec, self.registered_health(key))
+            .into_iter()
+            .map(|e| (e.key(), e))
+            .collect();
+        let view = self.registry.view().borrow().clone();
+        // What the pod holds now, at the revision to delete it at: this agent's own
+        // write where it has one (the view may lag behind it), else the view's.
+        let mut stale: BTreeMap<String, u64> = view
+            .endpoints
+            .iter()
+            .filter(|(_, e)| e.node == self.cfg.node_name && &e.pod_key == key)
+            .filter_map(|(k, _)| Some((k.clone(), *view.revisions.get(k)?)))
+            .collect();
+        stale.extend(
+            lock(&self.own)
+                .iter()
+                .filter(|(k, _)| super::lifecycle::key_owner(k).as_ref() == Some(key))
+                .map(|(k, rev)| (k.clone(), *rev)),
+        );
+        let mut writes = 0;
+        for (ep_key, ep) in &desired {
+            stale.remove(ep_key);
+            if view.endpoints.get(ep_key) == Some(ep) {
+                continue;
+            }
+            let rev = match self.registry.put(ep).await {
+                Ok(rev) => rev,
+                Err(e) => {
+                    self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(pod = %rec.pod_ref(), endpoint = %ep_key, "membership registration failed (the next resync retries): {e}");
+                    continue;
+                }
+            };
+            writes += 1;
+            // The R4 re-check, as in `reregister`: the pod's lock is held, but a
+            // RemovePod of this key that ran before we took it left no record, and
+            // we only got here if the record is live; checking again keeps the rule
+            // local and true whoever calls this.
+            if self.pods.contains(key) {
+                lock(&self.own).insert(ep_key.clone(), rev);
+            } else {
+                self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.registry.delete_if_revision(ep_key, rev).await {
+                    tracing::warn!(endpoint = %ep_key, "undo of a late registration failed (GC removes it): {e}");
+                }
+            }
+        }
+        for (ep_key, rev) in stale {
+            match self.registry.delete_if_revision(&ep_key, rev).await {
+                Ok(deleted) => {
+                    // Gone, or rewritten at another revision by someone else: either
+                    // way no longer a write of ours to track.
+                    lock(&self.own).remove(&ep_key);
+                    if deleted {
+                        writes += 1;
+                        tracing::info!(pod = %rec.pod_ref(), endpoint = %ep_key, "membership ended; endpoint unregistered");
+                    }
+                }
+                Err(e) => {
+                    self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(pod = %rec.pod_ref(), endpoint = %ep_key, "unregistering an ended membership failed (the next resync retries): {e}");
+                }
+            }
+        }
+        writes
+    }
+
+    /// Runs [`kube_resync`](Self::kube_resync) after every change of the Kubernetes
+    /// reflectors, debounced like the registry refresher (a burst of events becomes
+    /// one resync `refresh_debounce` after its last, at most `10 ×` that after its
+    /// first), and every `gc_interval` (retrying writes that failed). Returns when
+    /// `stop` turns true; at once without kube mode.
+    pub async fn run_kube_resync(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let Some(kube) = self.kube.clone() else {
+            return;
+        };
+        let mut view = kube.watch().view();
+        let quiet_ms = u64::try_from(self.cfg.refresh_debounce.as_millis()).unwrap_or(u64::MAX);
+        let mut debounce = Debounce::new(quiet_ms).with_cap(quiet_ms.saturating_mul(10));
+        let mut retry = tokio::time::interval(self.cfg.gc_interval);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let deadline = debounce.deadline();
+            let changed = tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                changed = view.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    view.borrow_and_update();
+                    true
+                }
+                _ = retry.tick() => true,
+                () = async {
+                    match deadline {
+                        Some(at) => tokio::time::sleep_until(flock_clock::mono_instant(at)).await,
+                        None => std::future::pending().await,
+                    }
+                } => false,
+            };
+            let now = flock_clock::mono_now();
+            if changed {
+                debounce.trigger(now);
+            }
+            if debounce.poll(now) == DebouncePoll::Fire {
+                self.kube_resync().await;
+            }
+        }
+    }
+}
