@@ -11,6 +11,7 @@ pub mod cni_server;
 pub mod identity;
 pub mod kube;
 pub mod model;
+pub mod node_ready;
 pub mod probe;
 pub mod registry;
 pub mod runtime;

@@ -7,6 +7,7 @@ use crate::cni_server::CniServer;
 use crate::identity::IdentityProvider as _;
 use crate::identity::{BuiltinCa, SpireBridge};
 use crate::kube::KubePods;
+use crate::node_ready::{EnvoyAcks, NodeReadiness};
 use crate::registry::{self, RegistryOptions};
 use crate::store::PodStore;
 use crate::xds_auth::AgentAuthorizer;
@@ -70,6 +71,11 @@ pub struct KubeOptions {
     /// How long a CNI ADD waits for its pod to show up in the reflector before the
     /// agent asks the API directly.
     pub pod_wait: Duration,
+    /// Remove the startup taint from this node's Node once ready
+    /// ([`crate::node_ready`]).
+    pub remove_startup_taint: bool,
+    /// The CNI installer's ready file: the startup taint stays until it exists.
+    pub cni_ready_file: Option<PathBuf>,
 }
 
 /// Starts kube mode's reflectors (`None` without kube mode): this node's pods, the
@@ -220,25 +226,38 @@ pub async fn run(
     let kube_watch = start_kube_watch(&opts).await?;
     let spec =
         registry::parse_spec(&opts.registry).map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
-    let reg = registry::connect(
-        &spec,
-        RegistryOptions {
-            node: opts.agent.node_name.clone(),
-            lease_ttl_secs: opts.registry_ttl_secs,
-            tls: opts.registry_tls.clone(),
-            auth: opts.registry_auth.clone(),
-            // Remote endpoints' SPIFFE IDs must be in our trust domain: --trust-domain,
-            // for the built-in CA and for SPIRE alike (SPIRE must be configured with the
-            // same domain). Without an identity source nothing is checked against one.
-            trust_domain: match &opts.identity {
-                IdentitySource::None => None,
-                _ => Some(opts.xds_access.trust_domain.clone()),
+    let reg: Arc<dyn registry::Registry> = if spec == registry::RegistrySpec::Kubernetes {
+        let Some(watch) = &kube_watch else {
+            anyhow::bail!(
+                "--registry kubernetes reads EndpointSlices from the Kubernetes API: it needs --kube"
+            );
+        };
+        // SPIFFE IDs of meshed Services in the agent's trust domain (--trust-domain).
+        Arc::new(registry::kube::KubeRegistry::start(
+            watch,
+            opts.xds_access.trust_domain.clone(),
+        ))
+    } else {
+        registry::connect(
+            &spec,
+            RegistryOptions {
+                node: opts.agent.node_name.clone(),
+                lease_ttl_secs: opts.registry_ttl_secs,
+                tls: opts.registry_tls.clone(),
+                auth: opts.registry_auth.clone(),
+                // Remote endpoints' SPIFFE IDs must be in our trust domain: --trust-domain,
+                // for the built-in CA and for SPIRE alike (SPIRE must be configured with the
+                // same domain). Without an identity source nothing is checked against one.
+                trust_domain: match &opts.identity {
+                    IdentitySource::None => None,
+                    _ => Some(opts.xds_access.trust_domain.clone()),
+                },
+                ..RegistryOptions::default()
             },
-            ..RegistryOptions::default()
-        },
-    )
-    .await
-    .with_context(|| format!("connecting to the registry {}", opts.registry))?;
+        )
+        .await
+        .with_context(|| format!("connecting to the registry {}", opts.registry))?
+    };
     let cache = Arc::new(Cache::new(group_of));
     let mut agent = Agent::new(
         opts.agent.clone(),
@@ -272,7 +291,22 @@ pub async fn run(
         )));
     }
     let agent = Arc::new(agent);
+    // The startup taint goes once the node is ready, which includes an Envoy's first
+    // ACK: the xDS server reports ACKs to this hook.
+    let envoy_acks = Arc::new(EnvoyAcks::default());
+    let startup_taint = match (&kube_watch, &opts.kube) {
+        (Some(watch), Some(kube)) if kube.remove_startup_taint => Some((
+            Arc::new(NodeReadiness::new(
+                Arc::clone(&agent),
+                kube.cni_ready_file.clone(),
+                Arc::clone(&envoy_acks),
+            )),
+            watch.client().clone(),
+        )),
+        _ => None,
+    };
     let xds = Server::builder(Arc::clone(&cache))
+        .callbacks_arc(envoy_acks)
         .identifier(format!("flock-agent/{}", opts.agent.node_name))
         .authorizer(AgentAuthorizer::new(opts.xds_access.clone()))
         .connection_limits(ConnectionLimits {
@@ -322,6 +356,7 @@ pub async fn run(
         xds.clone(),
         admin::ServeOptions {
             max_connections: opts.admin_max_connections.max(1),
+            startup_taint: startup_taint.as_ref().map(|(r, _)| Arc::clone(r)),
             ..admin::ServeOptions::default()
         },
         stopped(stop_rx.clone()),
@@ -370,6 +405,9 @@ pub async fn run(
         }
     });
 
+    if let Some((readiness, client)) = startup_taint {
+        tasks.spawn(readiness.run(client, opts.agent.node_name.clone(), stop_rx.clone()));
+    }
     tasks.spawn(refresher(Arc::clone(&agent), stop_rx.clone()));
     if let Some(ca) = rotation {
         let mut stop = stop_rx.clone();

@@ -215,6 +215,19 @@ struct Args {
     /// before asking the API directly (`500ms`, `2s`, or seconds).
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Kubernetes")]
     kube_pod_wait: Duration,
+    /// Kube mode: remove the startup taint flock.io/agent-not-ready:NoSchedule from
+    /// this node's Node once the node is ready (store loaded, CNI socket bound,
+    /// --cni-ready-file present if given, the first snapshot ACKed by an Envoy). Other
+    /// taints are kept. Register nodes with kubelet
+    /// `--register-with-taints=flock.io/agent-not-ready=:NoSchedule` so that no pod is
+    /// scheduled before. On by default in kube mode; `--remove-startup-taint=false`
+    /// turns it off.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_value_t = true, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = "Kubernetes")]
+    remove_startup_taint: bool,
+    /// Kube mode: the CNI installer's ready file (flock-install-cni --ready-file); the
+    /// startup taint stays until it exists.
+    #[arg(long, value_name = "PATH", help_heading = "Kubernetes")]
+    cni_ready_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -243,6 +256,8 @@ fn kube_options(args: &Args, in_cluster: bool) -> Option<KubeOptions> {
     on.then(|| KubeOptions {
         kubeconfig: args.kubeconfig.clone(),
         pod_wait: args.kube_pod_wait,
+        remove_startup_taint: args.remove_startup_taint,
+        cni_ready_file: args.cni_ready_file.clone(),
     })
 }
 

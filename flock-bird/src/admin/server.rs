@@ -48,6 +48,9 @@ pub struct ServeOptions {
     pub header_timeout: Duration,
     /// Time a connection may live, request and response together.
     pub connection_timeout: Duration,
+    /// The startup-taint removal (`--remove-startup-taint`), whose state `/readyz`
+    /// adds as a second line until the taint is gone.
+    pub startup_taint: Option<Arc<crate::node_ready::NodeReadiness>>,
 }
 
 /// The default of [`ServeOptions::max_connections`]: far more than the probes, a
@@ -60,6 +63,7 @@ impl Default for ServeOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(10),
+            startup_taint: None,
         }
     }
 }
@@ -68,6 +72,12 @@ impl Default for ServeOptions {
 pub trait Views: Send + Sync + 'static {
     /// `/debug/status` and `/readyz`.
     fn status(&self) -> Status;
+    /// A second `/readyz` line: why the node's startup taint is still there, if it is
+    /// (`--remove-startup-taint`). Not part of readiness: the agent serves before its
+    /// node is untainted (Envoy must connect to it for the taint to go).
+    fn startup_taint(&self) -> Option<String> {
+        None
+    }
     /// `/debug/pods`.
     fn pods(&self) -> Pods;
     /// `/debug/snapshot`.
@@ -114,8 +124,9 @@ pub async fn serve_agent(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) {
-    let views = Arc::new(AgentViews::new(agent, &xds));
-    serve_with(listener, views, opts, shutdown).await;
+    let mut views = AgentViews::new(agent, &xds);
+    views.startup_taint = opts.startup_taint.clone();
+    serve_with(listener, Arc::new(views), opts, shutdown).await;
 }
 
 /// Serves `views` on connections from `acceptor` until `shutdown` resolves.
@@ -208,7 +219,12 @@ fn respond<V: Views + ?Sized>(views: &V, req: &Request<Incoming>) -> Response<Fu
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
-            text(status, s.readiness_line())
+            let mut body = s.readiness_line();
+            if let Some(taint) = views.startup_taint() {
+                body.push_str(&taint);
+                body.push('\n');
+            }
+            text(status, body)
         }
         Route::Metrics => body(
             StatusCode::OK,
@@ -248,6 +264,7 @@ fn json<T: serde::Serialize>(doc: &T) -> Response<Full<Bytes>> {
 pub struct AgentViews {
     agent: Arc<Agent>,
     registry: Registry,
+    startup_taint: Option<Arc<crate::node_ready::NodeReadiness>>,
 }
 
 impl std::fmt::Debug for AgentViews {
@@ -268,7 +285,11 @@ impl AgentViews {
         if let Some(r) = agent.registry().rejections() {
             registry.register_collector(Box::new(crate::registry::RejectionsCollector(r)));
         }
-        Self { agent, registry }
+        Self {
+            agent,
+            registry,
+            startup_taint: None,
+        }
     }
 }
 
@@ -374,6 +395,10 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
 }
 
 impl Views for AgentViews {
+    fn startup_taint(&self) -> Option<String> {
+        self.startup_taint.as_ref().and_then(|t| t.describe())
+    }
+
     fn status(&self) -> Status {
         let agent = &self.agent;
         let not_ready = agent.not_ready();

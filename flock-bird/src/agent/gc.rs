@@ -19,9 +19,13 @@ impl Agent {
     pub async fn gc_sweep(self: &Arc<Self>, valid: Option<Vec<PodKey>>) -> usize {
         // Owned resources first, the store last (see flock_core::gc).
         let view = self.registry.view().borrow().clone();
+        // A read-only registry's entries (EndpointSlices) are not the agent's to
+        // remove, even those of pods on this node.
+        let read_only = self.registry.read_only();
         let endpoints: Vec<Owned> = view
             .endpoints
             .iter()
+            .filter(|_| !read_only)
             .filter(|(_, e)| e.node == self.cfg.node_name)
             .map(|(k, e)| Owned::new(k.clone(), e.pod_key.clone()))
             .collect();

@@ -107,6 +107,11 @@ impl Agent {
     /// Brings one pod's registrations to its current memberships (the caller holds the
     /// pod's lock).
     async fn resync_pod(&self, key: &PodKey) -> usize {
+        // A read-only registry (`kubernetes`) is written by the EndpointSlice
+        // controller: nothing to register, and its view holds no key of ours.
+        if self.registry.read_only() {
+            return 0;
+        }
         let Some(rec) = self.pods.get(key) else {
             return 0;
         };

@@ -184,7 +184,23 @@ impl Agent {
         if let Some(r) = self.registry.rejections() {
             r.set_excluded(&self.registry.describe(), excluded);
         }
-        for svc in service_models(serving) {
+        // Kube mode, whatever the registry: a Service's ClusterIPs are host names of
+        // its ports too. A VIP already given to another Service (the API never assigns
+        // one twice; a stale snapshot might) is left out: the shared route
+        // configuration must not hold one domain twice.
+        let kube = self.kube.as_ref().map(|k| k.snapshot());
+        let mut vips_taken: BTreeSet<std::net::IpAddr> = BTreeSet::new();
+        for mut svc in service_models(serving) {
+            if let Some(snapshot) = &kube {
+                for vip in crate::registry::kube::service_vips(snapshot, &svc.namespace, &svc.name)
+                {
+                    if vips_taken.insert(vip) {
+                        svc.vips.push(vip);
+                    } else {
+                        tracing::warn!(service = %svc.name, namespace = %svc.namespace, %vip, "cluster IP also another Service's; not a host name of this one");
+                    }
+                }
+            }
             let one = Mesh {
                 services: vec![svc],
                 ..Mesh::default()

@@ -9,6 +9,7 @@
 //! | `file:PATH` | [`local::LocalRegistry`] persisting to `PATH` | this node, survives restarts |
 //! | `etcd://H:P[,H:P]` | [`etcd::EtcdRegistry`] over plaintext | the whole mesh |
 //! | `etcds://H:P[,H:P]` | [`etcd::EtcdRegistry`] over TLS ([`RegistryOptions::tls`]) | the whole mesh |
+//! | `kubernetes` | [`kube::KubeRegistry`]: EndpointSlices, read only (needs `--kube`) | the cluster |
 //!
 //! The scheme says whether the connection is TLS, and the options must agree: TLS
 //! options with `etcd://`, or `etcds://` without a CA, is an error at start, never a
@@ -41,6 +42,7 @@
 //! service keeps serving.
 
 pub mod etcd;
+pub mod kube;
 pub mod local;
 mod persist;
 
@@ -140,6 +142,13 @@ pub trait Registry: Send + Sync + 'static {
     /// written by others (etcd). `None` for backends that hold only this agent's own.
     fn rejections(&self) -> Option<Arc<Rejections>> {
         None
+    }
+    /// True for a backend someone else writes (`kubernetes`: the EndpointSlice
+    /// controller): its `put`/`delete` write nothing, so the agent keeps no
+    /// bookkeeping of its own keys and its orphan GC does not judge the view's
+    /// entries, which are not the agent's to remove.
+    fn read_only(&self) -> bool {
+        false
     }
 }
 
@@ -276,6 +285,9 @@ pub enum RegistrySpec {
     Etcd(Vec<String>),
     /// `etcds://HOST:PORT[,HOST:PORT]`: the same over TLS.
     EtcdTls(Vec<String>),
+    /// `kubernetes`: EndpointSlices through the `--kube` reflectors
+    /// ([`kube::KubeRegistry`]; built by the runtime, which holds the watch).
+    Kubernetes,
 }
 
 impl std::fmt::Display for RegistrySpec {
@@ -285,19 +297,23 @@ impl std::fmt::Display for RegistrySpec {
             RegistrySpec::File(p) => write!(f, "file:{}", p.display()),
             RegistrySpec::Etcd(eps) => write!(f, "etcd://{}", eps.join(",")),
             RegistrySpec::EtcdTls(eps) => write!(f, "etcds://{}", eps.join(",")),
+            RegistrySpec::Kubernetes => f.write_str(kube::DESCRIBE),
         }
     }
 }
 
-/// Parses `memory`, `file:PATH`, `etcd://HOST:PORT[,HOST:PORT]` or
-/// `etcds://HOST:PORT[,HOST:PORT]` (TLS).
+/// Parses `memory`, `file:PATH`, `etcd://HOST:PORT[,HOST:PORT]`,
+/// `etcds://HOST:PORT[,HOST:PORT]` (TLS) or `kubernetes`.
 ///
 /// Errors say what was expected; IPv6 hosts go in brackets (`etcd://[::1]:2379`).
 pub fn parse_spec(spec: &str) -> Result<RegistrySpec, String> {
-    const EXPECTED: &str = "expected \"memory\", \"file:PATH\", \"etcd://HOST:PORT[,HOST:PORT]\" or \"etcds://HOST:PORT[,HOST:PORT]\" (TLS)";
+    const EXPECTED: &str = "expected \"memory\", \"file:PATH\", \"etcd://HOST:PORT[,HOST:PORT]\", \"etcds://HOST:PORT[,HOST:PORT]\" (TLS) or \"kubernetes\"";
     let spec = spec.trim();
     if spec == "memory" {
         return Ok(RegistrySpec::Memory);
+    }
+    if spec == kube::DESCRIBE {
+        return Ok(RegistrySpec::Kubernetes);
     }
     if let Some(path) = spec.strip_prefix("file:") {
         if path.is_empty() {
@@ -665,6 +681,14 @@ pub async fn connect(
         });
     }
     Ok(match spec {
+        RegistrySpec::Kubernetes => {
+            return Err(RegistryError::Invalid {
+                backend: spec.to_string(),
+                reason: "--registry kubernetes reads EndpointSlices through the Kubernetes \
+                         API watch: it needs --kube"
+                    .to_string(),
+            });
+        }
         RegistrySpec::Memory => Arc::new(local::LocalRegistry::memory()),
         RegistrySpec::File(path) => Arc::new(local::LocalRegistry::open_file(path, &opts).await?),
         RegistrySpec::Etcd(endpoints) => {

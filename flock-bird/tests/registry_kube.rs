@@ -1,0 +1,425 @@
+//! `--registry kubernetes` (`registry::kube::KubeRegistry`) against the API-server
+//! double.
+//!
+//! Every test here runs against flock-kube's `double` (feature `testing`): an HTTP
+//! API-server double on 127.0.0.1, because no Kubernetes API server runs on these
+//! machines. kube's real client and reflectors talk to it over TCP; the registry reads
+//! their snapshot. Tests await conditions on the registry's view with a deadline.
+
+use flock_bird::model::{Endpoint, Health};
+use flock_bird::registry::kube::KubeRegistry;
+use flock_bird::registry::{Registry, View};
+use flock_core::registry::Reject;
+use flock_kube::double::ApiServer;
+use flock_kube::watch::{KubeWatch, WatchOptions};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+const TD: &str = "cluster.local";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn namespace(name: &str, meshed: bool) -> Namespace {
+    let labels = if meshed {
+        json!({ "flock.io/mesh": "enabled" })
+    } else {
+        json!({})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": { "name": name, "labels": labels },
+    }))
+    .unwrap()
+}
+
+fn node(name: &str, region: &str, zone: &str) -> Node {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name, "labels": {
+            "topology.kubernetes.io/region": region, "topology.kubernetes.io/zone": zone } },
+    }))
+    .unwrap()
+}
+
+fn service(ns: &str, name: &str, annotations: Value) -> Service {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "namespace": ns, "name": name, "annotations": annotations },
+        "spec": { "selector": { "app": name }, "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                  "ports": [{ "name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP" }] },
+    }))
+    .unwrap()
+}
+
+fn slice(ns: &str, name: &str, service: &str, endpoints: Value) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": { "namespace": ns, "name": name,
+            "labels": { "kubernetes.io/service-name": service } },
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+    }))
+    .unwrap()
+}
+
+fn ready(ip: &str, node: &str) -> Value {
+    json!({ "addresses": [ip], "conditions": { "ready": true }, "nodeName": node })
+}
+
+/// A double with nodes `node-a` (region r1, zone z-a) and `node-b` (r1, z-b), a meshed
+/// namespace `shop` and a plain one `legacy`; the reflectors and the registry on it.
+async fn cluster() -> (ApiServer, KubeWatch, KubeRegistry) {
+    let api = ApiServer::start().await;
+    api.apply(&namespace("shop", true));
+    api.apply(&namespace("legacy", false));
+    api.apply(&node("node-a", "r1", "z-a"));
+    api.apply(&node("node-b", "r1", "z-b"));
+    let watch = KubeWatch::start(
+        api.client(),
+        WatchOptions {
+            node_name: "node-a".into(),
+            endpoint_slices: true,
+        },
+    );
+    let registry = KubeRegistry::start(&watch, TD.to_string());
+    (api, watch, registry)
+}
+
+/// Waits until the registry's view satisfies `cond`; returns it.
+async fn until(registry: &KubeRegistry, what: &str, cond: impl Fn(&View) -> bool) -> Arc<View> {
+    let mut rx = registry.view();
+    let found = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let view = rx.borrow_and_update().clone();
+            if cond(&view) {
+                return view;
+            }
+            rx.changed().await.expect("registry view closed");
+        }
+    })
+    .await;
+    match found {
+        Ok(v) => v,
+        Err(_) => panic!(
+            "timed out waiting for {what}; view: {:#?}",
+            registry.view().borrow().endpoints
+        ),
+    }
+}
+
+fn of<'a>(view: &'a View, ns: &str, svc: &str) -> Vec<&'a Endpoint> {
+    let mut eps: Vec<&Endpoint> = view
+        .endpoints
+        .values()
+        .filter(|e| e.namespace == ns && e.service == svc)
+        .collect();
+    eps.sort_by_key(|e| e.address);
+    eps
+}
+
+fn addresses(view: &View, ns: &str, svc: &str) -> Vec<String> {
+    of(view, ns, svc)
+        .iter()
+        .map(|e| e.address.to_string())
+        .collect()
+}
+
+/// A Service whose endpoints are split across two EndpointSlices is one service with
+/// every endpoint of both; conditions give health (ready → healthy, unset → unknown,
+/// serving+terminating → draining, not ready → unhealthy); the endpoint's zone wins
+/// over its Node's, the region is the Node's; the port is the slice's (the app's).
+#[tokio::test]
+async fn slices_of_one_service_merge_with_health_and_locality() {
+    let (api, _watch, registry) = cluster().await;
+    api.apply(&service("shop", "cart", json!({})));
+    api.apply(&slice(
+        "shop",
+        "cart-1",
+        "cart",
+        json!([ready("10.1.0.1", "node-a"),
+               { "addresses": ["10.1.0.2"], "nodeName": "node-b", "zone": "z-x" }]),
+    ));
+    api.apply(&slice(
+        "shop",
+        "cart-2",
+        "cart",
+        json!([{ "addresses": ["10.1.0.3"], "nodeName": "node-b",
+                 "conditions": { "ready": false, "serving": true, "terminating": true } },
+               { "addresses": ["10.1.0.4"], "nodeName": "node-a",
+                 "conditions": { "ready": false } }]),
+    ));
+    let view = until(&registry, "four cart endpoints", |v| {
+        v.synced && of(v, "shop", "cart").len() == 4
+    })
+    .await;
+    let eps = of(&view, "shop", "cart");
+    let got: Vec<(String, Health, &str, &str, u16, u16)> = eps
+        .iter()
+        .map(|e| {
+            (
+                e.address.to_string(),
+                e.health,
+                e.region.as_str(),
+                e.zone.as_str(),
+                e.service_port,
+                e.port,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("10.1.0.1".into(), Health::Healthy, "r1", "z-a", 80, 8080),
+            ("10.1.0.2".into(), Health::Unknown, "r1", "z-x", 80, 8080),
+            ("10.1.0.3".into(), Health::Draining, "r1", "z-b", 80, 8080),
+            ("10.1.0.4".into(), Health::Unhealthy, "r1", "z-a", 80, 8080),
+        ]
+    );
+    assert_eq!(registry.describe(), "kubernetes");
+    assert!(registry.read_only());
+
+    // Kubernetes is the registry: a put writes nothing, a delete removes nothing.
+    let mine = Endpoint {
+        address: "10.9.9.9".parse().unwrap(),
+        ..eps[0].clone()
+    };
+    registry.put(&mine).await.unwrap();
+    let key = eps[0].key();
+    assert!(!registry.delete(&key).await.unwrap());
+    let rev = view.revisions[&key];
+    assert!(!registry.delete_if_revision(&key, rev).await.unwrap());
+    let now = registry.view().borrow().clone();
+    assert!(now.endpoints.contains_key(&key));
+    assert!(!now.endpoints.values().any(|e| e.address == mine.address));
+
+    // One slice goes: only its endpoints leave.
+    api.delete::<EndpointSlice>(Some("shop"), "cart-2");
+    let view = until(&registry, "cart-2's endpoints gone", |v| {
+        of(v, "shop", "cart").len() == 2
+    })
+    .await;
+    assert_eq!(addresses(&view, "shop", "cart"), ["10.1.0.1", "10.1.0.2"]);
+}
+
+/// Callee identity: a Service in a meshed namespace accepts any account of the
+/// namespace (`spiffe://<td>/ns/<ns>/sa/*`), or the exact ID of the account its
+/// `flock.io/service-accounts` annotation names; a Service in a namespace that is
+/// not meshed is plaintext.
+#[tokio::test]
+async fn identities_follow_the_mesh_label_and_the_annotation() {
+    let (api, _watch, registry) = cluster().await;
+    api.apply(&service("shop", "cart", json!({})));
+    api.apply(&service(
+        "shop",
+        "pay",
+        json!({ "flock.io/service-accounts": "payments" }),
+    ));
+    api.apply(&service("legacy", "old", json!({})));
+    api.apply(&slice(
+        "shop",
+        "cart-1",
+        "cart",
+        json!([ready("10.1.0.1", "node-b")]),
+    ));
+    api.apply(&slice(
+        "shop",
+        "pay-1",
+        "pay",
+        json!([ready("10.1.0.2", "node-b")]),
+    ));
+    api.apply(&slice(
+        "legacy",
+        "old-1",
+        "old",
+        json!([ready("10.2.0.1", "node-b")]),
+    ));
+    let view = until(&registry, "three services", |v| v.endpoints.len() == 3).await;
+    let id = |ns: &str, svc: &str| of(&view, ns, svc)[0].identity.clone();
+    assert_eq!(
+        id("shop", "cart").as_deref(),
+        Some("spiffe://cluster.local/ns/shop/sa/*")
+    );
+    assert_eq!(
+        id("shop", "pay").as_deref(),
+        Some("spiffe://cluster.local/ns/shop/sa/payments")
+    );
+    assert_eq!(id("legacy", "old"), None);
+
+    // The namespace joins the mesh: its Service turns mTLS (never stays plaintext).
+    api.apply(&namespace("legacy", true));
+    until(&registry, "legacy meshed", |v| {
+        of(v, "legacy", "old")
+            .first()
+            .is_some_and(|e| e.identity.as_deref() == Some("spiffe://cluster.local/ns/legacy/sa/*"))
+    })
+    .await;
+}
+
+/// A bad endpoint (an address that is not an IP) is left out alone and counted as a
+/// rejection; the good endpoints of its slice stay. Fixing it clears the refusal.
+#[tokio::test]
+async fn a_bad_endpoint_is_dropped_alone_and_counted() {
+    let (api, _watch, registry) = cluster().await;
+    api.apply(&service("shop", "cart", json!({})));
+    api.apply(&slice(
+        "shop",
+        "cart-1",
+        "cart",
+        json!([
+            ready("10.1.0.1", "node-b"),
+            ready("not-an-ip", "node-b"),
+            ready("10.1.0.3", "node-b")
+        ]),
+    ));
+    let view = until(&registry, "the good endpoints", |v| {
+        of(v, "shop", "cart").len() == 2
+    })
+    .await;
+    assert_eq!(addresses(&view, "shop", "cart"), ["10.1.0.1", "10.1.0.3"]);
+    let rejections = registry.rejections().unwrap();
+    assert_eq!(rejections.count(Reject::Address), 1);
+    let refused = rejections.refused();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused.keys().next().unwrap().contains("cart-1"),
+        "{refused:?}"
+    );
+
+    api.apply(&slice(
+        "shop",
+        "cart-1",
+        "cart",
+        json!([
+            ready("10.1.0.1", "node-b"),
+            ready("10.1.0.2", "node-b"),
+            ready("10.1.0.3", "node-b")
+        ]),
+    ));
+    until(&registry, "the fixed endpoint", |v| {
+        of(v, "shop", "cart").len() == 3
+    })
+    .await;
+    assert!(rejections.refused().is_empty());
+    assert_eq!(rejections.count(Reject::Address), 1, "counted once");
+}
+
+/// While the API is unreachable the view keeps the last-known endpoints (still
+/// synced: stale, not empty); when it is back, the reflectors re-list and the view
+/// follows what changed meanwhile.
+#[tokio::test]
+async fn an_api_outage_keeps_the_last_known_endpoints_and_resyncs() {
+    let (api, watch, registry) = cluster().await;
+    api.apply(&service("shop", "cart", json!({})));
+    api.apply(&slice(
+        "shop",
+        "cart-1",
+        "cart",
+        json!([ready("10.1.0.1", "node-b")]),
+    ));
+    let before = until(&registry, "cart", |v| v.synced && v.endpoints.len() == 1).await;
+
+    api.set_unreachable(true);
+    let mut snapshots = watch.view();
+    tokio::time::timeout(DEADLINE, snapshots.wait_for(|s| s.last_error.is_some()))
+        .await
+        .expect("the watch notices the outage")
+        .unwrap();
+    let during = registry.view().borrow().clone();
+    assert_eq!(
+        during.endpoints, before.endpoints,
+        "last-known endpoints kept"
+    );
+    assert!(during.synced);
+
+    // Changed while the API was down (the reflectors did not see it).
+    api.apply(&slice(
+        "shop",
+        "cart-1",
+        "cart",
+        json!([ready("10.1.0.1", "node-b"), ready("10.1.0.2", "node-b")]),
+    ));
+    api.set_unreachable(false);
+    // A resync after an outage is a new generation (the agent's GC runs then).
+    let gen_before = before.generation;
+    until(
+        &registry,
+        "the change made during the outage, in a new generation",
+        |v| of(v, "shop", "cart").len() == 2 && v.generation > gen_before,
+    )
+    .await;
+}
+
+/// The agent on the kube registry (and its kube pod source): slice endpoints reach
+/// the translation, the Service's ClusterIP is a host name of its port in the outbound
+/// routes (`10.96.0.10:80` and bare `10.96.0.10`), and the orphan GC leaves the view
+/// alone even for an endpoint on the agent's own node (the EndpointSlice controller's,
+/// not the agent's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_serves_slices_with_cluster_ips_and_its_gc_leaves_them() {
+    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    use flock_bird::agent::{Agent, AgentConfig, ENVOY_GROUP, group_of};
+    use flock_bird::kube::KubePods;
+    use flock_xds::cache::Cache;
+    use flock_xds::types::ROUTE;
+    use prost::Message;
+
+    let (api, watch, registry) = cluster().await;
+    api.apply(&service("shop", "cart", json!({})));
+    api.apply(&slice(
+        "shop",
+        "cart-1",
+        "cart",
+        json!([ready("10.1.0.1", "node-a"), ready("10.1.0.2", "node-b")]),
+    ));
+    until(&registry, "cart", |v| v.synced && v.endpoints.len() == 2).await;
+    let registry: Arc<dyn Registry> = Arc::new(registry);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = AgentConfig::new("node-a");
+    cfg.gc_policy.confirm_sweeps = 1;
+    let store = Arc::new(flock_bird::store::PodStore::open(dir.path()).unwrap());
+    let cache = Arc::new(Cache::new(group_of));
+    let agent = Arc::new(
+        Agent::new(cfg, store, Arc::clone(&registry), Arc::clone(&cache)).with_kube(Arc::new(
+            KubePods::new(Arc::new(watch), "node-a", Duration::from_millis(500)),
+        )),
+    );
+    agent.load().await.unwrap();
+    agent.publish();
+    let snap = cache.snapshot(ENVOY_GROUP).unwrap();
+    let (_, routes) = snap
+        .state()
+        .iter_type(ROUTE)
+        .find(|(n, _)| n.to_string() == "outbound|http")
+        .expect("outbound routes");
+    let rc = RouteConfiguration::decode(routes.value().value.as_slice()).unwrap();
+    let vh = rc
+        .virtual_hosts
+        .iter()
+        .find(|v| v.name == "cart.shop:80")
+        .expect("cart's virtual host");
+    for d in ["10.96.0.10:80", "10.96.0.10", "cart.shop:80"] {
+        assert!(
+            vh.domains.iter().any(|x| x == d),
+            "{d} not in {:?}",
+            vh.domains
+        );
+    }
+
+    // Two sweeps (the policy confirms an orphan on the first): nothing removed, the
+    // node-a endpoint still in the view.
+    assert_eq!(agent.gc_sweep(None).await, 0);
+    assert_eq!(agent.gc_sweep(None).await, 0);
+    let view = registry.view().borrow().clone();
+    assert_eq!(view.endpoints.len(), 2);
+    assert!(view.endpoints.values().any(|e| e.node == "node-a"));
+    let report = agent.last_gc().unwrap();
+    let endpoints = report.kind(flock_core::gc::Kind::Endpoint).unwrap();
+    assert_eq!(
+        (endpoints.population, endpoints.orphans),
+        (0, 0),
+        "the view's endpoints are not judged as the agent's: {report:?}"
+    );
+}
