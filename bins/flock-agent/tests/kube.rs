@@ -1,0 +1,307 @@
+//! Kube mode end to end: the real agent binary with `--kube --kubeconfig`, real libcni
+//! (`cnitool` + Debian's `bridge` and `host-local` chained with the real `flock-cni`,
+//! pods in real network namespaces) and real Envoy under `flock-supervisor`.
+//!
+//! The Kubernetes API server is flock-kube's API-server DOUBLE (`flock_kube::double`,
+//! feature `testing`): no control plane can run where this suite runs. It serves the
+//! real HTTP API (list, watch, get) to the agent's kube client over TCP with the
+//! kubeconfig it writes, and can be made unreachable; everything else here is real.
+//!
+//! What is checked:
+//! * a pod with NO flock annotations, in a namespace labelled `flock.io/mesh: enabled`,
+//!   gets its identity from `spec.serviceAccountName` (its SVID's SPIFFE ID in the
+//!   agent's snapshot and in Envoy's config) and its ports from its containers (an
+//!   inbound listener for the container port);
+//! * an annotation claiming another service account changes nothing;
+//! * a Service created after the pod's ADD registers the pod (the agent's registry view)
+//!   without a restart, and a meshed client reaches it through both Envoy listeners;
+//! * with the API unreachable, a CNI ADD fails with the agent's clear message;
+//! * a pod whose namespace is not opted in is not meshed.
+//!
+//! Needs what `mtls.rs` needs (root, Envoy, libcni, sibling binaries).
+
+mod common;
+
+use common::*;
+use flock_kube::double::ApiServer;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const BODY: &str = "hello from a kube pod";
+const TRUST_DOMAIN: &str = "mesh.test";
+
+fn namespace(name: &str, labels: Value) -> Namespace {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels}
+    }))
+    .unwrap()
+}
+
+/// A pod on node `n1` (the agent's `--node-name`) with one container.
+fn pod(ns: &str, name: &str, uid: &str, account: &str, labels: Value, ports: Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "labels": labels},
+        "spec": {
+            "nodeName": "n1",
+            "serviceAccountName": account,
+            "containers": [{"name": "app", "image": "app", "ports": ports}]
+        }
+    }))
+    .unwrap()
+}
+
+fn curl(ns: &NetNs, args: &[&str]) -> (u16, String) {
+    let out = ns
+        .command("curl")
+        .args(["-sS", "-m", "5", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl is needed (apt-get install curl)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// The names of the secrets in the agent's Envoy snapshot (SPIFFE IDs of the SVIDs).
+fn secrets(agent: &Agent) -> Vec<String> {
+    let snap = agent.json("/debug/snapshot");
+    snap["groups"]["envoy"]["resources"]["sds"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The agent's registry entries (`/debug/registry`) as (service, service_port, port).
+fn registered(agent: &Agent) -> Vec<(String, u64, u64)> {
+    let view = agent.json("/debug/registry");
+    view["endpoints"]
+        .as_object()
+        .map(|eps| {
+            eps.values()
+                .map(|e| {
+                    (
+                        e["service"].as_str().unwrap_or_default().to_owned(),
+                        e["service_port"].as_u64().unwrap_or_default(),
+                        e["port"].as_u64().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn meshed_pods(agent: &Agent) -> Vec<String> {
+    agent.json("/debug/pods")["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pod"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
+    let _ = required_env("FLOCK_CNI_PLUGIN_DIR");
+    let _ = required_env("FLOCK_CNITOOL");
+    // The double runs on its own runtime for the whole test.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = rt.block_on(ApiServer::start());
+    api.apply(&namespace("shop", json!({"flock.io/mesh": "enabled"})));
+    api.apply(&namespace("plain", json!({})));
+    let work = tempfile::Builder::new()
+        .prefix("flock-kube-e2e-")
+        .tempdir()
+        .unwrap();
+    let kubeconfig = work.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+
+    let agent = Agent::start(&[
+        "--kube",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--kube-pod-wait",
+        "1s",
+        "--trust-domain",
+        TRUST_DOMAIN,
+    ]);
+    let agent_pid = agent.proc.pid();
+    let envoy = SupervisedEnvoy::start(&agent);
+
+    let conf_dir = work.path().join("net.d");
+    std::fs::create_dir(&conf_dir).unwrap();
+    let bridge = Bridge::new();
+    let list_path = conf_dir.join("10-kube.conflist");
+    let conflist = bridge_conflist(
+        &bridge,
+        &work.path().join("ipam"),
+        &format!("flockkube{}", std::process::id()),
+    );
+    std::fs::write(&list_path, conflist.to_string()).unwrap();
+    let plugin_config = json!({
+        "type": "flock-cni", "agent_socket": agent.cni_socket, "timeout_ms": 8000,
+        "capabilities": {"io.kubernetes.cri.pod-annotations": true}
+    });
+    let installer = Installer::start(&conf_dir, work.path(), &plugin_config);
+    wait_for("the conflist patched", WAIT, || {
+        std::fs::read_to_string(&list_path).is_ok_and(|t| t.contains("flock-cni"))
+    });
+    let cni = Cni::new(
+        list_path.clone(),
+        &installer.bin_dir,
+        work.path().join("cache"),
+    );
+
+    // web-0: no flock annotation but one claiming another service account; its
+    // identity and port must come from the API.
+    let web_uid = "5b7c3c1e-0000-4000-8000-0000000000b1";
+    api.apply(&pod(
+        "shop",
+        "web-0",
+        web_uid,
+        "web",
+        json!({"app": "web"}),
+        json!([{"name": "http", "containerPort": 8080}]),
+    ));
+    let ns_web = NetNs::new("kw");
+    let _server = http_server_in(&ns_web, 8080, BODY, work.path().join("web.log"));
+    let web_pod = PodSpec {
+        namespace: "shop",
+        name: "web-0",
+        uid: web_uid,
+        annotations: json!({"flock.io/service-account": "admin"}),
+    };
+    cni.ok("add", &ns_web, "ctr-web", &web_pod);
+    assert_eq!(meshed_pods(&agent), vec!["shop/web-0".to_string()]);
+    let web_id = format!("spiffe://{TRUST_DOMAIN}/ns/shop/sa/web");
+    let ids = secrets(&agent);
+    assert!(ids.contains(&web_id), "no SVID for {web_id}: {ids:?}");
+    assert!(
+        !ids.iter().any(|id| id.ends_with("/sa/admin")),
+        "the annotation's account was used: {ids:?}"
+    );
+    // Envoy got the inbound listener of the container port, with the API's identity.
+    wait_for("Envoy has web-0's inbound listener and SVID", WAIT, || {
+        let dump = envoy.config_dump();
+        dump.contains("inbound|shop/web-0|8080") && dump.contains(&web_id)
+    });
+    assert!(
+        agent
+            .proc
+            .log_text()
+            .contains("identity annotations ignored"),
+        "no log line about the ignored annotation"
+    );
+    // No Service selects it yet: registered nowhere.
+    assert_eq!(registered(&agent), Vec::new());
+
+    // A meshed client in the same namespace (service account `client`, no ports).
+    api.apply(&pod(
+        "shop",
+        "client-0",
+        "5b7c3c1e-0000-4000-8000-0000000000c1",
+        "client",
+        json!({"app": "client"}),
+        json!([]),
+    ));
+    let ns_client = NetNs::new("kc");
+    let client_pod = PodSpec {
+        namespace: "shop",
+        name: "client-0",
+        uid: "5b7c3c1e-0000-4000-8000-0000000000c1",
+        annotations: json!({}),
+    };
+    cni.ok("add", &ns_client, "ctr-client", &client_pod);
+
+    // The Service appears after the ADD: the agent registers web-0 under it (port 80
+    // → the listener of targetPort "http", 15006) without a restart or a CNI call.
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    }))
+    .unwrap();
+    api.apply(&service);
+    wait_for("web-0 registered under Service web", WAIT, || {
+        registered(&agent) == vec![("web".to_string(), 80, 15006)]
+    });
+    let (status, body) = wait_some("client → web.shop through both Envoys", WAIT, || {
+        let r = curl(
+            &ns_client,
+            &["-H", "Host: web.shop", "http://127.0.0.1:15001/"],
+        );
+        (r.0 == 200).then_some(r)
+    });
+    assert_eq!((status, body.as_str()), (200, BODY));
+    assert_eq!(agent.proc.pid(), agent_pid);
+
+    // A pod whose namespace is not opted in: the ADD succeeds, nothing is meshed.
+    api.apply(&pod(
+        "plain",
+        "app-0",
+        "5b7c3c1e-0000-4000-8000-0000000000d1",
+        "default",
+        json!({"app": "web"}),
+        json!([{"containerPort": 8080}]),
+    ));
+    let ns_plain = NetNs::new("kp");
+    let plain_pod = PodSpec {
+        namespace: "plain",
+        name: "app-0",
+        uid: "5b7c3c1e-0000-4000-8000-0000000000d1",
+        annotations: json!({}),
+    };
+    cni.ok("add", &ns_plain, "ctr-plain", &plain_pod);
+    assert!(!meshed_pods(&agent).contains(&"plain/app-0".to_string()));
+    assert!(!envoy.config_dump().contains("plain/app-0"));
+
+    // The API goes away; a pod it has (but the agent never saw) cannot be identified.
+    api.set_unreachable(true);
+    api.apply(&pod(
+        "shop",
+        "web-1",
+        "5b7c3c1e-0000-4000-8000-0000000000b2",
+        "web",
+        json!({"app": "web"}),
+        json!([{"name": "http", "containerPort": 8080}]),
+    ));
+    let ns_late = NetNs::new("kl");
+    let late_pod = PodSpec {
+        namespace: "shop",
+        name: "web-1",
+        uid: "5b7c3c1e-0000-4000-8000-0000000000b2",
+        annotations: json!({}),
+    };
+    let out = cni.run("add", &ns_late, "ctr-late", &late_pod);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "ADD succeeded without the API: {said}"
+    );
+    assert!(
+        said.contains("cannot identify pod shop/web-1: the Kubernetes API is unreachable (")
+            && said.contains("refusing to guess its identity"),
+        "unclear error: {said}"
+    );
+    assert!(!meshed_pods(&agent).contains(&"shop/web-1".to_string()));
+    api.set_unreachable(false);
+
+    drop(envoy);
+    drop(api);
+    rt.shutdown_timeout(Duration::from_secs(1));
+}
