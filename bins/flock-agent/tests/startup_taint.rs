@@ -78,9 +78,11 @@ fn the_startup_taint_goes_only_after_envoy_acked_and_other_taints_stay() {
 
     // The installer is ready; still no Envoy.
     std::fs::write(&ready_file, "").unwrap();
-    wait_for("/readyz waiting for Envoy", WAIT, || {
-        matches!(http_get(&agent.admin, "/readyz"), Ok((200, b)) if b.contains("no Envoy has ACKed"))
-    });
+    wait_for(
+        "/readyz waiting for Envoy",
+        WAIT,
+        || matches!(http_get(&agent.admin, "/readyz"), Ok((200, b)) if b.contains("no Envoy has ACKed")),
+    );
     assert_eq!(taint_keys(&api), [TAINT, "example.com/maintenance"]);
     assert!(
         !api.requests()
@@ -102,7 +104,11 @@ fn the_startup_taint_goes_only_after_envoy_acked_and_other_taints_stay() {
 
     wait_for("the startup taint removed", WAIT, || {
         assert!(envoy.running(), "Envoy exited:\n{}", envoy.log_text());
-        assert!(agent.proc.running(), "agent exited:\n{}", agent.proc.log_text());
+        assert!(
+            agent.proc.running(),
+            "agent exited:\n{}",
+            agent.proc.log_text()
+        );
         !taint_keys(&api).iter().any(|k| k == TAINT)
     });
     assert_eq!(
@@ -110,12 +116,38 @@ fn the_startup_taint_goes_only_after_envoy_acked_and_other_taints_stay() {
         ["example.com/maintenance"],
         "the other taint is kept"
     );
-    wait_for("/readyz without the taint line", WAIT, || {
-        matches!(http_get(&agent.admin, "/readyz"), Ok((200, b)) if b == "ready\n")
-    });
+    wait_for(
+        "/readyz without the taint line",
+        WAIT,
+        || matches!(http_get(&agent.admin, "/readyz"), Ok((200, b)) if b == "ready\n"),
+    );
     let log = agent.proc.log_text();
     assert!(log.contains("startup taint removed"), "{log}");
     drop(envoy);
     agent.proc.stop(WAIT);
     drop(api);
+}
+
+/// `--registry kubernetes` reads EndpointSlices through kube mode's watch: without
+/// `--kube` the agent refuses to start and says so.
+#[test]
+fn the_kubernetes_registry_needs_kube_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(common::AGENT_BIN)
+        .args(["--node-name", "n1", "--no-kube", "--registry", "kubernetes"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--cni-socket")
+        .arg(dir.path().join("cni.sock"))
+        .arg("--xds-socket")
+        .arg(dir.path().join("run").join("xds.sock"))
+        .args(["--admin-address", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--registry kubernetes") && stderr.contains("needs --kube"),
+        "{stderr}"
+    );
 }
