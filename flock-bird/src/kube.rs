@@ -364,6 +364,12 @@ impl KubePods {
     pub fn forget(&self, key: &PodKey) {
         lock(&self.last).remove(key);
     }
+
+    /// Forgets every pod but `live` (a lookup that raced a RemovePod may have
+    /// remembered a pod after its [`forget`](Self::forget)).
+    pub fn retain(&self, live: &std::collections::BTreeSet<PodKey>) {
+        lock(&self.last).retain(|key, _| live.contains(key));
+    }
 }
 
 #[cfg(test)]

@@ -82,9 +82,9 @@ impl Agent {
         if !kube.snapshot().synced {
             return 0;
         }
-        let keys: Vec<PodKey> = self
-            .pods
-            .snapshot()
+        let live = self.pods.snapshot();
+        kube.retain(&live.keys().cloned().collect());
+        let keys: Vec<PodKey> = live
             .into_iter()
             .filter(|(_, rec)| rec.service.is_empty())
             .map(|(key, _)| key)
