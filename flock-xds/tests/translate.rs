@@ -660,7 +660,10 @@ fn replace_all_keeps_unchanged_resources_and_diffs_only_changes() {
 
     // Incremental: re-translating one service with upsert_all gives the same set.
     let mut b = v2.edit();
-    translate::upsert_all(&mut b, translate::service_resources(&m2.services[1]));
+    translate::upsert_all(
+        &mut b,
+        translate::service_resources(&m2.services[1], &EnvoyOptions::default()),
+    );
     let v3b = b.build();
     assert!(v3.same_content(&v3b));
     assert_eq!(diff(&v2, &v3b), diff(&v2, &v3));
@@ -675,7 +678,7 @@ fn per_entity_functions_compose_to_the_whole_mesh() {
         parts.extend(translate::pod_resources(p, &opts));
     }
     for s in &m.services {
-        parts.extend(translate::service_resources(s));
+        parts.extend(translate::service_resources(s, &opts));
     }
     parts.push(translate::outbound_routes(&m.services, &opts));
     parts.extend(translate::caller_resources(WEB_ID, &m.services, &opts));
@@ -691,7 +694,7 @@ fn per_entity_functions_compose_to_the_whole_mesh() {
     assert_eq!(whole, parts);
     let mut grpc = Vec::new();
     for s in &m.services {
-        grpc.extend(translate::grpc_service_resources(s));
+        grpc.extend(translate::grpc_service_resources(s, &opts));
     }
     assert_eq!(grpc.len(), translate::grpc_resources(&m).len());
 }

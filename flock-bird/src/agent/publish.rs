@@ -3,7 +3,7 @@
 
 use super::{Agent, ENVOY_GROUP, GRPC_GROUP};
 use flock_core::sync::lock;
-use flock_xds::translate::EnvoyOptions;
+use flock_xds::translate::{EnvoyOptions, Locality};
 use std::sync::atomic::Ordering;
 
 impl Agent {
@@ -11,7 +11,17 @@ impl Agent {
     /// version. The state is read inside the publish closure (R1). Publishes nothing
     /// (no version consumed) when nothing changed.
     pub fn publish(&self) -> u64 {
-        let opts = EnvoyOptions::default();
+        // Endpoints in this node's zone, then region, are preferred (EDS priorities);
+        // with neither set every endpoint is equal.
+        let config = self.config();
+        let opts = EnvoyOptions {
+            local_locality: Some(Locality {
+                region: config.region.clone(),
+                zone: config.zone.clone(),
+                sub_zone: String::new(),
+            }),
+            ..EnvoyOptions::default()
+        };
         let mut version = 0;
         for group in [ENVOY_GROUP, GRPC_GROUP] {
             let publisher = self.cache.publisher(group);

@@ -9,7 +9,7 @@ use super::model::{
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 use envoy_types::pb::envoy::config::cluster::v3::{
-    Cluster,
+    Cluster, OutlierDetection,
     cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::{
@@ -23,14 +23,16 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::{
-    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
-    route_match,
+    HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+    header_matcher, retry_policy, route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
+use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
     Secret as PbSecret, SubjectAltNameMatcher, TlsCertificate, UpstreamTlsContext,
@@ -41,7 +43,9 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions, http_protocol_options,
 };
-use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    RegexMatcher, StringMatcher, string_matcher::MatchPattern,
+};
 use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, UInt32Value};
 use prost::Message;
 use std::collections::BTreeMap;
@@ -55,6 +59,20 @@ pub struct EnvoyOptions {
     pub cluster_domain: String,
     /// Connect timeout of the per-pod app clusters, in milliseconds. Default 1000.
     pub inbound_connect_timeout_ms: u32,
+    /// The locality of the node the translation is for (the agent's `--region` and
+    /// `--zone`; the sub-zone is not used). With one, each service port's endpoints
+    /// get priorities ([`load_assignment`]): the same region and zone first, then
+    /// the same region, then the rest, so callers stay in their zone and fail over
+    /// when it has no healthy endpoint left. `None` (the default), or a locality
+    /// whose region and zone are both empty: every endpoint has priority 0.
+    pub local_locality: Option<Locality>,
+    /// Per-try timeout of the outbound routes' idempotent requests, in milliseconds
+    /// (default 5000; 0: none, the route timeout). A request on a connection to a
+    /// node that vanished without a reset (powered off, link down) gets no answer;
+    /// this bounds the wait before it is retried on another endpoint. It also bounds
+    /// a slow idempotent request: one that legitimately takes longer is cut and
+    /// retried, so keep it above the slowest expected response.
+    pub retry_per_try_timeout_ms: u32,
 }
 
 impl Default for EnvoyOptions {
@@ -62,6 +80,8 @@ impl Default for EnvoyOptions {
         EnvoyOptions {
             cluster_domain: "cluster.local".to_string(),
             inbound_connect_timeout_ms: 1000,
+            local_locality: None,
+            retry_per_try_timeout_ms: 5000,
         }
     }
 }
@@ -332,7 +352,49 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
     out
 }
 
-/// The EDS cluster of one service port (shared by Envoy and proxyless gRPC).
+/// Connect timeout of the service port (mesh) clusters: short, because every
+/// endpoint is a pod reached over the node network, where a connection is set up in
+/// well under a millisecond; a connect that takes a second is a dead node (its
+/// packets vanish, nothing answers with a reset) and the request is better retried
+/// elsewhere ([`retry_policy`]) than waiting.
+pub const MESH_CONNECT_TIMEOUT_MS: u32 = 1000;
+
+/// Outlier detection of the service port (mesh) clusters: a node that dies takes its
+/// endpoints with it long before the registry's lease on them expires, and every
+/// request to them fails with a connect timeout or a reset. With
+/// `split_external_local_origin_errors` off (the default) Envoy counts those local
+/// failures as gateway errors (503/504) too, so three consecutive ones eject the
+/// host within one interval of its death; five consecutive 5xx of any kind (an app
+/// that only fails) also eject it. Ejection lasts `base_ejection_time` × the number
+/// of ejections so far. `max_ejection_percent` 100: when a whole node (possibly all
+/// of a zone's endpoints) is gone, all of them must go, and the caller's traffic
+/// fails over to the next priority ([`load_assignment`]); if every endpoint of every
+/// priority is ejected, Envoy's panic threshold sends to all of them anyway.
+/// Success-rate ejection is off (`enforcing_success_rate` 0; Envoy's default is on):
+/// it needs 5 hosts and 100 requests per interval to judge, and its statistical
+/// verdict is not needed for dead nodes. Proxyless gRPC clients get the same cluster:
+/// gRPC implements only the success-rate and failure-percentage algorithms, both off
+/// here, so for them this is inert; they stop using a dead endpoint when its
+/// connection fails (the subchannel goes to `TRANSIENT_FAILURE`).
+fn outlier_detection() -> OutlierDetection {
+    let percent = |value| Some(UInt32Value { value });
+    OutlierDetection {
+        consecutive_5xx: percent(5),
+        consecutive_gateway_failure: percent(3),
+        enforcing_consecutive_5xx: percent(100),
+        // Envoy's default is 0: counted but never ejecting.
+        enforcing_consecutive_gateway_failure: percent(100),
+        enforcing_success_rate: percent(0),
+        interval: Some(duration_ms(1000)),
+        base_ejection_time: Some(duration_ms(5000)),
+        max_ejection_percent: percent(100),
+        split_external_local_origin_errors: false,
+        ..Default::default()
+    }
+}
+
+/// The EDS cluster of one service port (shared by Envoy and proxyless gRPC), with
+/// [`outlier_detection`] and the short [`MESH_CONNECT_TIMEOUT_MS`].
 pub(crate) fn outbound_cluster(service: &Service, port: u16, protocol: Protocol) -> Cluster {
     let mut cluster = Cluster {
         name: names::outbound_cluster(service, port),
@@ -341,8 +403,9 @@ pub(crate) fn outbound_cluster(service: &Service, port: u16, protocol: Protocol)
             eds_config: Some(ads()),
             service_name: String::new(),
         }),
-        connect_timeout: Some(duration_ms(1000)),
+        connect_timeout: Some(duration_ms(MESH_CONNECT_TIMEOUT_MS)),
         lb_policy: LbPolicy::RoundRobin as i32,
+        outlier_detection: Some(outlier_detection()),
         ..Default::default()
     };
     if protocol == Protocol::Grpc {
@@ -360,18 +423,56 @@ fn health(h: Health) -> HealthStatus {
     }
 }
 
-/// The endpoints of one service port: grouped by locality (sorted), each group with
-/// its locality set and a weight equal to the sum of its endpoints' weights;
-/// endpoints sorted by address and port. Of an mTLS port (one with an endpoint that
-/// has an identity), only the endpoints with an identity ([`port_endpoints`]).
-pub(crate) fn load_assignment(service: &Service, port: u16) -> ClusterLoadAssignment {
-    let mut groups: BTreeMap<&Locality, Vec<&Endpoint>> = BTreeMap::new();
-    for e in port_endpoints(service, port).serving {
-        groups.entry(&e.locality).or_default().push(e);
+/// How far an endpoint in `endpoint` is from the caller in `local`: 0 in the same
+/// region and zone, 1 in the same region, 2 elsewhere (compared as strings, so an
+/// endpoint with an empty locality is "elsewhere" from a caller that has one). 0 for
+/// every endpoint when the caller's locality is unknown (`None`, or region and zone
+/// both empty). The sub-zone is not compared.
+fn locality_rank(local: Option<&Locality>, endpoint: &Locality) -> u32 {
+    match local {
+        Some(l) if !(l.region.is_empty() && l.zone.is_empty()) => {
+            if l.region != endpoint.region {
+                2
+            } else if l.zone != endpoint.zone {
+                1
+            } else {
+                0
+            }
+        }
+        _ => 0,
     }
+}
+
+/// The endpoints of one service port: grouped by locality, each group with its
+/// locality set and a weight equal to the sum of its endpoints' weights; endpoints
+/// sorted by address and port. Of an mTLS port (one with an endpoint that has an
+/// identity), only the endpoints with an identity ([`port_endpoints`]).
+///
+/// Each group's priority is its distance from `local` ([`locality_rank`]: same zone,
+/// same region, elsewhere), renumbered densely from 0 in that order: gRPC rejects
+/// an assignment whose priorities skip a number, and for Envoy an empty priority
+/// would only be skipped over. Envoy sends a priority's share of the traffic to the
+/// next one as its healthy (not ejected, not unhealthy) share falls below 100% ÷
+/// 1.4 (the default overprovisioning factor), so callers use their own zone while
+/// it is healthy and fail over, zone then region, when it is not. Groups are sorted
+/// by priority, then locality. Without a local locality every group is priority 0.
+pub(crate) fn load_assignment(
+    service: &Service,
+    port: u16,
+    local: Option<&Locality>,
+) -> ClusterLoadAssignment {
+    let mut groups: BTreeMap<(u32, &Locality), Vec<&Endpoint>> = BTreeMap::new();
+    for e in port_endpoints(service, port).serving {
+        groups
+            .entry((locality_rank(local, &e.locality), &e.locality))
+            .or_default()
+            .push(e);
+    }
+    let ranks: std::collections::BTreeSet<u32> = groups.keys().map(|(rank, _)| *rank).collect();
+    let dense = |rank: u32| ranks.iter().position(|r| *r == rank).unwrap_or(0) as u32;
     let endpoints = groups
         .into_iter()
-        .map(|(loc, mut eps)| {
+        .map(|((rank, loc), mut eps)| {
             eps.sort_by(|a, b| {
                 (a.address, a.port, a.weight, a.health)
                     .cmp(&(b.address, b.port, b.weight, b.health))
@@ -386,6 +487,7 @@ pub(crate) fn load_assignment(service: &Service, port: u16) -> ClusterLoadAssign
                 load_balancing_weight: Some(UInt32Value {
                     value: u32::try_from(sum).unwrap_or(u32::MAX),
                 }),
+                priority: dense(rank),
                 lb_endpoints: eps
                     .into_iter()
                     .map(|e| LbEndpoint {
@@ -413,14 +515,16 @@ pub(crate) fn load_assignment(service: &Service, port: u16) -> ClusterLoadAssign
 
 /// The resources of one service: per port an EDS cluster
 /// `outbound|<port>|<svc>.<ns>` (HTTP/2 for gRPC ports) and its
-/// `ClusterLoadAssignment` of the same name. Used by both Envoy and proxyless gRPC.
-pub fn service_resources(service: &Service) -> Vec<Resource> {
+/// `ClusterLoadAssignment` of the same name, with priorities by distance from
+/// `opts.local_locality` ([`load_assignment`]). Used by both Envoy and proxyless
+/// gRPC.
+pub fn service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Resource> {
     let mut out = Vec::with_capacity(2 * service.ports.len());
     for p in &service.ports {
         let name = names::outbound_cluster(service, p.port);
         let cluster = outbound_cluster(service, p.port, p.protocol);
         out.push(resource(CLUSTER, name.clone(), any(CLUSTER, &cluster)));
-        let cla = load_assignment(service, p.port);
+        let cla = load_assignment(service, p.port, opts.local_locality.as_ref());
         out.push(resource(ENDPOINT, name, any(ENDPOINT, &cla)));
     }
     out
@@ -471,8 +575,99 @@ pub fn outbound_routes(services: &[Service], opts: &EnvoyOptions) -> Resource {
     })
 }
 
+/// The methods RFC 9110 (section 9.2.2) defines as idempotent, as an RE2 pattern
+/// Envoy matches against the whole `:method`.
+const IDEMPOTENT_METHODS: &str = "GET|HEAD|OPTIONS|TRACE|PUT|DELETE";
+
+/// What the outbound routes retry for idempotent requests: everything that fails
+/// with a gateway error (502, 503, 504: a refused or timed-out connection, a
+/// reset, a per-try timeout, or such a status from the callee). Repeating an
+/// idempotent request that did reach the app is harmless by the method's definition.
+pub const RETRY_ON_IDEMPOTENT: &str = "connect-failure,refused-stream,reset,gateway-error";
+
+/// What the outbound routes retry for every other request (`POST`, `PATCH`, gRPC):
+/// only failures where the request provably never reached the callee's app: the
+/// connection could not be made (`connect-failure`), the callee refused the stream
+/// unprocessed (HTTP/2 `REFUSED_STREAM`, e.g. after its `GOAWAY`), or the
+/// connection was reset before the request was sent (`reset-before-request`: a
+/// pooled connection the callee had closed). Not `reset` nor `gateway-error`: a
+/// reset or a 502/503/504 after the request went out may come from an app that
+/// already acted on it, and repeating a non-idempotent request would do it twice.
+/// Those failures reach the client, which alone knows whether its request may be
+/// repeated.
+pub const RETRY_ON_OTHER: &str = "connect-failure,refused-stream,reset-before-request";
+
+/// A retry policy of the outbound routes: `retry_on`, at most 2 retries, each on
+/// another host (`previous_hosts`, up to 3 picks to find one) and, while one is
+/// left, another priority (`previous_priorities`: the first retry after the local
+/// zone's only endpoint failed goes to the next zone, not back to the same dead
+/// endpoint, which outlier detection may not have ejected yet).
+fn retry_policy(retry_on: &str, per_try_timeout_ms: u32) -> RetryPolicy {
+    RetryPolicy {
+        retry_on: retry_on.to_string(),
+        num_retries: Some(UInt32Value { value: 2 }),
+        per_try_timeout: (per_try_timeout_ms > 0).then(|| duration_ms(per_try_timeout_ms)),
+        retry_priority: Some(retry_policy::RetryPriority {
+            name: "envoy.retry_priorities.previous_priorities".to_string(),
+            config_type: Some(retry_policy::retry_priority::ConfigType::TypedConfig(any(
+                type_urls::PREVIOUS_PRIORITIES,
+                // Recompute the priority load after every attempt.
+                &PreviousPrioritiesConfig {
+                    update_frequency: 1,
+                },
+            ))),
+        }),
+        retry_host_predicate: vec![retry_policy::RetryHostPredicate {
+            name: "envoy.retry_host_predicates.previous_hosts".to_string(),
+            config_type: Some(retry_policy::retry_host_predicate::ConfigType::TypedConfig(
+                any(type_urls::PREVIOUS_HOSTS, &PreviousHostsPredicate {}),
+            )),
+        }],
+        host_selection_retry_max_attempts: 3,
+        ..Default::default()
+    }
+}
+
+/// The routes of one outbound virtual host, both to `cluster`: first the
+/// idempotent methods ([`IDEMPOTENT_METHODS`]) retried on [`RETRY_ON_IDEMPOTENT`]
+/// with a per-try timeout of `opts.retry_per_try_timeout_ms`, then everything else
+/// retried on [`RETRY_ON_OTHER`] only, without a per-try timeout (a timed-out try
+/// of a request that may not be repeated could only fail, earlier). A `RetryPolicy`
+/// cannot depend on the method, so the method selects the route.
+fn outbound_service_routes(cluster: &str, opts: &EnvoyOptions) -> Vec<Route> {
+    let with_policy = |mut route: Route, policy: RetryPolicy| {
+        if let Some(route::Action::Route(action)) = route.action.as_mut() {
+            action.retry_policy = Some(policy);
+        }
+        route
+    };
+    let mut idempotent = route_to("/", cluster);
+    if let Some(m) = idempotent.r#match.as_mut() {
+        m.headers = vec![HeaderMatcher {
+            name: ":method".to_string(),
+            header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+                StringMatcher {
+                    match_pattern: Some(MatchPattern::SafeRegex(RegexMatcher {
+                        regex: IDEMPOTENT_METHODS.to_string(),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }];
+    }
+    vec![
+        with_policy(
+            idempotent,
+            retry_policy(RETRY_ON_IDEMPOTENT, opts.retry_per_try_timeout_ms),
+        ),
+        with_policy(route_to("/", cluster), retry_policy(RETRY_ON_OTHER, 0)),
+    ]
+}
+
 /// The outbound route configuration `name`, routing each service port to the cluster
-/// `cluster_for` names.
+/// `cluster_for` names ([`outbound_service_routes`]).
 fn routes(
     name: &str,
     services: &[Service],
@@ -502,7 +697,7 @@ fn routes(
             virtual_hosts.push(VirtualHost {
                 name: names::service_authority(s, p.port),
                 domains,
-                routes: vec![route_to("/", &cluster)],
+                routes: outbound_service_routes(&cluster, opts),
                 ..Default::default()
             });
             first = false;

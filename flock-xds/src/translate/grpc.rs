@@ -2,7 +2,7 @@
 //! named like the target (`xds:///<svc>.<ns>:<port>`), its route configuration, and
 //! the same EDS cluster and endpoints Envoy gets. See the [module docs](super).
 
-use super::envoy::{any, hcm_rds, load_assignment, outbound_cluster, route_to};
+use super::envoy::{EnvoyOptions, any, hcm_rds, load_assignment, outbound_cluster, route_to};
 use super::model::{Mesh, Protocol, Service, ip_host};
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
@@ -19,7 +19,16 @@ use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost}
 /// configuration, whose virtual host also lists those authorities. The endpoints are
 /// plaintext: proxyless clients get no TLS settings (an mTLS port's endpoints without
 /// an identity are still left out, [`load_assignment`]). Other ports give nothing.
-pub fn grpc_service_resources(service: &Service) -> Vec<Resource> {
+///
+/// The endpoints have the same priorities by distance from `opts.local_locality`
+/// as Envoy's (gRPC's xDS load balancing fails over by `LocalityLbEndpoints`
+/// priority too: the `priority` policy moves to the next priority when one has no
+/// ready subchannel); the other options are Envoy's only. The route has no retry
+/// policy: gRPC already retries, transparently, an RPC that never left the client
+/// or that the server refused unprocessed, and any further retry (on a status such
+/// as `UNAVAILABLE`, which a server may send after acting on the call) is the
+/// client's decision, in its service config.
+pub fn grpc_service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Resource> {
     let mut out = Vec::new();
     for p in service
         .ports
@@ -74,7 +83,7 @@ pub fn grpc_service_resources(service: &Service) -> Vec<Resource> {
             cluster_name.clone(),
             any(CLUSTER, &cluster),
         ));
-        let cla = load_assignment(service, p.port);
+        let cla = load_assignment(service, p.port, opts.local_locality.as_ref());
         out.push(Resource::new(ENDPOINT, cluster_name, any(ENDPOINT, &cla)));
     }
     out
@@ -83,7 +92,9 @@ pub fn grpc_service_resources(service: &Service) -> Vec<Resource> {
 /// Everything proxyless gRPC clients need for `mesh`: [`grpc_service_resources`] of
 /// every service, sorted by type URL and name. Serve these to a different node
 /// group than Envoy's: Envoy rejects `ApiListener`s it receives over LDS. The
-/// translation of a fresh [`Memo`](super::Memo).
+/// translation of a fresh [`Memo`](super::Memo), with the default options (no local
+/// locality: every endpoint priority 0); a control plane that knows its node's
+/// locality translates with a memo and its options.
 pub fn grpc_resources(mesh: &Mesh) -> Vec<Resource> {
     super::memo::translate_once(
         super::memo::Flavor::Grpc,

@@ -12,7 +12,9 @@
 //! and the secrets depend on the whole mesh and are translated every time.
 //!
 //! The one-shot translations run a fresh memo, so there is one translation, not a
-//! memoized copy kept equal to it by a test.
+//! memoized copy kept equal to it by a test. A memo's translations also depend on
+//! the options (the local locality, timeouts): a call with options different from
+//! the previous call's starts over.
 
 use super::envoy::{
     EnvoyOptions, caller_resources, outbound_routes, pod_resources, secret_resource,
@@ -53,6 +55,8 @@ type Translated = Arc<Vec<(&'static str, Name, ContentHash, Arc<Any>)>>;
 #[derive(Debug)]
 pub struct Memo {
     flavor: Flavor,
+    /// The options of the last translation: the cached resources were made with them.
+    opts: Option<EnvoyOptions>,
     /// By (namespace, name): unique in a valid mesh.
     pods: HashMap<(String, String), (Pod, Translated)>,
     services: HashMap<(String, String), (Service, Translated)>,
@@ -72,6 +76,7 @@ impl Memo {
     pub fn new(flavor: Flavor) -> Self {
         Self {
             flavor,
+            opts: None,
             pods: HashMap::new(),
             services: HashMap::new(),
         }
@@ -89,8 +94,14 @@ impl Memo {
 
     /// Every resource of the group for `mesh`, reusing the resources of each pod and
     /// service whose model equals the one translated last time. The memo then holds
-    /// exactly `mesh`'s pods and services (what went away is forgotten).
+    /// exactly `mesh`'s pods and services (what went away is forgotten). Nothing is
+    /// reused if `opts` differ from the last call's.
     pub fn translate(&mut self, mesh: &Mesh, opts: &EnvoyOptions) -> Entries {
+        if self.opts.as_ref() != Some(opts) {
+            self.pods.clear();
+            self.services.clear();
+            self.opts = Some(opts.clone());
+        }
         let envoy = self.flavor == Flavor::Envoy;
         let mut out: Entries = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET]
             .into_iter()
@@ -121,8 +132,8 @@ impl Memo {
             let id = (svc.namespace.clone(), svc.name.clone());
             let t = match self.services.remove(&id) {
                 Some((cached, t)) if &cached == svc => t,
-                _ if envoy => share(service_resources(svc)),
-                _ => share(grpc_service_resources(svc)),
+                _ if envoy => share(service_resources(svc, opts)),
+                _ => share(grpc_service_resources(svc, opts)),
             };
             push(&t);
             services.insert(id, (svc.clone(), t));

@@ -61,6 +61,27 @@
 //! single namespace (otherwise clients use `<svc>.<ns>`). TCP service ports get
 //! clusters and endpoints but no outbound route.
 //!
+//! **Many nodes.** The service port clusters (plain and mTLS) are the mesh
+//! clusters: their endpoints are pods on this and other nodes, and a node can die.
+//! * *Locality*: with [`EnvoyOptions::local_locality`] set (the agent's `--region`
+//!   and `--zone`), each `ClusterLoadAssignment` puts the caller's zone at priority
+//!   0, the rest of its region next and other regions last (renumbered without
+//!   gaps), so traffic stays in the zone and fails over when it has no healthy
+//!   endpoint left. Without it every endpoint is priority 0. Proxyless gRPC gets
+//!   the same priorities.
+//! * *Outlier detection* on every mesh cluster: consecutive gateway failures
+//!   (connect failures and resets count) and 5xx eject a host within a second, up
+//!   to all of them; a 1 s connect timeout makes a dead node's connects fail fast.
+//!   The per-pod app clusters have neither: their one endpoint is the pod's own app.
+//! * *Retries* on the outbound routes (shared and per caller): idempotent methods
+//!   retry on `connect-failure,refused-stream,reset,gateway-error` with a per-try
+//!   timeout; all other requests only on `connect-failure,refused-stream,
+//!   reset-before-request` (never reached the app). At most 2 retries, each to
+//!   another host and priority. The inbound routes (one local app) and TCP ports
+//!   have none: a TCP proxy cannot replay a byte stream, and TCP service ports have
+//!   no outbound route here; proxyless gRPC routes have none either (gRPC's own
+//!   transparent retries cover what never reached a server).
+//!
 //! **Two node groups.** Serve [`envoy_resources`] and [`grpc_resources`] to different
 //! node groups of the [`Cache`](crate::cache::Cache) (e.g. by a node metadata key or
 //! an id prefix): Envoy rejects `ApiListener`s received over LDS, and a gRPC client has
@@ -287,6 +308,11 @@ pub mod type_urls {
     /// `envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext`.
     pub const DOWNSTREAM_TLS: &str =
         "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
+    /// `envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate`.
+    pub const PREVIOUS_HOSTS: &str =
+        "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
+    /// `envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig`.
+    pub const PREVIOUS_PRIORITIES: &str = "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig";
     /// `envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext`.
     pub const UPSTREAM_TLS: &str =
         "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
