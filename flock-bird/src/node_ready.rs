@@ -16,7 +16,10 @@
 //! 2. the CNI installer's ready file exists (`--cni-ready-file`, if given: the
 //!    installer's `--ready-file`, present while flock-cni is chained into the node's
 //!    CNI configs);
-//! 3. an Envoy node ACKed a snapshot ([`EnvoyAcks`], an xDS [`Callbacks`] hook).
+//! 3. an Envoy node ACKed a snapshot ([`EnvoyAcks`], an xDS [`Callbacks`] hook). The
+//!    hook sees the node as the client describes it (`user_agent_name` naming Envoy,
+//!    [`group_of`]), so any peer the xDS authorizer admits could claim to be that
+//!    Envoy; on the unix socket those are the node's Envoy uids only.
 //!
 //! Then [`flock_kube::taint::remove_startup_taint`] runs, retried with backoff
 //! ([`flock_core::backoff`]) until the API answers; it keeps every other taint (a merge
