@@ -1218,7 +1218,17 @@ fn envoy_accepts_the_translation() {
         &std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mesh.json")).unwrap(),
     )
     .unwrap();
-    let mut resources = translate::envoy_resources(&m, &EnvoyOptions::default());
+    // With a local locality: the load assignments have priorities 0 and 1 (the
+    // fixture's endpoints are in zones eu/a and eu/b).
+    let with_locality = EnvoyOptions {
+        local_locality: Some(Locality {
+            region: "eu".into(),
+            zone: "a".into(),
+            sub_zone: String::new(),
+        }),
+        ..EnvoyOptions::default()
+    };
+    let mut resources = translate::envoy_resources(&m, &with_locality);
     resources.extend(translate::envoy_resources(
         &example,
         &EnvoyOptions::default(),

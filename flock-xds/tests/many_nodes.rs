@@ -1,0 +1,550 @@
+//! The translation for a mesh spanning many nodes: endpoint priorities by the
+//! caller's locality, outlier detection and a short connect timeout on exactly the
+//! service port (mesh) clusters, retry policies on exactly the outbound routes, and a
+//! memo that, given any sequence of meshes and local localities, translates like a
+//! fresh one. Hermetic: no peers (tests/envoy.rs feeds these to a real Envoy).
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+use envoy_types::pb::envoy::config::route::v3::{
+    RetryPolicy, Route, RouteConfiguration, header_matcher, retry_policy, route,
+};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager::RouteSpecifier,
+};
+use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
+use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+use flock_core::ContentHash;
+use flock_xds::translate::{
+    self, Endpoint, EnvoyOptions, Flavor, Health, Locality, Memo, Mesh, Resource, Service,
+    ServicePort, envoy::RETRY_ON_IDEMPOTENT, envoy::RETRY_ON_OTHER, type_urls,
+};
+use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use prost::Message;
+use std::collections::{BTreeMap, BTreeSet};
+
+const WEB_ID: &str = "spiffe://cluster.local/ns/default/sa/web";
+
+fn loc(region: &str, zone: &str) -> Locality {
+    Locality {
+        region: region.into(),
+        zone: zone.into(),
+        sub_zone: String::new(),
+    }
+}
+
+fn local(region: &str, zone: &str) -> EnvoyOptions {
+    EnvoyOptions {
+        local_locality: Some(loc(region, zone)),
+        ..EnvoyOptions::default()
+    }
+}
+
+/// `web` (HTTP 8080, mTLS: its endpoints have identities) with one endpoint per
+/// locality: eu/a, eu/b (two), us/c and one without a locality; `db` (TCP 5432,
+/// plaintext) on eu/b; `greeter` (gRPC 50051, plaintext) on eu/a and us/c. Pod
+/// `web-0` (an HTTP, a gRPC and a TCP inbound port) calls out with identity
+/// `WEB_ID`; pod `plain` calls out without one.
+fn mesh() -> Mesh {
+    Mesh::from_json(
+        br#"{
+      "services": [
+        {"name": "web", "ports": [{"port": 8080}],
+         "endpoints": [
+           {"address": "10.0.1.1", "port": 15006, "locality": {"region": "eu", "zone": "a"}, "identity": "spiffe://cluster.local/ns/default/sa/web"},
+           {"address": "10.0.2.1", "port": 15006, "locality": {"region": "eu", "zone": "b"}, "identity": "spiffe://cluster.local/ns/default/sa/web"},
+           {"address": "10.0.2.2", "port": 15006, "locality": {"region": "eu", "zone": "b"}, "identity": "spiffe://cluster.local/ns/default/sa/web"},
+           {"address": "10.0.3.1", "port": 15006, "locality": {"region": "us", "zone": "c"}, "identity": "spiffe://cluster.local/ns/default/sa/web"},
+           {"address": "10.0.4.1", "port": 15006, "identity": "spiffe://cluster.local/ns/default/sa/web"}
+         ]},
+        {"name": "db", "ports": [{"port": 5432, "protocol": "tcp"}],
+         "endpoints": [{"address": "10.0.2.3", "port": 5432, "locality": {"region": "eu", "zone": "b"}}]},
+        {"name": "greeter", "ports": [{"port": 50051, "protocol": "grpc"}],
+         "endpoints": [{"address": "10.0.1.2", "port": 15007, "locality": {"region": "eu", "zone": "a"}},
+                       {"address": "10.0.3.2", "port": 15007, "locality": {"region": "us", "zone": "c"}}]}
+      ],
+      "pods": [
+        {"name": "web-0", "ip": "10.0.1.1", "netns": "/var/run/netns/web-0", "identity": "spiffe://cluster.local/ns/default/sa/web",
+         "inbound": [{"app_port": 8080, "listen_port": 15006},
+                     {"app_port": 50051, "listen_port": 15007, "protocol": "grpc"},
+                     {"app_port": 5432, "listen_port": 15008, "protocol": "tcp"}]},
+        {"name": "plain", "ip": "10.0.1.9", "netns": "/var/run/netns/plain"}
+      ],
+      "secrets": [
+        {"name": "spiffe://cluster.local/ns/default/sa/web", "kind": {"tls_certificate": {"certificate_chain_pem": "CERT", "private_key_pem": "KEY"}}},
+        {"name": "cluster.local", "kind": {"validation_context": {"trusted_ca_pem": "CA"}}}
+      ]
+    }"#,
+    )
+    .expect("valid mesh")
+}
+
+fn find<'a>(rs: &'a [Resource], type_url: &str, name: &str) -> &'a Resource {
+    rs.iter()
+        .find(|r| r.type_url == type_url && r.name == name)
+        .unwrap_or_else(|| panic!("no {type_url} {name:?}"))
+}
+
+fn decode<M: Message + Default>(r: &Resource) -> M {
+    assert_eq!(r.hash, ContentHash::of(&r.any.value));
+    M::decode(r.any.value.as_slice()).expect("decodes")
+}
+
+/// Endpoint address → its group's priority.
+fn priorities(cla: &ClusterLoadAssignment) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for g in &cla.endpoints {
+        for e in &g.lb_endpoints {
+            let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                panic!("no endpoint")
+            };
+            let Some(envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(sa)) =
+                ep.address.as_ref().and_then(|a| a.address.as_ref())
+            else {
+                panic!("no socket address")
+            };
+            out.insert(sa.address.clone(), g.priority);
+        }
+    }
+    out
+}
+
+fn web_priorities(opts: &EnvoyOptions) -> Vec<(&'static str, u32)> {
+    let rs = translate::envoy_resources(&mesh(), opts);
+    let p = priorities(&decode(find(&rs, ENDPOINT, "outbound|8080|web.default")));
+    let name = |a: &str| match a {
+        "10.0.1.1" => "eu/a",
+        "10.0.2.1" => "eu/b#1",
+        "10.0.2.2" => "eu/b#2",
+        "10.0.3.1" => "us/c",
+        "10.0.4.1" => "none",
+        other => panic!("unexpected endpoint {other}"),
+    };
+    p.iter().map(|(a, prio)| (name(a), *prio)).collect()
+}
+
+#[test]
+fn without_a_local_locality_every_endpoint_is_priority_0() {
+    let all_zero = vec![
+        ("eu/a", 0),
+        ("eu/b#1", 0),
+        ("eu/b#2", 0),
+        ("us/c", 0),
+        ("none", 0),
+    ];
+    assert_eq!(web_priorities(&EnvoyOptions::default()), all_zero);
+    // A locality with neither region nor zone is no locality.
+    assert_eq!(web_priorities(&local("", "")), all_zero);
+}
+
+#[test]
+fn the_callers_zone_is_priority_0_its_region_1_the_rest_2() {
+    assert_eq!(
+        web_priorities(&local("eu", "a")),
+        vec![
+            ("eu/a", 0),
+            ("eu/b#1", 1),
+            ("eu/b#2", 1),
+            ("us/c", 2),
+            ("none", 2)
+        ]
+    );
+    assert_eq!(
+        web_priorities(&local("eu", "b")),
+        vec![
+            ("eu/a", 1),
+            ("eu/b#1", 0),
+            ("eu/b#2", 0),
+            ("us/c", 2),
+            ("none", 2)
+        ]
+    );
+    assert_eq!(
+        web_priorities(&local("us", "c")),
+        vec![
+            ("eu/a", 1),
+            ("eu/b#1", 1),
+            ("eu/b#2", 1),
+            ("us/c", 0),
+            ("none", 1)
+        ]
+    );
+}
+
+#[test]
+fn priorities_have_no_gaps() {
+    // No endpoint in the caller's zone: its region is priority 0, not 1.
+    assert_eq!(
+        web_priorities(&local("eu", "z")),
+        vec![
+            ("eu/a", 0),
+            ("eu/b#1", 0),
+            ("eu/b#2", 0),
+            ("us/c", 1),
+            ("none", 1)
+        ]
+    );
+    // Nothing in the caller's region: all other regions are priority 0.
+    assert_eq!(
+        web_priorities(&local("ap", "x"))
+            .iter()
+            .map(|(_, p)| *p)
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from([0])
+    );
+    // The groups are sorted by priority, each locality in one group.
+    let rs = translate::envoy_resources(&mesh(), &local("eu", "b"));
+    let cla: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|8080|web.default"));
+    let groups: Vec<(u32, String, usize)> = cla
+        .endpoints
+        .iter()
+        .map(|g| {
+            let l = g.locality.as_ref().unwrap();
+            (
+                g.priority,
+                format!("{}/{}", l.region, l.zone),
+                g.lb_endpoints.len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        groups,
+        vec![
+            (0, "eu/b".to_string(), 2),
+            (1, "eu/a".to_string(), 1),
+            (2, "/".to_string(), 1),
+            (2, "us/c".to_string(), 1),
+        ]
+    );
+}
+
+#[test]
+fn proxyless_grpc_gets_the_same_priorities() {
+    let opts = local("us", "c");
+    let envoy = translate::envoy_resources(&mesh(), &opts);
+    let mut memo = Memo::new(Flavor::Grpc);
+    let grpc = memo.translate(&mesh(), &opts);
+    let (_, hash, any) = grpc[ENDPOINT]
+        .iter()
+        .find(|(n, _, _)| n.as_ref() == "outbound|50051|greeter.default")
+        .expect("the gRPC flavor has the greeter endpoints");
+    let envoy_cla = find(&envoy, ENDPOINT, "outbound|50051|greeter.default");
+    assert_eq!(*hash, envoy_cla.hash, "byte-identical to Envoy's");
+    let cla = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();
+    assert_eq!(
+        priorities(&cla),
+        BTreeMap::from([("10.0.1.2".to_string(), 1), ("10.0.3.2".to_string(), 0)])
+    );
+}
+
+#[test]
+fn mesh_clusters_and_only_they_have_outlier_detection_and_a_1s_connect_timeout() {
+    let rs = translate::envoy_resources(&mesh(), &local("eu", "a"));
+    let clusters: Vec<Cluster> = rs
+        .iter()
+        .filter(|r| r.type_url == CLUSTER)
+        .map(decode)
+        .collect();
+    let mut mesh_clusters = BTreeSet::new();
+    for c in &clusters {
+        if c.name.starts_with("inbound|") {
+            assert_eq!(c.outlier_detection, None, "{}: one local app", c.name);
+            continue;
+        }
+        mesh_clusters.insert(c.name.clone());
+        let od = c
+            .outlier_detection
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} has no outlier detection", c.name));
+        let v = |x: Option<envoy_types::pb::google::protobuf::UInt32Value>| x.map(|v| v.value);
+        assert_eq!(v(od.consecutive_gateway_failure), Some(3), "{}", c.name);
+        assert_eq!(v(od.enforcing_consecutive_gateway_failure), Some(100));
+        assert_eq!(v(od.consecutive_5xx), Some(5));
+        assert_eq!(v(od.enforcing_consecutive_5xx), Some(100));
+        assert_eq!(v(od.enforcing_success_rate), Some(0));
+        assert_eq!(v(od.max_ejection_percent), Some(100));
+        assert!(!od.split_external_local_origin_errors);
+        let secs = |d: Option<envoy_types::pb::google::protobuf::Duration>| {
+            d.map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9)
+        };
+        assert_eq!(secs(od.interval), Some(1.0));
+        assert_eq!(secs(od.base_ejection_time), Some(5.0));
+        assert_eq!(secs(c.connect_timeout), Some(1.0));
+    }
+    // Plain (HTTP, gRPC, TCP) and the caller's mTLS cluster.
+    assert_eq!(
+        mesh_clusters,
+        BTreeSet::from([
+            "outbound|50051|greeter.default".to_string(),
+            "outbound|5432|db.default".to_string(),
+            "outbound|8080|web.default".to_string(),
+            format!("outbound|8080|web.default|{WEB_ID}"),
+        ])
+    );
+}
+
+fn policy(r: &Route) -> &RetryPolicy {
+    match &r.action {
+        Some(route::Action::Route(a)) => a.retry_policy.as_ref().expect("a retry policy"),
+        other => panic!("not a route action: {other:?}"),
+    }
+}
+
+fn no_policy(r: &Route) -> bool {
+    matches!(&r.action, Some(route::Action::Route(a)) if a.retry_policy.is_none())
+}
+
+fn check_retry_policy(p: &RetryPolicy, retry_on: &str, per_try_ms: Option<i64>) {
+    assert_eq!(p.retry_on, retry_on);
+    assert_eq!(p.num_retries.map(|n| n.value), Some(2));
+    assert_eq!(
+        p.per_try_timeout
+            .map(|d| d.seconds * 1000 + i64::from(d.nanos / 1_000_000)),
+        per_try_ms
+    );
+    assert_eq!(p.host_selection_retry_max_attempts, 3);
+    assert_eq!(p.retry_host_predicate.len(), 1);
+    assert_eq!(
+        p.retry_host_predicate[0].name,
+        "envoy.retry_host_predicates.previous_hosts"
+    );
+    let prio = p.retry_priority.as_ref().expect("a retry priority");
+    assert_eq!(prio.name, "envoy.retry_priorities.previous_priorities");
+    let Some(retry_policy::retry_priority::ConfigType::TypedConfig(any)) = &prio.config_type else {
+        panic!("no typed config")
+    };
+    assert_eq!(any.type_url, type_urls::PREVIOUS_PRIORITIES);
+    let cfg = PreviousPrioritiesConfig::decode(any.value.as_slice()).unwrap();
+    assert_eq!(cfg.update_frequency, 1);
+}
+
+fn method_regex(r: &Route) -> Option<String> {
+    let m = r.r#match.as_ref()?;
+    assert!(m.headers.len() <= 1);
+    let h = m.headers.first()?;
+    assert_eq!(h.name, ":method");
+    match &h.header_match_specifier {
+        Some(header_matcher::HeaderMatchSpecifier::StringMatch(s)) => match &s.match_pattern {
+            Some(MatchPattern::SafeRegex(re)) => Some(re.regex.clone()),
+            other => panic!("not a regex: {other:?}"),
+        },
+        other => panic!("not a string match: {other:?}"),
+    }
+}
+
+#[test]
+fn outbound_routes_retry_idempotent_methods_on_gateway_errors_and_the_rest_only_when_unsent() {
+    let opts = EnvoyOptions {
+        retry_per_try_timeout_ms: 2500,
+        ..local("eu", "a")
+    };
+    let rs = translate::envoy_resources(&mesh(), &opts);
+    for name in [
+        "outbound|http".to_string(),
+        format!("outbound|http|{WEB_ID}"),
+    ] {
+        let rc: RouteConfiguration = decode(find(&rs, ROUTE, &name));
+        // web:8080 and greeter:50051 (HTTP and gRPC); db is TCP: no virtual host.
+        assert_eq!(rc.virtual_hosts.len(), 2, "{name}");
+        for vh in &rc.virtual_hosts {
+            assert_eq!(vh.routes.len(), 2, "{name} {}", vh.name);
+            let (idempotent, other) = (&vh.routes[0], &vh.routes[1]);
+            assert_eq!(
+                method_regex(idempotent).as_deref(),
+                Some("GET|HEAD|OPTIONS|TRACE|PUT|DELETE")
+            );
+            check_retry_policy(policy(idempotent), RETRY_ON_IDEMPOTENT, Some(2500));
+            // The catch-all comes second, so it only gets the other methods.
+            assert_eq!(method_regex(other), None);
+            check_retry_policy(policy(other), RETRY_ON_OTHER, None);
+            assert!(!RETRY_ON_OTHER.contains("gateway-error"));
+            assert!(
+                !RETRY_ON_OTHER
+                    .split(',')
+                    .any(|c| c == "reset" || c == "5xx")
+            );
+        }
+    }
+    // 0 means no per-try timeout.
+    let rs = translate::envoy_resources(
+        &mesh(),
+        &EnvoyOptions {
+            retry_per_try_timeout_ms: 0,
+            ..EnvoyOptions::default()
+        },
+    );
+    let rc: RouteConfiguration = decode(find(&rs, ROUTE, "outbound|http"));
+    check_retry_policy(
+        policy(&rc.virtual_hosts[0].routes[0]),
+        RETRY_ON_IDEMPOTENT,
+        None,
+    );
+
+    // The inbound routes (inline in the inbound listeners) do not retry.
+    for r in rs.iter().filter(|r| r.type_url == LISTENER) {
+        let l: Listener = decode(r);
+        for f in l.filter_chains.iter().flat_map(|c| &c.filters) {
+            let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+                continue;
+            };
+            if any.type_url != type_urls::HCM {
+                continue;
+            }
+            let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+            if let Some(RouteSpecifier::RouteConfig(rc)) = hcm.route_specifier {
+                assert!(r.name.starts_with("inbound|"));
+                for route in rc.virtual_hosts.iter().flat_map(|v| &v.routes) {
+                    assert!(no_policy(route), "{}", r.name);
+                }
+            }
+        }
+    }
+    // Nor do proxyless gRPC routes (gRPC retries what never reached a server itself).
+    for r in translate::grpc_resources(&mesh())
+        .iter()
+        .filter(|r| r.type_url == ROUTE)
+    {
+        let rc: RouteConfiguration = decode(r);
+        for route in rc.virtual_hosts.iter().flat_map(|v| &v.routes) {
+            assert!(no_policy(route), "{}", r.name);
+        }
+    }
+}
+
+#[test]
+fn a_memo_starts_over_when_the_options_change() {
+    let m = mesh();
+    let mut memo = Memo::new(Flavor::Envoy);
+    for opts in [
+        EnvoyOptions::default(),
+        local("eu", "a"),
+        local("eu", "a"),
+        local("us", "c"),
+        EnvoyOptions::default(),
+    ] {
+        let got = memo.translate(&m, &opts);
+        let want = translate::envoy_resources(&m, &opts);
+        assert_eq!(
+            got[ENDPOINT]
+                .iter()
+                .map(|(n, h, _)| (n.to_string(), *h))
+                .collect::<BTreeSet<_>>(),
+            want.iter()
+                .filter(|r| r.type_url == ENDPOINT)
+                .map(|r| (r.name.clone(), r.hash))
+                .collect::<BTreeSet<_>>(),
+            "{opts:?}"
+        );
+    }
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn locality() -> impl Strategy<Value = Locality> {
+        (
+            prop::sample::select(vec!["", "eu", "us"]),
+            prop::sample::select(vec!["", "a", "b"]),
+        )
+            .prop_map(|(r, z)| loc(r, z))
+    }
+
+    /// A mesh of the fixture's pods and 1–3 services whose endpoints (on distinct
+    /// addresses) are spread over localities; mTLS or not per service.
+    fn mesh_strategy() -> impl Strategy<Value = Mesh> {
+        let service = (
+            prop::sample::select(vec![
+                translate::Protocol::Http,
+                translate::Protocol::Grpc,
+                translate::Protocol::Tcp,
+            ]),
+            prop::collection::vec((locality(), 1u32..3, any::<bool>()), 0..5),
+            any::<bool>(),
+        );
+        prop::collection::vec(service, 1..4).prop_map(|services| {
+            let mut m = mesh();
+            m.services = services
+                .into_iter()
+                .enumerate()
+                .map(|(i, (protocol, eps, mtls))| Service {
+                    name: format!("s{i}"),
+                    namespace: "default".into(),
+                    ports: vec![ServicePort {
+                        name: None,
+                        port: 8000 + i as u16,
+                        protocol,
+                    }],
+                    endpoints: eps
+                        .into_iter()
+                        .enumerate()
+                        .map(|(j, (locality, weight, healthy))| Endpoint {
+                            address: std::net::Ipv4Addr::new(10, 1, i as u8, j as u8 + 1).into(),
+                            port: 15006,
+                            locality,
+                            health: if healthy {
+                                Health::Healthy
+                            } else {
+                                Health::Unknown
+                            },
+                            weight,
+                            service_port: None,
+                            identity: mtls.then(|| WEB_ID.to_string()),
+                        })
+                        .collect(),
+                    vips: Vec::new(),
+                })
+                .collect();
+            m
+        })
+    }
+
+    fn flat(entries: &translate::Entries) -> BTreeSet<(String, String, ContentHash)> {
+        entries
+            .iter()
+            .flat_map(|(t, list)| {
+                list.iter()
+                    .map(move |(n, h, _)| (t.to_string(), n.to_string(), *h))
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// Incremental == from scratch: a memo fed a sequence of meshes and local
+        /// localities (the options change too) gives, at every step, what a fresh
+        /// memo gives for that step's mesh and options; and the Envoy flavor equals
+        /// the one-shot translation.
+        #[test]
+        fn a_memo_over_any_sequence_translates_like_a_fresh_one(
+            steps in prop::collection::vec(
+                (mesh_strategy(), prop::option::of(locality())),
+                1..5,
+            )
+        ) {
+            let mut envoy = Memo::new(Flavor::Envoy);
+            let mut grpc = Memo::new(Flavor::Grpc);
+            for (m, local_locality) in steps {
+                prop_assume!(m.validate().is_ok());
+                let opts = EnvoyOptions { local_locality, ..EnvoyOptions::default() };
+                let e = flat(&envoy.translate(&m, &opts));
+                prop_assert_eq!(&e, &flat(&Memo::new(Flavor::Envoy).translate(&m, &opts)));
+                let once: BTreeSet<_> = translate::envoy_resources(&m, &opts)
+                    .into_iter()
+                    .map(|r| (r.type_url.to_string(), r.name, r.hash))
+                    .collect();
+                prop_assert_eq!(&e, &once);
+                let g = flat(&grpc.translate(&m, &opts));
+                prop_assert_eq!(&g, &flat(&Memo::new(Flavor::Grpc).translate(&m, &opts)));
+                // Priorities are dense: 0..n without gaps, in every assignment.
+                for r in translate::envoy_resources(&m, &opts).iter().filter(|r| r.type_url == ENDPOINT) {
+                    let cla: ClusterLoadAssignment = decode(r);
+                    let ps: BTreeSet<u32> = cla.endpoints.iter().map(|g| g.priority).collect();
+                    prop_assert_eq!(ps.iter().copied().collect::<Vec<_>>(), (0..ps.len() as u32).collect::<Vec<_>>());
+                }
+            }
+        }
+    }
+}
