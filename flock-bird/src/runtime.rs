@@ -165,6 +165,9 @@ pub enum IdentitySource {
         trust_domain: String,
         /// SVID lifetime.
         svid_ttl: Duration,
+        /// `--ca-dir`: the issuer under a shared root (re-read when it changes);
+        /// `None`: a node-local CA whose SVIDs only this node trusts.
+        ca_dir: Option<PathBuf>,
     },
     /// A SPIRE agent's Delegated Identity API on its admin socket: SPIRE issues and
     /// rotates the SVIDs (see [`SpireBridge`]).
@@ -183,6 +186,7 @@ impl IdentitySource {
             "builtin" => Ok(Self::Builtin {
                 trust_domain: trust_domain.to_string(),
                 svid_ttl,
+                ca_dir: None,
             }),
             s if s.starts_with("spire:") => match &s["spire:".len()..] {
                 "" => Err(format!(
@@ -266,14 +270,32 @@ pub async fn run(
         Arc::clone(&cache),
     );
     let mut rotation = None;
+    let mut ca_watch = None;
     if let IdentitySource::Builtin {
         trust_domain,
         svid_ttl,
+        ca_dir,
     } = &opts.identity
     {
-        let ca = BuiltinCa::new(trust_domain, *svid_ttl, flock_clock::unix_now)
-            .map_err(|e| anyhow::anyhow!("--identity builtin: {e}"))?;
-        tracing::info!(identity = %ca.describe(), "workload identity: node-local CA (keys in memory only)");
+        let ca = match ca_dir {
+            Some(dir) => {
+                let ca =
+                    BuiltinCa::from_ca_dir(trust_domain, *svid_ttl, flock_clock::unix_now, dir)
+                        .map_err(|e| anyhow::anyhow!("--ca-dir {}: {e}", dir.display()))?;
+                tracing::info!(identity = %ca.describe(), issuer = %ca.describe_issuer(), ca_dir = %dir.display(), "workload identity: built-in CA under a shared root (re-read when the directory changes)");
+                ca_watch = Some((Arc::clone(&ca), dir.clone()));
+                ca
+            }
+            None => {
+                let ca = BuiltinCa::new(trust_domain, *svid_ttl, flock_clock::unix_now)
+                    .map_err(|e| anyhow::anyhow!("--identity builtin: {e}"))?;
+                tracing::info!(identity = %ca.describe(), "workload identity: node-local CA (keys in memory only)");
+                tracing::info!(
+                    "the node-local CA's SVIDs are trusted on this node only: cross-node mTLS needs a shared root (--ca-dir)"
+                );
+                ca
+            }
+        };
         rotation = Some(Arc::clone(&ca));
         agent = agent.with_identity(ca);
     }
@@ -415,6 +437,17 @@ pub async fn run(
             tokio::select! {
                 _ = until_stopped(&mut stop) => {}
                 _ = ca.run_rotation(Duration::from_secs(5)) => {}
+            }
+        });
+    }
+    if let Some((ca, dir)) = ca_watch {
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = until_stopped(&mut stop) => {}
+                // Half a second of quiet after the last event: a Secret update is a
+                // burst of a few events within milliseconds.
+                _ = ca.watch_ca_dir(dir, Duration::from_millis(500), Duration::from_secs(60)) => {}
             }
         });
     }

@@ -157,6 +157,16 @@ struct Args {
     /// and of the mTLS xDS clients served as proxyless gRPC.
     #[arg(long, default_value = "cluster.local", value_name = "DOMAIN")]
     trust_domain: String,
+    /// The built-in CA's issuer under a shared root, so that nodes trust each other's
+    /// SVIDs (cross-node mTLS): a directory in the layout of a Kubernetes Secret like
+    /// Istio's `cacerts` — ca-cert.pem (this node's issuer), ca-key.pem (PKCS#8),
+    /// cert-chain.pem (issuer → root; optional), root-cert.pem (the trusted roots, one
+    /// or more). Checked whole at start (the agent refuses to start on a bad set) and
+    /// re-read when it changes: a valid new set re-issues every SVID, a bad one is
+    /// refused with a warning and the old kept. `flock-agent ca init` / `ca issue` make
+    /// one. Without it: a node-local CA, trusted on this node only.
+    #[arg(long, value_name = "DIR")]
+    ca_dir: Option<PathBuf>,
     /// Lifetime of the built-in CA's SVIDs, seconds; each is renewed at half its lifetime.
     #[arg(long, default_value_t = 3600, value_name = "SECS")]
     svid_ttl: u64,
@@ -268,6 +278,10 @@ enum Command {
     /// --envoy-cluster, admin on 127.0.0.1:--envoy-admin-port. Example:
     /// `flock-agent --node-name "$NODE" envoy-bootstrap > envoy.json`.
     EnvoyBootstrap,
+    /// Make a shared trust root for --ca-dir: `ca init` (a root CA), `ca issue` (a node
+    /// issuer signed by it, in the --ca-dir layout).
+    #[command(subcommand)]
+    Ca(ca::CaCommand),
 }
 
 /// The default --xds-socket.
@@ -290,6 +304,7 @@ fn node_name(args: &Args) -> anyhow::Result<String> {
     Ok(name)
 }
 
+mod ca;
 mod harden;
 
 fn main() -> std::process::ExitCode {
@@ -299,6 +314,15 @@ fn main() -> std::process::ExitCode {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("flock-agent envoy-bootstrap: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(Command::Ca(cmd)) = &args.command {
+        return match ca::run(cmd) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("flock-agent ca: {e:#}");
                 std::process::ExitCode::FAILURE
             }
         };
@@ -426,6 +450,25 @@ fn registry_auth(args: &Args) -> anyhow::Result<Option<flock_bird::registry::Etc
     }
 }
 
+/// `--identity` with `--ca-dir` (which only the built-in CA takes).
+fn identity_source(args: &Args) -> anyhow::Result<IdentitySource> {
+    let mut source = IdentitySource::parse(
+        &args.identity,
+        &args.trust_domain,
+        Duration::from_secs(args.svid_ttl),
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    match (&mut source, &args.ca_dir) {
+        (IdentitySource::Builtin { ca_dir, .. }, dir) => ca_dir.clone_from(dir),
+        (_, Some(dir)) => anyhow::bail!(
+            "--ca-dir {}: only the built-in CA (--identity builtin) takes an issuer from a directory",
+            dir.display()
+        ),
+        (_, None) => {}
+    }
+    Ok(source)
+}
+
 /// Who may use xDS: on the socket the agent's own euid, --envoy-uid and the allow-lists;
 /// on mTLS the listed Envoy SPIFFE IDs and the trust domain's gRPC clients.
 fn access_policy(args: &Args) -> AccessPolicy {
@@ -480,12 +523,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         registry_ttl_secs: args.registry_ttl,
         registry_tls: registry_tls(&args)?,
         registry_auth: registry_auth(&args)?,
-        identity: IdentitySource::parse(
-            &args.identity,
-            &args.trust_domain,
-            Duration::from_secs(args.svid_ttl),
-        )
-        .map_err(|e| anyhow::anyhow!(e))?,
+        identity: identity_source(&args)?,
         kube: kube_options(
             &args,
             std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|h| !h.is_empty()),

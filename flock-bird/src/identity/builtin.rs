@@ -1,5 +1,6 @@
 //! The `builtin` provider: a node-local CA that issues SPIFFE SVIDs itself.
 
+use super::ca_dir::{self, CaDirError, CaDirFiles, IssuerSet};
 use super::{
     Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid, due,
     rotation_at, spiffe_id, validate_path_segment, validate_trust_domain,
@@ -7,13 +8,11 @@ use super::{
 use flock_core::UnixMs;
 use flock_core::pod::PodKey;
 use flock_core::sync::Mutex;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType, SerialNumber,
-};
+use rcgen::KeyPair;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -33,15 +32,17 @@ pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 type Clock = Box<dyn Fn() -> UnixMs + Send + Sync>;
 
-/// A node-local CA (ECDSA P-256, in memory only) issuing
-/// `spiffe://<trust-domain>/ns/<ns>/sa/<sa>` SVIDs, rotated at half their lifetime.
+/// The built-in CA issuing `spiffe://<trust-domain>/ns/<ns>/sa/<sa>` SVIDs, rotated at
+/// half their lifetime. Its issuer is either node-local (ECDSA P-256, generated at start,
+/// in memory only: [`BuiltinCa::new`]) or read from a CA directory under a shared root
+/// ([`BuiltinCa::from_ca_dir`], re-read by [`BuiltinCa::watch_ca_dir`]).
 pub struct BuiltinCa {
     trust_domain: String,
     ttl: Duration,
     clock: Clock,
-    issuer: Issuer<'static, KeyPair>,
-    ca_not_after_ms: UnixMs,
-    bundle: Bundle,
+    /// The current issuer; replaced whole when the CA directory changes. Lock order:
+    /// `state` before `issuer`.
+    issuer: Mutex<Arc<IssuerSet>>,
     /// Mixed into serials so two leaves never share one, even with equal keys' hashes.
     serials: AtomicU64,
     /// Subscriptions and SVIDs; every change is published under this lock, so views
@@ -62,20 +63,9 @@ impl fmt::Debug for BuiltinCa {
         f.debug_struct("BuiltinCa")
             .field("trust_domain", &self.trust_domain)
             .field("ttl", &self.ttl)
-            .field("ca_not_after_ms", &self.ca_not_after_ms)
+            .field("issuer", &self.issuer.lock().describe())
             .finish_non_exhaustive()
     }
-}
-
-/// Sets a certificate's validity to `[from, to]`.
-///
-/// rcgen takes `time::OffsetDateTime`; building it from rcgen's own epoch value (and
-/// `+ std::time::Duration`) keeps this crate free of a direct `time` dependency and of
-/// any version skew with rcgen's.
-fn set_validity(params: &mut CertificateParams, from: UnixMs, to: UnixMs) {
-    let epoch = rcgen::date_time_ymd(1970, 1, 1);
-    params.not_before = epoch + Duration::from_millis(from.as_millis());
-    params.not_after = epoch + Duration::from_millis(to.as_millis());
 }
 
 impl BuiltinCa {
@@ -88,57 +78,66 @@ impl BuiltinCa {
         svid_ttl: Duration,
         clock: impl Fn() -> UnixMs + Send + Sync + 'static,
     ) -> Result<Arc<Self>, IdentityError> {
-        validate_trust_domain(trust_domain).map_err(|reason| {
-            IdentityError::InvalidTrustDomain {
-                domain: trust_domain.to_string(),
-                reason,
-            }
-        })?;
-        if !(MIN_TTL..=MAX_TTL).contains(&svid_ttl) {
-            return Err(IdentityError::InvalidTtl(format!(
-                "{svid_ttl:?} not within {MIN_TTL:?}..={MAX_TTL:?}"
-            )));
-        }
+        check_params(trust_domain, svid_ttl)?;
         let now = clock();
-        let ca_not_after_ms = now.plus(CA_LIFETIME.as_millis() as u64);
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "flock");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("flock node CA {trust_domain}"));
-        // Path length 0: this CA signs leaves only.
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        set_validity(
-            &mut params,
-            UnixMs(
-                now.as_millis()
-                    .saturating_sub(CLOCK_SKEW.as_millis() as u64),
-            ),
-            ca_not_after_ms,
-        );
-        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
-        let cert = params.self_signed(&key).map_err(issue_error)?;
-        let bundle = Bundle {
-            trust_domain: trust_domain.to_string(),
-            ca_pem: cert.pem(),
-        };
+        let issuer = IssuerSet::self_signed(
+            trust_domain,
+            now,
+            CLOCK_SKEW,
+            now.plus(CA_LIFETIME.as_millis() as u64),
+        )?;
+        Ok(Self::with_issuer(
+            trust_domain,
+            svid_ttl,
+            Box::new(clock),
+            issuer,
+        ))
+    }
+
+    /// Creates the CA with the issuer, chain and roots of `dir` (see
+    /// [`ca_dir`](super::ca_dir)), validated at the clock's now: SVIDs are signed by
+    /// `ca-cert.pem` and carry its chain; the bundle is `root-cert.pem`. Keep it current
+    /// with [`BuiltinCa::watch_ca_dir`].
+    pub fn from_ca_dir(
+        trust_domain: &str,
+        svid_ttl: Duration,
+        clock: impl Fn() -> UnixMs + Send + Sync + 'static,
+        dir: &Path,
+    ) -> Result<Arc<Self>, IdentityError> {
+        check_params(trust_domain, svid_ttl)?;
+        let issuer = ca_dir::load_ca_dir(dir, trust_domain, clock())
+            .map_err(|e| IdentityError::CaDir(e.to_string()))?;
+        Ok(Self::with_issuer(
+            trust_domain,
+            svid_ttl,
+            Box::new(clock),
+            issuer,
+        ))
+    }
+
+    fn with_issuer(
+        trust_domain: &str,
+        ttl: Duration,
+        clock: Clock,
+        issuer: IssuerSet,
+    ) -> Arc<Self> {
         let mut bundles = BTreeMap::new();
-        bundles.insert(trust_domain.to_string(), bundle.clone());
+        bundles.insert(
+            trust_domain.to_string(),
+            Bundle {
+                trust_domain: trust_domain.to_string(),
+                ca_pem: issuer.roots_pem().to_string(),
+            },
+        );
         let (tx, _) = watch::channel(Arc::new(IdentityView {
             bundles,
             ..IdentityView::default()
         }));
-        Ok(Arc::new(Self {
+        Arc::new(Self {
             trust_domain: trust_domain.to_string(),
-            ttl: svid_ttl,
-            clock: Box::new(clock),
-            issuer: Issuer::new(params, key),
-            ca_not_after_ms,
-            bundle,
+            ttl,
+            clock,
+            issuer: Mutex::new(Arc::new(issuer)),
             serials: AtomicU64::new(0),
             state: Mutex::new(State {
                 subscriptions: BTreeMap::new(),
@@ -146,7 +145,7 @@ impl BuiltinCa {
                 generation: 0,
             }),
             tx,
-        }))
+        })
     }
 
     /// The trust domain.
@@ -159,54 +158,49 @@ impl BuiltinCa {
         self.ttl
     }
 
-    /// The CA's bundle.
-    pub fn bundle(&self) -> &Bundle {
-        &self.bundle
+    /// The CA's bundle: its trust anchors (`root-cert.pem` with a CA directory).
+    pub fn bundle(&self) -> Bundle {
+        Bundle {
+            trust_domain: self.trust_domain.clone(),
+            ca_pem: self.issuer.lock().roots_pem().to_string(),
+        }
+    }
+
+    /// One line about the current issuer (subject, roots, expiry).
+    pub fn describe_issuer(&self) -> String {
+        self.issuer.lock().describe().to_string()
     }
 
     /// Issues a fresh SVID (new key, new serial) for `spiffe_id` at the clock's now.
     /// It is *not* tracked in the view: subscriptions do that; this is the unit of work
     /// they (and the issuance benchmark) share.
     pub fn issue(&self, spiffe_id: &str) -> Result<Svid, IdentityError> {
+        let issuer = Arc::clone(&self.issuer.lock());
+        self.issue_with(&issuer, spiffe_id)
+    }
+
+    fn issue_with(&self, issuer: &IssuerSet, spiffe_id: &str) -> Result<Svid, IdentityError> {
         let now = (self.clock)();
-        // A leaf never outlives its CA (a chain with an expired root fails anyway).
+        // A leaf never outlives its issuer's chain (a peer would reject it anyway).
         let not_after_ms = now
             .plus(self.ttl.as_millis() as u64)
-            .min(self.ca_not_after_ms);
-        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
-        let serial = self.serial_for(&key);
-        let uri = spiffe_id.to_string().try_into().map_err(issue_error)?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "flock");
-        // X509-SVID spec: exactly one URI SAN, the SPIFFE ID.
-        params.subject_alt_names = vec![SanType::URI(uri)];
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        params.serial_number = Some(SerialNumber::from_slice(&serial));
-        set_validity(
-            &mut params,
-            UnixMs(
-                now.as_millis()
-                    .saturating_sub(CLOCK_SKEW.as_millis() as u64),
-            ),
-            not_after_ms,
+            .min(issuer.not_after_ms());
+        let from = UnixMs(
+            now.as_millis()
+                .saturating_sub(CLOCK_SKEW.as_millis() as u64),
         );
-        let cert = params.signed_by(&key, &self.issuer).map_err(issue_error)?;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
+        let serial = self.serial_for(&key);
+        let der = ca_dir::sign_leaf(issuer, &key, spiffe_id, (from, not_after_ms), &serial)?;
         // rcgen's PEM string is moved into the zeroizing wrapper as it is (no copy). The
         // `KeyPair` itself keeps a DER copy that rcgen does not wipe when it is dropped
         // at the end of this call; that copy is out of our reach.
         let private_key_pem = SecretPem::new(key.serialize_pem());
+        let mut cert_chain_pem = ca_dir::cert_pem(&der);
+        cert_chain_pem.push_str(issuer.chain_pem());
         Ok(Svid {
             spiffe_id: spiffe_id.to_string(),
-            cert_chain_pem: cert.pem(),
+            cert_chain_pem,
             private_key_pem,
             not_after_ms,
             issued_ms: now,
@@ -289,13 +283,135 @@ impl BuiltinCa {
     fn publish(&self, state: &mut State) {
         state.generation += 1;
         let mut bundles = BTreeMap::new();
-        bundles.insert(self.trust_domain.clone(), self.bundle.clone());
+        bundles.insert(self.trust_domain.clone(), self.bundle());
         self.tx.send_replace(Arc::new(IdentityView {
             svids: state.svids.clone(),
             bundles,
             subscriptions: state.subscriptions.clone(),
             generation: state.generation,
         }));
+    }
+
+    /// Re-reads the CA directory `dir`. An unchanged set (same file contents) is left
+    /// alone; a changed one is validated whole first — a refused set changes nothing and
+    /// the error says why — then becomes the issuer: every SVID is re-issued under it and
+    /// the view is published with the new bundle (`root-cert.pem`, which lists old and
+    /// new roots during a root rotation, so peers holding either keep verifying).
+    pub fn reload_ca_dir(&self, dir: &Path) -> Result<CaReload, CaDirError> {
+        let files = CaDirFiles::read(dir)?;
+        let current = self.issuer.lock().fingerprint;
+        if current == Some(files.fingerprint()) {
+            return Ok(CaReload::Unchanged);
+        }
+        let new = ca_dir::validate(files, &self.trust_domain, (self.clock)())?;
+        let description = new.describe().to_string();
+        let reissued = self.replace_issuer(new);
+        tracing::info!(issuer = %description, reissued, dir = %dir.display(), "CA directory changed: new issuer in use, SVIDs re-issued");
+        Ok(CaReload::Replaced { reissued })
+    }
+
+    /// Makes `new` the issuer and re-issues every SVID under it; publishes once.
+    /// Returns how many SVIDs were re-issued.
+    fn replace_issuer(&self, new: IssuerSet) -> usize {
+        let new = Arc::new(new);
+        let mut state = self.state.lock();
+        *self.issuer.lock() = Arc::clone(&new);
+        let ids: Vec<String> = state.svids.keys().cloned().collect();
+        let mut reissued = 0;
+        for id in ids {
+            match self.issue_with(&new, &id) {
+                Ok(svid) => {
+                    tracing::info!(spiffe_id = %id, serial = %svid.serial, "re-issued SVID under the new issuer");
+                    state.svids.insert(id, Arc::new(svid));
+                    reissued += 1;
+                }
+                // The old SVID verifies as long as its root is in the bundle; the next
+                // rotation round issues it under the new issuer.
+                Err(e) => {
+                    tracing::warn!(spiffe_id = %id, error = %e, "re-issuing an SVID under the new issuer failed")
+                }
+            }
+        }
+        self.publish(&mut state);
+        reissued
+    }
+
+    /// Follows the CA directory `dir` forever: an inotify watch on the directory (a
+    /// mounted Secret changes by an atomic swap of its `..data` symlink, an event on the
+    /// directory itself, not on the file symlinks), each burst of events followed by
+    /// `debounce` of quiet, then [`BuiltinCa::reload_ca_dir`]; also every `poll`, in
+    /// case the watch is lost (the directory replaced) or was never armed. A refused set
+    /// is logged once per distinct content, at `warn`, and the old issuer stays.
+    /// Spawn it; abort the task to stop it.
+    pub async fn watch_ca_dir(self: Arc<Self>, dir: PathBuf, debounce: Duration, poll: Duration) {
+        use tokio_stream::StreamExt as _;
+        let mut refused: Option<[u8; 32]> = None;
+        let mut events = arm_watch(&dir);
+        // A change between the first load and the arming of the watch raised no event.
+        self.reload_logged(&dir, &mut refused);
+        loop {
+            let event = async {
+                match events.as_mut() {
+                    Some(stream) => stream.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = event => {
+                    match ev {
+                        Some(Ok(ev)) if !ev.mask.intersects(
+                            inotify::EventMask::IGNORED
+                                | inotify::EventMask::DELETE_SELF
+                                | inotify::EventMask::MOVE_SELF,
+                        ) => {}
+                        // The directory went away (or the watch broke): re-arm at the
+                        // next poll; the poll reloads meanwhile.
+                        _ => {
+                            tracing::warn!(dir = %dir.display(), "CA directory watch lost; polling every {poll:?}");
+                            events = None;
+                            continue;
+                        }
+                    }
+                    // Debounce: a Secret update is several events (new data directory,
+                    // `..data_tmp` symlink, rename, old directory removed); read once
+                    // they have stopped.
+                    loop {
+                        let more = async {
+                            match events.as_mut() {
+                                Some(stream) => stream.next().await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            _ = more => {}
+                            () = tokio::time::sleep(debounce) => break,
+                        }
+                    }
+                }
+                () = tokio::time::sleep(poll) => {
+                    if events.is_none() {
+                        events = arm_watch(&dir);
+                    }
+                }
+            }
+            self.reload_logged(&dir, &mut refused);
+        }
+    }
+
+    fn reload_logged(&self, dir: &Path, refused: &mut Option<[u8; 32]>) {
+        match self.reload_ca_dir(dir) {
+            Ok(_) => *refused = None,
+            Err(e) => {
+                // The same bad content is reported once, not at every poll; a read
+                // racing a swap (files from two versions) also lands here and is
+                // retried by the event that finishes the swap.
+                let print = CaDirFiles::read(dir).map(|f| f.fingerprint()).ok();
+                if print.is_none() || print != *refused {
+                    tracing::warn!(dir = %dir.display(), error = %e, "CA directory refused; keeping the current issuer");
+                    *refused = print;
+                }
+            }
+        }
     }
 
     /// Removes `key`'s subscription from `state`, and its SVID when it was the last
@@ -362,6 +478,61 @@ impl IdentityProvider for BuiltinCa {
             self.ttl.as_secs()
         )
     }
+}
+
+/// What [`BuiltinCa::reload_ca_dir`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaReload {
+    /// The files are the ones in use.
+    Unchanged,
+    /// A new issuer set is in use; this many SVIDs were re-issued under it.
+    Replaced {
+        /// SVIDs re-issued.
+        reissued: usize,
+    },
+}
+
+type EventStream = inotify::EventStream<Vec<u8>>;
+
+/// An inotify watch on the directory itself (not the files: a Secret's files are
+/// symlinks through `..data`, which is replaced, not written).
+fn arm_watch(dir: &Path) -> Option<EventStream> {
+    use inotify::{Inotify, WatchMask};
+    let armed = Inotify::init().and_then(|inotify| {
+        inotify.watches().add(
+            dir,
+            WatchMask::CREATE
+                | WatchMask::CLOSE_WRITE
+                | WatchMask::MOVED_TO
+                | WatchMask::MOVED_FROM
+                | WatchMask::DELETE
+                | WatchMask::ATTRIB
+                | WatchMask::DELETE_SELF
+                | WatchMask::MOVE_SELF
+                | WatchMask::ONLYDIR,
+        )?;
+        inotify.into_event_stream(vec![0u8; 4096])
+    });
+    match armed {
+        Ok(stream) => Some(stream),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the CA directory; polling it instead");
+            None
+        }
+    }
+}
+
+fn check_params(trust_domain: &str, svid_ttl: Duration) -> Result<(), IdentityError> {
+    validate_trust_domain(trust_domain).map_err(|reason| IdentityError::InvalidTrustDomain {
+        domain: trust_domain.to_string(),
+        reason,
+    })?;
+    if !(MIN_TTL..=MAX_TTL).contains(&svid_ttl) {
+        return Err(IdentityError::InvalidTtl(format!(
+            "{svid_ttl:?} not within {MIN_TTL:?}..={MAX_TTL:?}"
+        )));
+    }
+    Ok(())
 }
 
 fn issue_error(e: impl fmt::Display) -> IdentityError {

@@ -19,13 +19,15 @@
 //! [`zeroize::Zeroizing`] buffers from the moment they reach this module (rcgen's PEM,
 //! SPIRE's PKCS#8 DER and its PEM re-encoding), so they are wiped when dropped.
 //!
-//! Providers: [`BuiltinCa`] (a node-local CA) and [`spire::SpireBridge`] (a SPIRE
+//! Providers: [`BuiltinCa`] (a node-local CA, or an issuer under a shared root read
+//! from a CA directory: [`ca_dir`]) and [`spire::SpireBridge`] (a SPIRE
 //! agent's Delegated Identity API, subscribing pods by [`PodIdentity::selectors`]).
 
 mod builtin;
+pub mod ca_dir;
 pub mod spire;
 
-pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, MAX_TTL, MIN_TTL};
+pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, CaReload, MAX_TTL, MIN_TTL};
 use flock_core::UnixMs;
 pub use spire::{SpireBridge, SpireOptions};
 
@@ -214,6 +216,9 @@ pub enum IdentityError {
     /// Generating a key or signing a certificate failed.
     #[error("certificate issuance failed: {0}")]
     Issue(String),
+    /// The CA directory (`--ca-dir`) was refused: which file, and why.
+    #[error("CA directory refused: {0}")]
+    CaDir(String),
 }
 
 /// A source of workload identities for subscribed pods.
