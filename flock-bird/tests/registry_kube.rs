@@ -423,3 +423,54 @@ async fn the_agent_serves_slices_with_cluster_ips_and_its_gc_leaves_them() {
         "the view's endpoints are not judged as the agent's: {report:?}"
     );
 }
+
+/// A Service the mapping refuses (here a cluster IP that is not an IP) serves nothing
+/// and is refused once: later snapshot changes that leave it alone neither count it
+/// again nor forget it.
+#[tokio::test]
+async fn a_bad_service_is_refused_once_and_stays_refused() {
+    let (api, _watch, registry) = cluster().await;
+    let mut bad = service("shop", "cart", json!({}));
+    let spec = bad.spec.as_mut().unwrap();
+    spec.cluster_ip = Some("not-an-ip".into());
+    spec.cluster_ips = Some(vec!["not-an-ip".into()]);
+    api.apply(&bad);
+    api.apply(&slice(
+        "shop",
+        "cart-1",
+        "cart",
+        json!([ready("10.1.0.1", "node-b")]),
+    ));
+    api.apply(&service("shop", "pay", json!({})));
+    api.apply(&slice(
+        "shop",
+        "pay-1",
+        "pay",
+        json!([ready("10.1.0.2", "node-b")]),
+    ));
+    until(&registry, "pay", |v| of(v, "shop", "pay").len() == 1).await;
+    let rejections = registry.rejections().unwrap();
+    let refused_cart = |r: &flock_bird::registry::Rejections| {
+        r.refused()
+            .keys()
+            .any(|k| k.contains("services/cart/spec.clusterIPs"))
+    };
+    assert!(refused_cart(&rejections), "{:?}", rejections.refused());
+    let count = rejections.count(Reject::Undecodable);
+    assert_eq!(count, 1, "{:?}", rejections.refused());
+
+    // Another change (pay gains an endpoint): cart is still refused, not counted again.
+    api.apply(&slice(
+        "shop",
+        "pay-1",
+        "pay",
+        json!([ready("10.1.0.2", "node-b"), ready("10.1.0.3", "node-b")]),
+    ));
+    let view = until(&registry, "pay's second endpoint", |v| {
+        of(v, "shop", "pay").len() == 2
+    })
+    .await;
+    assert!(of(&view, "shop", "cart").is_empty());
+    assert!(refused_cart(&rejections), "{:?}", rejections.refused());
+    assert_eq!(rejections.count(Reject::Undecodable), 1);
+}

@@ -150,6 +150,9 @@ struct ViewBuilder {
     revision: u64,
     generation: u64,
     was_erroring: bool,
+    /// The endpoints of the last view built, and the revision they got.
+    last_endpoints: BTreeMap<String, Endpoint>,
+    view_revision: u64,
 }
 
 impl ViewBuilder {
@@ -163,15 +166,13 @@ impl ViewBuilder {
             revision: 0,
             generation: 0,
             was_erroring: false,
+            last_endpoints: BTreeMap::new(),
+            view_revision: 0,
         }
     }
 
     /// The Service's mapping, re-parsed only if its object changed.
-    fn service(
-        &mut self,
-        key: &(String, String),
-        svc: &Arc<Service>,
-    ) -> MappedService {
+    fn service(&mut self, key: &(String, String), svc: &Arc<Service>) -> MappedService {
         if let Some((cached, info)) = self.services.get(key)
             && Arc::ptr_eq(cached, svc)
         {
@@ -196,7 +197,6 @@ impl ViewBuilder {
         self.services.retain(|k, _| snap.services.contains_key(k));
 
         let mut slices = HashMap::with_capacity(snap.slices.len());
-        let mut bad_services: BTreeMap<String, Rejected> = BTreeMap::new();
         for (key, slice) in snap.slices.iter() {
             let (ns, name) = key;
             let owner = slice
@@ -262,12 +262,13 @@ impl ViewBuilder {
                             .map(|e| (e.key(), e))
                             .collect();
                     }
-                    Err(e) => {
-                        bad_services.insert(
-                            format!("kubernetes/{ns}/services/{owner}/{}", e.field),
-                            Rejected::new(reason_of(&e.field), e.message),
-                        );
-                    }
+                    // Every slice of a bad Service carries its refusal (one key, so it is
+                    // warned about and counted once, and stays refused while any slice
+                    // of it is held unchanged).
+                    Err(e) => mapped.rejected.push((
+                        format!("kubernetes/{ns}/services/{owner}/{}", e.field),
+                        Rejected::new(reason_of(&e.field), e.message),
+                    )),
                 }
             }
             slices.insert(key.clone(), mapped);
@@ -289,10 +290,6 @@ impl ViewBuilder {
                 refused.insert(key.clone());
             }
         }
-        for (key, why) in &bad_services {
-            self.rejections.reject(DESCRIBE, key, why);
-            refused.insert(key.clone());
-        }
         // A key refused before and not now is fixed or gone: a later refusal is news.
         self.rejections.retain(|k| refused.contains(k));
 
@@ -305,20 +302,27 @@ impl ViewBuilder {
         }
         self.was_erroring = erroring;
         view.generation = self.generation;
-        view.revision = self.slices.values().map(|s| s.revision).max().unwrap_or(0);
+        // The view's revision counts changes of its endpoints (not snapshot changes
+        // that left them alone, such as a pod event), so an unchanged view is not sent.
+        if view.endpoints != self.last_endpoints {
+            self.view_revision += 1;
+            self.last_endpoints = view.endpoints.clone();
+        }
+        view.revision = self.view_revision;
         view
     }
 }
 
 /// The rejection reason of a mapping error, by the field it names.
 fn reason_of(field: &str) -> Reject {
+    let field = field.to_ascii_lowercase();
     if field.contains("addresses") {
         Reject::Address
     } else if field.contains("port") {
         Reject::Port
     } else if field.contains("account") || field.contains("trust domain") {
         Reject::Identity
-    } else if field.contains("name") || field.contains("namespace") || field.contains("Ref") {
+    } else if field.contains("name") || field.contains("ref") {
         Reject::Name
     } else {
         Reject::Undecodable
