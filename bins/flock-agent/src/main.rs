@@ -620,6 +620,19 @@ mod tests {
     }
 
     #[test]
+    fn the_startup_taint_is_removed_by_default_in_kube_mode_unless_turned_off() {
+        let on = kube_options(&args(&["--kube"]), false).unwrap();
+        assert!(on.remove_startup_taint);
+        assert_eq!(on.cni_ready_file, None);
+        let bare = kube_options(&args(&["--kube", "--remove-startup-taint"]), false).unwrap();
+        assert!(bare.remove_startup_taint);
+        let off = kube_options(&args(&["--kube", "--remove-startup-taint=false"]), false).unwrap();
+        assert!(!off.remove_startup_taint);
+        let file = kube_options(&args(&["--kube", "--cni-ready-file", "/r"]), false).unwrap();
+        assert_eq!(file.cni_ready_file, Some(PathBuf::from("/r")));
+    }
+
+    #[test]
     fn durations_take_ms_s_or_plain_seconds() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
