@@ -52,6 +52,14 @@ pub const IDENTITY_ANNOTATIONS: [&str; 3] = [
 /// How long a direct GET (a pod or a namespace the reflector does not hold) may take.
 const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the API may take to answer an ADD's lookups, beyond the `pod_wait` spent
+/// waiting for the reflector. The CNI plugin gives up after its `timeout_ms` (5 s by
+/// default) with a bare "deadline exceeded"; the agent must answer first, with the
+/// reason, so the default `pod_wait` (2 s) plus this stays under it. An API server that
+/// accepts connections but never answers would otherwise hold the ADD for the GETs'
+/// full timeouts.
+pub const API_ANSWER_BUDGET: Duration = Duration::from_millis(2500);
+
 /// One Service port a pod is a member of: what it registers.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MemberPort {
@@ -271,11 +279,23 @@ impl KubePods {
                  memberships come from the Kubernetes API"
             );
         }
+        let budget = self.pod_wait + API_ANSWER_BUDGET;
+        match tokio::time::timeout(budget, self.lookup(input, &pod_ref)).await {
+            Ok(decided) => decided,
+            Err(_) => Err(unreachable_api(
+                &pod_ref,
+                &format!("no answer within {budget:?}"),
+            )),
+        }
+    }
+
+    /// The lookups of [`admit`](Self::admit) and its decision.
+    async fn lookup(&self, input: &AddPodInput, pod_ref: &str) -> Result<KubeAdmission, PodError> {
         let pod = self
             .watch
             .pod(&input.namespace, &input.name, self.pod_wait)
             .await
-            .map_err(|e| unidentified(&pod_ref, &e))?;
+            .map_err(|e| unidentified(pod_ref, &e))?;
         // The reflector may still hold the pod this name belonged to before: ask the
         // API itself before refusing.
         let pod = if uid_differs(&input.uid, &pod) {
@@ -286,7 +306,7 @@ impl KubePods {
         let snapshot = self.snapshot();
         let namespace_labels = match snapshot.namespaces.get(&input.namespace) {
             Some(labels) => Some(labels.clone()),
-            None => self.namespace_labels(&input.namespace, &pod_ref).await?,
+            None => self.namespace_labels(&input.namespace, pod_ref).await?,
         };
         decide(
             input,

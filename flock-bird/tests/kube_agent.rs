@@ -298,3 +298,43 @@ async fn a_pod_not_opted_in_is_ignored_and_a_recreated_pods_sandbox_refused() {
     }
     assert!(s.agent.pods().is_empty());
 }
+
+/// An API server that accepts connections and never answers (hung, or a proxy in
+/// front of a dead one): the ADD still fails with the reason, and before the CNI
+/// plugin's default 5 s timeout would cut it off with a bare "deadline exceeded".
+/// (A plain listener, not the double: the double answers or closes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_api_fails_the_add_in_time_with_the_reason() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            open.push(conn);
+        }
+    });
+    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+    let watch = Arc::new(KubeWatch::start(
+        kube::Client::try_from(config).unwrap(),
+        WatchOptions {
+            node_name: "n1".into(),
+            endpoint_slices: false,
+        },
+    ));
+    let pods = KubePods::new(watch, "n1", Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    match pods.admit(&input("shop", "web-0", UID)).await {
+        Err(PodError::Unidentified(m)) => assert!(
+            m.starts_with("cannot identify pod shop/web-0: the Kubernetes API is unreachable (")
+                && m.contains("no answer"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(4900),
+        "the ADD took {took:?}: the plugin would have given up first"
+    );
+    held.abort();
+}

@@ -222,7 +222,9 @@ struct Args {
     #[arg(long, value_name = "PATH", help_heading = "Kubernetes")]
     kubeconfig: Option<PathBuf>,
     /// Kube mode: how long a CNI ADD waits for its pod to appear in the agent's watch
-    /// before asking the API directly (`500ms`, `2s`, or seconds).
+    /// before asking the API directly (`500ms`, `2s`, or seconds). The API then has
+    /// 2.5 s more to answer; keep the sum under flock-cni's `timeout_ms` (5 s by
+    /// default), so a failed ADD carries the agent's reason.
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Kubernetes")]
     kube_pod_wait: Duration,
     /// Kube mode: remove the startup taint flock.io/agent-not-ready:NoSchedule from
