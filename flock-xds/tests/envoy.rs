@@ -2,7 +2,10 @@
 //! Envoy receives the mesh translation (listeners, routes, clusters, endpoints); HTTP
 //! requests through Envoy reach real backends; an endpoint update moves traffic; a
 //! removal disappears from `/config_dump`; an invalid resource is NACKed with
-//! `error_detail` and Envoy keeps serving the previous configuration.
+//! `error_detail` and Envoy keeps serving the previous configuration. For many nodes:
+//! Envoy accepts outlier detection, priorities and retry policies, keeps traffic in
+//! the caller's zone, and fails over without a failed request when the local
+//! endpoint dies or vanishes, retrying only what may be repeated.
 
 mod common;
 
@@ -261,4 +264,332 @@ async fn envoy_over_delta_ads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_over_sotw_ads() {
     envoy_end_to_end("GRPC").await;
+}
+
+/// How a [`Node`] backend behaves.
+const SERVING: u8 = 0;
+/// Every request is answered `503` (an app that fails).
+const FAILING: u8 = 1;
+/// Nothing is answered and no connection closes: a node that vanished (powered
+/// off, link down) without resetting anything.
+const VANISHED: u8 = 2;
+
+/// An HTTP/1.1 backend standing in for a pod on another node, unlike
+/// [`Backend`] killable for real: [`Node::kill`] closes its listener and every
+/// connection (a process that died: the kernel refuses and resets), and the
+/// [`VANISHED`] state leaves every connection open and silent. It counts the
+/// requests it answered and the `POST`s it saw. Requests carry no body.
+struct Node {
+    port: u16,
+    served: Arc<std::sync::atomic::AtomicU64>,
+    posts: Arc<std::sync::atomic::AtomicU64>,
+    state: Arc<std::sync::atomic::AtomicU8>,
+    tasks: Arc<Mutex<tokio::task::JoinSet<()>>>,
+}
+
+impl Node {
+    async fn start(body: &'static str) -> Self {
+        use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let served = Arc::new(AtomicU64::new(0));
+        let posts = Arc::new(AtomicU64::new(0));
+        let state = Arc::new(AtomicU8::new(SERVING));
+        let tasks = Arc::new(Mutex::new(tokio::task::JoinSet::new()));
+        let (s, p, st, t) = (
+            Arc::clone(&served),
+            Arc::clone(&posts),
+            Arc::clone(&state),
+            Arc::clone(&tasks),
+        );
+        tasks.lock().unwrap().spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (served, posts, state) = (Arc::clone(&s), Arc::clone(&p), Arc::clone(&st));
+                t.lock().unwrap().spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut pending = Vec::new();
+                    loop {
+                        let n = match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        pending.extend_from_slice(&buf[..n]);
+                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head: Vec<u8> = pending.drain(..end + 4).collect();
+                            let status = match state.load(Ordering::SeqCst) {
+                                VANISHED => {
+                                    // Hold the connection open, answer nothing.
+                                    std::future::pending::<()>().await;
+                                    unreachable!()
+                                }
+                                FAILING => "503 Service Unavailable",
+                                _ => "200 OK",
+                            };
+                            if head.starts_with(b"POST ") {
+                                posts.fetch_add(1, Ordering::SeqCst);
+                            }
+                            served.fetch_add(1, Ordering::SeqCst);
+                            let response = format!(
+                                "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            if stream.write_all(response.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            served,
+            posts,
+            state,
+            tasks,
+        }
+    }
+
+    fn set(&self, state: u8) {
+        self.state.store(state, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn served(&self) -> u64 {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn posts(&self) -> u64 {
+        self.posts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Closes the listener and every connection, as a dead process's kernel would.
+    fn kill(&self) {
+        self.tasks.lock().unwrap().abort_all();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One HTTP/1.1 request without a body on a fresh connection: (status, body).
+async fn request(addr: &str, method: &str, host: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!(
+            "{method} / HTTP/1.1\r\nHost: {host}\r\ncontent-length: 0\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+        Some((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A cluster stat's value from `/stats` (not `stat()`'s filter: the cluster name
+/// holds `|`, a regex operator).
+async fn cluster_stat(envoy: &Envoy, cluster: &str, stat: &str) -> Option<u64> {
+    let (_, body) = http_get(&envoy.admin, "/stats", "admin").await?;
+    let name = format!("cluster.{cluster}.{stat}: ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&name))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+const WEB: &str = "outbound|8080|web.default";
+
+/// Service `web` with endpoint `near` in zone r1/z1 and `far` in r1/z2, and a
+/// client pod calling out on 127.0.0.1:`outbound`.
+fn two_zone_mesh(near: u16, far: u16, outbound: u16) -> Mesh {
+    let json = format!(
+        r#"{{"services": [{{"name": "web", "ports": [{{"port": 8080}}],
+              "endpoints": [{{"address": "127.0.0.1", "port": {near}, "locality": {{"region": "r1", "zone": "z1"}}}},
+                            {{"address": "127.0.0.1", "port": {far}, "locality": {{"region": "r1", "zone": "z2"}}}}]}}],
+            "pods": [{{"name": "client-0", "ip": "127.0.0.1", "outbound_port": {outbound}}}]}}"#
+    );
+    let mesh = Mesh::from_json(json.as_bytes()).unwrap();
+    mesh.validate().unwrap();
+    mesh
+}
+
+/// Envoy (Delta ADS) with the two-zone mesh translated for a caller in zone r1/z1,
+/// per-try timeout 500 ms; returns once traffic reaches `near`, with the NACK
+/// recorder.
+async fn two_zone_envoy(
+    near: &Node,
+    far: &Node,
+) -> (Envoy, common::xds::Running, String, Arc<Nacks>) {
+    let outbound = free_port();
+    let opts = EnvoyOptions {
+        local_locality: Some(translate::Locality {
+            region: "r1".into(),
+            zone: "z1".into(),
+            sub_zone: String::new(),
+        }),
+        retry_per_try_timeout_ms: 500,
+        ..EnvoyOptions::default()
+    };
+    let resources =
+        translate::envoy_resources(&two_zone_mesh(near.port, far.port, outbound), &opts);
+    let cache = Arc::new(Cache::by_node_id());
+    cache
+        .update_checked(NODE, &translate::EnvoyReferences, |prev| {
+            let mut b = prev.edit();
+            translate::replace_all(&mut b, resources);
+            b.build()
+        })
+        .unwrap();
+    let nacks = Arc::new(Nacks::default());
+    let server = Server::builder(Arc::clone(&cache))
+        .callbacks_arc(Arc::clone(&nacks) as Arc<dyn Callbacks>)
+        .build();
+    let running = start_tcp(server).await;
+    let envoy = Envoy::start(NODE, "DELTA_GRPC", running.port).await;
+    let out_addr = format!("127.0.0.1:{outbound}");
+    let body = eventually(
+        CONVERGE,
+        "a request through the outbound listener",
+        async || request(&out_addr, "GET", "web").await.map(|(_, b)| b),
+    )
+    .await;
+    assert_eq!(body, "near", "{}", envoy.guard.log_tail());
+    (envoy, running, out_addr, nacks)
+}
+
+/// Envoy ACKs clusters with outlier detection, endpoints with priorities and routes
+/// with retry policies, and sends the caller's zone all the traffic; when the local
+/// endpoint's process dies (connections closed, connects refused), not one request
+/// fails: each attempt at the dead endpoint is retried in the other zone
+/// (`previous_priorities`), and after three gateway failures outlier detection
+/// ejects it so traffic goes straight to the other zone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_prefers_the_local_zone_and_fails_over_without_a_failed_request() {
+    let near = Node::start("near").await;
+    let far = Node::start("far").await;
+    let (envoy, running, out_addr, nacks) = two_zone_envoy(&near, &far).await;
+
+    let dump = envoy.config_dump().await;
+    for needle in [
+        "\"outlier_detection\"",
+        "\"consecutive_gateway_failure\": 3",
+        "\"retry_on\": \"connect-failure,refused-stream,reset,gateway-error\"",
+        "\"retry_on\": \"connect-failure,refused-stream,reset-before-request\"",
+        "envoy.retry_priorities.previous_priorities",
+        "envoy.retry_host_predicates.previous_hosts",
+        "\"priority\": 1",
+    ] {
+        assert!(dump.contains(needle), "{needle} not in Envoy's config");
+    }
+    assert!(
+        nacks.0.lock().unwrap().is_empty(),
+        "{:?}",
+        nacks.0.lock().unwrap()
+    );
+
+    // Both endpoints healthy: the caller's zone takes everything.
+    for _ in 0..20 {
+        for method in ["GET", "POST"] {
+            assert_eq!(
+                request(&out_addr, method, "web").await,
+                Some((200, "near".to_string()))
+            );
+        }
+    }
+    assert_eq!(far.served(), 0, "the other zone is only a fallback");
+
+    // The local endpoint dies: every request still succeeds, from the other zone;
+    // POSTs too (a refused connect never reached an app).
+    near.kill();
+    for i in 0..20 {
+        let method = if i % 2 == 0 { "GET" } else { "POST" };
+        assert_eq!(
+            request(&out_addr, method, "web").await,
+            Some((200, "far".to_string())),
+            "{method} #{i} after the local endpoint died\n{}",
+            envoy.guard.log_tail()
+        );
+    }
+    assert!(cluster_stat(&envoy, WEB, "upstream_rq_retry").await >= Some(1));
+    eventually(CONVERGE, "the dead endpoint to be ejected", async || {
+        (cluster_stat(&envoy, WEB, "outlier_detection.ejections_active").await == Some(1))
+            .then_some(())
+    })
+    .await;
+    assert!(nacks.0.lock().unwrap().is_empty());
+    drop(envoy);
+    running.stop().await;
+}
+
+/// A local endpoint that vanishes (connections stay open, nothing answers): each
+/// idempotent request is retried in the other zone after the per-try timeout
+/// (500 ms here), so none fails, and timeouts eject the endpoint. A non-idempotent
+/// request that got a 503 from the app is not repeated: the app saw it once and
+/// the client gets the 503, while a GET in the same state is retried elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_retries_idempotent_requests_only_when_the_local_endpoint_fails_or_vanishes() {
+    let near = Node::start("near").await;
+    let far = Node::start("far").await;
+    let (envoy, running, out_addr, _nacks) = two_zone_envoy(&near, &far).await;
+
+    // The app fails (503): a POST is not repeated, a GET goes to the other zone.
+    near.set(FAILING);
+    let posts = near.posts();
+    assert_eq!(
+        request(&out_addr, "POST", "web").await,
+        Some((503, "near".to_string()))
+    );
+    assert_eq!(near.posts(), posts + 1, "the POST reached the app once");
+    assert_eq!(far.posts(), 0, "a POST that reached an app is not retried");
+    assert_eq!(
+        request(&out_addr, "GET", "web").await,
+        Some((200, "far".to_string()))
+    );
+
+    // The node vanishes: GETs still succeed (after the per-try timeout at most).
+    near.set(VANISHED);
+    for i in 0..8 {
+        assert_eq!(
+            request(&out_addr, "GET", "web").await,
+            Some((200, "far".to_string())),
+            "GET #{i} after the local endpoint vanished\n{}",
+            envoy.guard.log_tail()
+        );
+    }
+    eventually(CONVERGE, "the silent endpoint to be ejected", async || {
+        (cluster_stat(&envoy, WEB, "outlier_detection.ejections_active").await == Some(1))
+            .then_some(())
+    })
+    .await;
+    let timeouts = cluster_stat(&envoy, WEB, "upstream_rq_per_try_timeout").await;
+    assert!(
+        timeouts >= Some(1),
+        "the vanished endpoint was tried: {timeouts:?}"
+    );
+    // Ejected: requests go straight to the other zone, no try times out any more.
+    for _ in 0..5 {
+        assert_eq!(
+            request(&out_addr, "GET", "web").await,
+            Some((200, "far".to_string()))
+        );
+    }
+    assert_eq!(
+        cluster_stat(&envoy, WEB, "upstream_rq_per_try_timeout").await,
+        timeouts
+    );
+    drop(envoy);
+    running.stop().await;
 }
