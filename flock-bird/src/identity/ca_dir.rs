@@ -553,6 +553,20 @@ fn key_tag(key: &CaKey) -> String {
         .collect()
 }
 
+/// Verifies an SVID's certificate chain (PEM, leaf first, as in
+/// [`Svid::cert_chain_pem`](super::Svid)) against roots (PEM) at `now`, as
+/// [`verify_chain`] does.
+pub fn verify_svid_chain(cert_chain_pem: &str, roots_pem: &str, now: UnixMs) -> Result<(), String> {
+    let certs = CertificateDer::pem_slice_iter(cert_chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("chain: {e}"))?;
+    let Some((leaf, rest)) = certs.split_first() else {
+        return Err("chain: no certificate".to_string());
+    };
+    let rest_pem: String = rest.iter().map(|c| cert_pem(c)).collect();
+    verify_chain(leaf, &rest_pem, roots_pem, now)
+}
+
 /// A new root CA for `flock-agent ca init`: self-signed, `CN=flock root CA
 /// <trust_domain>`, valid `[now - skew, now + validity]`; its certificate PEM and key.
 pub fn generate_root(
