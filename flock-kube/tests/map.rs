@@ -871,3 +871,51 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// A meshed pod with valid ports maps to exactly the distinct TCP port numbers of
+    /// its containers and sidecars (not of plain init containers), sorted, listeners
+    /// numbered from the inbound base: compared with a reference that collects the
+    /// numbers into a set.
+    #[test]
+    fn meshed_pod_ports_are_the_sorted_distinct_tcp_ports(
+        containers in proptest::collection::vec(
+            (
+                proptest::collection::vec((1i32..15000, any::<bool>()), 0..6),
+                0u8..3, // 0: container, 1: sidecar init container, 2: plain init container
+            ),
+            1..4),
+    ) {
+        let mut pod: Pod = fixture("pod-terminating.json");
+        let spec = pod.spec.as_mut().unwrap();
+        spec.containers.clear();
+        let mut inits = Vec::new();
+        let mut want = BTreeSet::new();
+        for (i, (ports, kind)) in containers.into_iter().enumerate() {
+            for (n, tcp) in &ports {
+                if *tcp && kind < 2 {
+                    want.insert(*n as u16);
+                }
+            }
+            let c = Container {
+                name: format!("c{i}"),
+                restart_policy: (kind == 1).then(|| "Always".to_string()),
+                ports: Some(ports.into_iter().map(|(n, tcp)| ContainerPort {
+                    container_port: n,
+                    protocol: Some(if tcp { "TCP" } else { "UDP" }.into()),
+                    ..Default::default()
+                }).collect()),
+                ..Default::default()
+            };
+            if kind == 0 { spec.containers.push(c) } else { inits.push(c) }
+        }
+        spec.init_containers = Some(inits);
+        let facts = pod_facts(&pod, Some(&meshed_ns())).expect("valid ports map");
+        let got: Vec<u16> = facts.ports.iter().map(|p| p.app_port).collect();
+        prop_assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+        for (i, p) in facts.ports.iter().enumerate() {
+            prop_assert_eq!(usize::from(p.listen_port), usize::from(INBOUND_BASE_PORT) + i);
+            prop_assert_eq!(p.protocol, Protocol::Tcp, "unnamed ports are opaque");
+        }
+    }
+}
