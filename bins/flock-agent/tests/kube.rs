@@ -183,6 +183,9 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
     };
     cni.ok("add", &ns_web, "ctr-web", &web_pod);
     assert_eq!(meshed_pods(&agent), vec!["shop/web-0".to_string()]);
+    let listed = agent.json("/debug/pods");
+    assert_eq!(listed["pods"][0]["service_account"], "web", "{listed}");
+    assert_eq!(listed["pods"][0]["ports"][0]["app_port"], 8080, "{listed}");
     let web_id = format!("spiffe://{TRUST_DOMAIN}/ns/shop/sa/web");
     let ids = secrets(&agent);
     assert!(ids.contains(&web_id), "no SVID for {web_id}: {ids:?}");

@@ -31,7 +31,7 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Pods meshed on this node: service, IP, ports, health.
+    /// Pods meshed on this node: service, service account, IP, ports, health.
     Pods,
     /// The xDS snapshots served: version and resource names per type and node group.
     Snapshot,
@@ -99,8 +99,8 @@ fn render_pods(doc: &Pods) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<32} {:<20} {:<16} {:<24} {:<10}",
-        "POD", "SERVICE", "IP", "PORTS", "HEALTH"
+        "{:<32} {:<20} {:<20} {:<16} {:<24} {:<10}",
+        "POD", "SERVICE", "ACCOUNT", "IP", "PORTS", "HEALTH"
     );
     for p in &doc.pods {
         let ports: Vec<String> = p
@@ -111,9 +111,19 @@ fn render_pods(doc: &Pods) -> String {
         let ip = p.ips.first().map(ToString::to_string).unwrap_or_default();
         let _ = writeln!(
             out,
-            "{:<32} {:<20} {:<16} {:<24} {:<10}",
+            "{:<32} {:<20} {:<20} {:<16} {:<24} {:<10}",
             p.pod,
-            p.service,
+            // Kube mode: no annotation service (memberships are in `registry`).
+            if p.service.is_empty() {
+                "-"
+            } else {
+                &p.service
+            },
+            if p.service_account.is_empty() {
+                "default"
+            } else {
+                &p.service_account
+            },
             ip,
             if ports.is_empty() {
                 "-".into()
@@ -188,6 +198,7 @@ mod tests {
                 ifname: "eth0".into(),
                 uid: "u".into(),
                 service: "web".into(),
+                service_account: "web-sa".into(),
                 ips: vec!["10.1.0.5".parse().unwrap()],
                 netns: "/proc/self/ns/net".into(),
                 ports: vec![
@@ -216,6 +227,7 @@ mod tests {
             [
                 "default/web-1",
                 "web",
+                "web-sa",
                 "10.1.0.5",
                 "8080/http,9090/grpc",
                 "unhealthy"

@@ -109,8 +109,13 @@ pub struct Pod {
     pub ifname: String,
     /// The Kubernetes pod UID (may be empty).
     pub uid: String,
-    /// The pod's service.
+    /// The pod's service (`flock.io/service`); empty in kube mode, where the
+    /// Services that select the pod are its memberships (see `/debug/registry`).
     pub service: String,
+    /// The service account its identity names (empty: `default`); in kube mode the
+    /// pod's `spec.serviceAccountName`.
+    #[serde(default)]
+    pub service_account: String,
     /// The pod's IPs; the first is the one meshed.
     pub ips: Vec<IpAddr>,
     /// The network namespace path.

@@ -427,6 +427,7 @@ impl Views for AgentViews {
                 ifname: p.key.ifname,
                 uid: p.uid,
                 service: p.service,
+                service_account: p.service_account,
                 ips: p.ips,
                 netns: p.netns,
                 ports: p.ports,
