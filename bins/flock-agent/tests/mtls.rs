@@ -33,6 +33,86 @@ fn to_web(ns: &NetNs) -> (u16, String) {
     curl(ns, &["-H", "Host: web", "http://127.0.0.1:15001/"])
 }
 
+/// Pod A (`client`, service account `client`) and pod B (`web` on 8080, service
+/// account `web`, an HTTP server answering [`BODY`]) in real network namespaces, added
+/// through libcni and flock-cni to `agent`.
+struct TwoPods {
+    ns_a: NetNs,
+    ip_b: String,
+    // Torn down in this order: the server and namespaces before the CNI setup.
+    _server: ChildGuard,
+    _ns_b: NetNs,
+    _installer: Installer,
+    _bridge: Bridge,
+    _work: tempfile::TempDir,
+}
+
+impl TwoPods {
+    fn start(agent: &Agent) -> Self {
+        let work = tempfile::Builder::new()
+            .prefix("flock-mtls-")
+            .tempdir()
+            .unwrap();
+        let conf_dir = work.path().join("net.d");
+        std::fs::create_dir(&conf_dir).unwrap();
+        let bridge = Bridge::new();
+        let list_path = conf_dir.join("10-mtls.conflist");
+        let conflist = bridge_conflist(
+            &bridge,
+            &work.path().join("ipam"),
+            &format!("flockmtls{}", std::process::id()),
+        );
+        std::fs::write(&list_path, conflist.to_string()).unwrap();
+        let plugin_config = json!({
+            "type": "flock-cni", "agent_socket": agent.cni_socket, "timeout_ms": 5000,
+            "capabilities": {"io.kubernetes.cri.pod-annotations": true}
+        });
+        let installer = Installer::start(&conf_dir, work.path(), &plugin_config);
+        wait_for("the conflist patched", WAIT, || {
+            std::fs::read_to_string(&list_path).is_ok_and(|t| t.contains("flock-cni"))
+        });
+        let cni = Cni::new(
+            list_path.clone(),
+            &installer.bin_dir,
+            work.path().join("cache"),
+        );
+
+        let ns_a = NetNs::new("ma");
+        let ns_b = NetNs::new("mb");
+        let _server = http_server_in(&ns_b, 8080, BODY, work.path().join("web.log"));
+        let pod_a = PodSpec {
+            namespace: "default",
+            name: "client-0",
+            uid: "uid-a",
+            annotations: json!({"flock.io/service": "client", "flock.io/service-account": "client"}),
+        };
+        let pod_b = PodSpec {
+            namespace: "default",
+            name: "web-0",
+            uid: "uid-b",
+            annotations: json!({"flock.io/service": "web", "flock.io/ports": "8080/http", "flock.io/service-account": "web"}),
+        };
+        cni.ok("add", &ns_a, "ctr-a", &pod_a);
+        let added: Value = serde_json::from_str(&cni.ok("add", &ns_b, "ctr-b", &pod_b)).unwrap();
+        let ip_b = added["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        Self {
+            ns_a,
+            ip_b,
+            _server,
+            _ns_b: ns_b,
+            _installer: installer,
+            _bridge: bridge,
+            _work: work,
+        }
+    }
+}
+
 #[test]
 fn pods_talk_mtls_with_rotating_svids_and_plaintext_is_refused() {
     let _ = required_env("FLOCK_CNI_PLUGIN_DIR");
@@ -40,64 +120,14 @@ fn pods_talk_mtls_with_rotating_svids_and_plaintext_is_refused() {
     let agent = Agent::start(&["--svid-ttl", "20", "--trust-domain", "mesh.test"]);
     let envoy = SupervisedEnvoy::start(&agent);
 
-    let work = tempfile::Builder::new()
-        .prefix("flock-mtls-")
-        .tempdir()
-        .unwrap();
-    let conf_dir = work.path().join("net.d");
-    std::fs::create_dir(&conf_dir).unwrap();
-    let bridge = Bridge::new();
-    let list_path = conf_dir.join("10-mtls.conflist");
-    let conflist = bridge_conflist(
-        &bridge,
-        &work.path().join("ipam"),
-        &format!("flockmtls{}", std::process::id()),
-    );
-    std::fs::write(&list_path, conflist.to_string()).unwrap();
-    let plugin_config = json!({
-        "type": "flock-cni", "agent_socket": agent.cni_socket, "timeout_ms": 5000,
-        "capabilities": {"io.kubernetes.cri.pod-annotations": true}
-    });
-    let installer = Installer::start(&conf_dir, work.path(), &plugin_config);
-    wait_for("the conflist patched", WAIT, || {
-        std::fs::read_to_string(&list_path).is_ok_and(|t| t.contains("flock-cni"))
-    });
-    let cni = Cni::new(
-        list_path.clone(),
-        &installer.bin_dir,
-        work.path().join("cache"),
-    );
-
-    let ns_a = NetNs::new("ma");
-    let ns_b = NetNs::new("mb");
-    let _server = http_server_in(&ns_b, 8080, BODY, work.path().join("web.log"));
-    let pod_a = PodSpec {
-        namespace: "default",
-        name: "client-0",
-        uid: "uid-a",
-        annotations: json!({"flock.io/service": "client", "flock.io/service-account": "client"}),
-    };
-    let pod_b = PodSpec {
-        namespace: "default",
-        name: "web-0",
-        uid: "uid-b",
-        annotations: json!({"flock.io/service": "web", "flock.io/ports": "8080/http", "flock.io/service-account": "web"}),
-    };
-    cni.ok("add", &ns_a, "ctr-a", &pod_a);
-    let added: Value = serde_json::from_str(&cni.ok("add", &ns_b, "ctr-b", &pod_b)).unwrap();
-    let ip_b = added["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let pods = TwoPods::start(&agent);
+    let (ns_a, ip_b) = (&pods.ns_a, &pods.ip_b);
 
     // A → web over mTLS: the request succeeds through the identity's cluster.
     let client_id = "spiffe://mesh.test/ns/default/sa/client";
     let web_id = "spiffe://mesh.test/ns/default/sa/web";
     let (status, body) = wait_some("A's request to web over mTLS", WAIT, || {
-        let r = to_web(&ns_a);
+        let r = to_web(ns_a);
         (r.0 == 200).then_some(r)
     });
     assert_eq!((status, body.as_str()), (200, BODY));
@@ -114,12 +144,12 @@ fn pods_talk_mtls_with_rotating_svids_and_plaintext_is_refused() {
     // No certificate, no entry: plaintext and TLS-without-a-client-certificate are
     // both refused by B's inbound listener.
     let inbound = format!("{ip_b}:15006");
-    let (plain, _) = curl(&ns_a, &[&format!("http://{inbound}/")]);
+    let (plain, _) = curl(ns_a, &[&format!("http://{inbound}/")]);
     assert_ne!(
         plain, 200,
         "plaintext reached B's app past its mTLS listener"
     );
-    let (anon, _) = curl(&ns_a, &["-k", &format!("https://{inbound}/")]);
+    let (anon, _) = curl(ns_a, &["-k", &format!("https://{inbound}/")]);
     assert_ne!(
         anon, 200,
         "a TLS client without a certificate reached B's app"
@@ -130,7 +160,7 @@ fn pods_talk_mtls_with_rotating_svids_and_plaintext_is_refused() {
     let start = Instant::now();
     let (mut ok, mut failed) = (0u32, Vec::new());
     while start.elapsed() < Duration::from_secs(25) {
-        match to_web(&ns_a) {
+        match to_web(ns_a) {
             (200, b) if b == BODY => ok += 1,
             other => failed.push(other),
         }
@@ -167,5 +197,99 @@ fn pods_talk_mtls_with_rotating_svids_and_plaintext_is_refused() {
         !exposed.contains("PRIVATE KEY"),
         "key material in the agent's log or admin output"
     );
+    drop(envoy);
+}
+
+/// Runs `flock-agent ca ARGS` (the real binary), panicking with its stderr on failure.
+fn ca(args: &[&str]) {
+    let out = std::process::Command::new(AGENT_BIN)
+        .arg("ca")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "flock-agent ca {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The same path under a shared trust root: the agent signs with an issuer from
+/// `--ca-dir` (made by `flock-agent ca init` / `ca issue`), Envoy gets leaf + issuer
+/// chains and the root as its validation context, and A's request to web succeeds over
+/// mTLS. Then the issuer is replaced under continuous traffic (`ca issue --force`:
+/// atomic renames in the directory): the agent re-issues every SVID under the new
+/// issuer, and no request fails.
+#[test]
+fn pods_talk_mtls_under_a_shared_root_and_survive_an_issuer_change() {
+    let _ = required_env("FLOCK_CNI_PLUGIN_DIR");
+    let _ = required_env("FLOCK_CNITOOL");
+    let keys = tempfile::Builder::new()
+        .prefix("flock-ca-")
+        .tempdir()
+        .unwrap();
+    let root = keys.path().join("root");
+    let ca_dir = keys.path().join("n1");
+    let (root_s, ca_dir_s) = (root.to_str().unwrap(), ca_dir.to_str().unwrap());
+    ca(&["init", "--out", root_s, "--trust-domain", "mesh.test"]);
+    ca(&["issue", "--root", root_s, "--out", ca_dir_s, "--name", "n1"]);
+    let agent = Agent::start(&["--trust-domain", "mesh.test", "--ca-dir", ca_dir_s]);
+    let envoy = SupervisedEnvoy::start(&agent);
+    let pods = TwoPods::start(&agent);
+
+    let (status, body) = wait_some("A's request to web over mTLS", WAIT, || {
+        let r = to_web(&pods.ns_a);
+        (r.0 == 200).then_some(r)
+    });
+    assert_eq!((status, body.as_str()), (200, BODY));
+    assert!(
+        agent.proc.log_text().contains("flock issuer n1 "),
+        "the agent did not sign with the --ca-dir issuer"
+    );
+
+    // The issuer changes under traffic.
+    let start = Instant::now();
+    let (mut ok, mut failed) = (0u32, Vec::new());
+    let mut changed_at = None;
+    let mut issued = false;
+    while changed_at.is_none_or(|t: Instant| t.elapsed() < Duration::from_secs(5)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "the agent never reported the new issuer"
+        );
+        if ok == 20 && !issued {
+            issued = true;
+            ca(&[
+                "issue", "--root", root_s, "--out", ca_dir_s, "--name", "n1-next", "--force",
+            ]);
+        }
+        if changed_at.is_none() && agent.proc.log_text().contains("CA directory changed") {
+            changed_at = Some(Instant::now());
+        }
+        match to_web(&pods.ns_a) {
+            (200, b) if b == BODY => ok += 1,
+            other => failed.push(other),
+        }
+    }
+    let log = agent.proc.log_text();
+    let reissued = log.matches("re-issued SVID under the new issuer").count();
+    println!(
+        "mTLS across an issuer change: {ok} requests, {} failed, {reissued} SVIDs re-issued",
+        failed.len()
+    );
+    assert!(
+        log.contains("flock issuer n1-next"),
+        "new issuer not in use"
+    );
+    assert!(reissued >= 2, "client and web SVIDs re-issued: {reissued}");
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed across the issuer change: {:?}",
+        failed.len(),
+        ok as usize + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(!log.contains("PRIVATE KEY"));
+    drop(pods);
     drop(envoy);
 }
