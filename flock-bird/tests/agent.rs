@@ -584,3 +584,79 @@ async fn a_stored_pod_without_an_ip_is_quarantined_and_publish_goes_on() {
             .is_some()
     );
 }
+
+/// The agent translates for its own `--region`/`--zone`: in the service's EDS its
+/// own zone's endpoint is priority 0, another zone of its region 1, another region 2
+/// (so its Envoy keeps traffic in the zone and fails over by priority).
+#[tokio::test]
+async fn eds_priorities_follow_the_agents_zone_and_region() {
+    use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+    use prost::Message;
+
+    let dir = tempfile::tempdir().unwrap();
+    let reg = memory().await;
+    let store = Arc::new(PodStore::open(dir.path()).unwrap());
+    let cache: Arc<Cache<Any>> = Arc::new(Cache::new(group_of));
+    let mut config = AgentConfig::new("n1");
+    config.region = "r1".into();
+    config.zone = "z1".into();
+    let agent = Arc::new(Agent::new(config, store, Arc::clone(&reg), cache));
+    agent.load().await.unwrap();
+    agent
+        .add_pod(&input("live", Some("web"), "8080"))
+        .await
+        .unwrap();
+    let own = reg
+        .view()
+        .borrow()
+        .endpoints
+        .values()
+        .next()
+        .unwrap()
+        .clone();
+    assert_eq!((own.region.as_str(), own.zone.as_str()), ("r1", "z1"));
+    // Endpoints of web on other nodes: same region other zone, another region.
+    for (i, (node, region, zone)) in [("n2", "r1", "z2"), ("n3", "r2", "z3")]
+        .into_iter()
+        .enumerate()
+    {
+        let mut e = own.clone();
+        e.node = node.into();
+        e.pod_key = PodKey::new(format!("remote-{i}"), "eth0");
+        e.address = std::net::Ipv4Addr::new(10, 9, 0, i as u8 + 1).into();
+        e.region = region.into();
+        e.zone = zone.into();
+        reg.put(&e).await.unwrap();
+    }
+    agent.publish();
+    let snap = agent.cache().snapshot(ENVOY_GROUP).unwrap();
+    let (_, cla) = snap
+        .state()
+        .iter_type(flock_xds::types::ENDPOINT)
+        .find(|(n, _)| n.to_string() == "outbound|8080|web.default")
+        .expect("web's endpoints");
+    let cla = ClusterLoadAssignment::decode(cla.value().value.as_slice()).unwrap();
+    let mut priorities: Vec<(String, u32)> = Vec::new();
+    for group in &cla.endpoints {
+        for e in &group.lb_endpoints {
+            let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                panic!("no endpoint");
+            };
+            let Some(envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(sa)) =
+                ep.address.as_ref().and_then(|a| a.address.as_ref())
+            else {
+                panic!("no socket address");
+            };
+            priorities.push((sa.address.clone(), group.priority));
+        }
+    }
+    priorities.sort();
+    assert_eq!(
+        priorities,
+        vec![
+            (own.address.to_string(), 0),
+            ("10.9.0.1".to_string(), 1),
+            ("10.9.0.2".to_string(), 2),
+        ]
+    );
+}
