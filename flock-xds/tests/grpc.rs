@@ -1,7 +1,9 @@
 //! flock-xds against a real proxyless gRPC client: Python `grpcio` (gRPC C-core's xDS
 //! resolver, SotW ADS) dials `xds:///greeter.default:50051`, resolves it through the
 //! proxyless translation served by flock-xds, and calls real gRPC backends (Python
-//! servers); it follows endpoint additions and removals. The peers are
+//! servers); it follows endpoint additions and removals, and priorities by the
+//! caller's zone (its zone first, the next priority when its zone has no healthy
+//! endpoint). The peers are
 //! `tests/peers/grpc_peer.py`.
 
 mod common;
@@ -10,7 +12,9 @@ use common::{ChildGuard, TempDir, free_port, grpc_python, repo};
 use envoy_types::pb::google::protobuf::Any;
 use flock_xds::cache::Cache;
 use flock_xds::server::Server;
-use flock_xds::translate::{self, EnvoyReferences, Mesh};
+use flock_xds::translate::{
+    self, EnvoyOptions, EnvoyReferences, Flavor, Health, Locality, Memo, Mesh,
+};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
@@ -73,6 +77,53 @@ fn publish(cache: &Cache<Any>, mesh: &Mesh) {
         .update_checked(NODE, &EnvoyReferences, |prev| {
             let mut b = prev.edit();
             translate::replace_all(&mut b, resources);
+            b.build()
+        })
+        .unwrap();
+}
+
+/// Publishes greeter with `endpoints` (port, zone, health; region r1) translated
+/// for a caller in r1/z-near: the proxyless translation of a control plane that
+/// knows its node's locality (a memo with its options).
+fn publish_for_local_zone(cache: &Cache<Any>, endpoints: &[(u16, &str, Health)]) {
+    let eps: Vec<String> = endpoints
+        .iter()
+        .map(|(port, zone, health)| {
+            let health = match health {
+                Health::Unhealthy => "unhealthy",
+                _ => "healthy",
+            };
+            format!(
+                r#"{{"address": "127.0.0.1", "port": {port}, "health": "{health}",
+                    "locality": {{"region": "r1", "zone": "{zone}"}}}}"#
+            )
+        })
+        .collect();
+    let mesh = Mesh::from_json(
+        format!(
+            r#"{{"services": [{{"name": "greeter", "ports": [{{"port": 50051, "protocol": "grpc"}}],
+                 "endpoints": [{}]}}]}}"#,
+            eps.join(",")
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    mesh.validate().unwrap();
+    let opts = EnvoyOptions {
+        local_locality: Some(Locality {
+            region: "r1".into(),
+            zone: "z-near".into(),
+            sub_zone: String::new(),
+        }),
+        ..EnvoyOptions::default()
+    };
+    let entries = Memo::new(Flavor::Grpc).translate(&mesh, &opts);
+    cache
+        .update_checked(NODE, &EnvoyReferences, |prev| {
+            let mut b = prev.edit();
+            for (type_url, list) in entries {
+                b.replace_type(type_url, list);
+            }
             b.build()
         })
         .unwrap();
@@ -183,12 +234,34 @@ async fn grpcio_resolves_through_flock_xds_and_follows_endpoints() {
         // A removed endpoint: only backend 2 answers.
         publish(&cache, &mesh(&[p2]));
         client.until_serving(&["backend-2"], 6, Duration::from_secs(20));
+
+        // Priorities by the caller's zone: both endpoints serve, but only the one in
+        // the caller's zone (priority 0) gets calls; round robin over one priority
+        // would alternate.
+        publish_for_local_zone(
+            &cache,
+            &[
+                (p1, "z-near", Health::Healthy),
+                (p2, "z-far", Health::Healthy),
+            ],
+        );
+        client.until_serving(&["backend-1"], 6, Duration::from_secs(20));
+        // The caller's zone has no healthy endpoint left: priority 1 takes over.
+        publish_for_local_zone(
+            &cache,
+            &[
+                (p1, "z-near", Health::Unhealthy),
+                (p2, "z-far", Health::Healthy),
+            ],
+        );
+        client.until_serving(&["backend-2"], 6, Duration::from_secs(20));
         (client, cache)
     })
     .await
     .unwrap();
     let acked = server.metrics().counter("flock_xds_acks_total", "eds");
-    assert!(acked >= 3, "grpcio ACKed every EDS version it got: {acked}");
+    assert!(acked >= 5, "grpcio ACKed every EDS version it got: {acked}");
+    assert_eq!(server.metrics().counter("flock_xds_nacks_total", "eds"), 0);
     assert_eq!(server.metrics().counter("flock_xds_nacks_total", "lds"), 0);
     assert_eq!(server.metrics().counter("flock_xds_nacks_total", "cds"), 0);
     drop((client, cache));

@@ -17,8 +17,8 @@ use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3
 use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use flock_core::ContentHash;
 use flock_xds::translate::{
-    self, Endpoint, EnvoyOptions, Flavor, Health, Locality, Memo, Mesh, Resource, Service,
-    ServicePort, envoy::RETRY_ON_IDEMPOTENT, envoy::RETRY_ON_OTHER, type_urls,
+    self, Endpoint, EnvoyOptions, Flavor, Locality, Memo, Mesh, Resource, Service, ServicePort,
+    envoy::RETRY_ON_IDEMPOTENT, envoy::RETRY_ON_OTHER, type_urls,
 };
 use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use prost::Message;
@@ -479,18 +479,19 @@ mod props {
                     endpoints: eps
                         .into_iter()
                         .enumerate()
-                        .map(|(j, (locality, weight, healthy))| Endpoint {
-                            address: std::net::Ipv4Addr::new(10, 1, i as u8, j as u8 + 1).into(),
-                            port: 15006,
-                            locality,
-                            health: if healthy {
-                                Health::Healthy
-                            } else {
-                                Health::Unknown
-                            },
-                            weight,
-                            service_port: None,
-                            identity: mtls.then(|| WEB_ID.to_string()),
+                        .map(|(j, (locality, weight, healthy))| {
+                            // From JSON: fields this test does not vary keep
+                            // their defaults.
+                            let mut e: Endpoint = serde_json::from_value(serde_json::json!({
+                                "address": format!("10.1.{i}.{}", j + 1),
+                                "port": 15006,
+                                "weight": weight,
+                                "health": if healthy { "healthy" } else { "unknown" },
+                            }))
+                            .unwrap();
+                            e.locality = locality;
+                            e.identity = mtls.then(|| WEB_ID.to_string());
+                            e
                         })
                         .collect(),
                     vips: Vec::new(),
