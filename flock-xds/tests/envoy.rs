@@ -426,16 +426,18 @@ fn two_zone_mesh(near: u16, far: u16, outbound: u16) -> Mesh {
     mesh
 }
 
-/// Envoy (Delta ADS) with the two-zone mesh translated for a caller in zone r1/z1,
+/// Envoy (Delta ADS) with the two-zone mesh translated for a caller in zone r1/z1
+/// (or, if `!in_zone`, for a caller without a locality: both endpoints priority 0),
 /// per-try timeout 500 ms; returns once traffic reaches `near`, with the NACK
 /// recorder.
 async fn two_zone_envoy(
     near: &Node,
     far: &Node,
+    in_zone: bool,
 ) -> (Envoy, common::xds::Running, String, Arc<Nacks>) {
     let outbound = free_port();
     let opts = EnvoyOptions {
-        local_locality: Some(translate::Locality {
+        local_locality: in_zone.then(|| translate::Locality {
             region: "r1".into(),
             zone: "z1".into(),
             sub_zone: String::new(),
@@ -460,13 +462,12 @@ async fn two_zone_envoy(
     let running = start_tcp(server).await;
     let envoy = Envoy::start(NODE, "DELTA_GRPC", running.port).await;
     let out_addr = format!("127.0.0.1:{outbound}");
-    let body = eventually(
+    eventually(
         CONVERGE,
-        "a request through the outbound listener",
-        async || request(&out_addr, "GET", "web").await.map(|(_, b)| b),
+        "a request to reach the near endpoint",
+        async || (request(&out_addr, "GET", "web").await?.1 == "near").then_some(()),
     )
     .await;
-    assert_eq!(body, "near", "{}", envoy.guard.log_tail());
     (envoy, running, out_addr, nacks)
 }
 
@@ -480,7 +481,7 @@ async fn two_zone_envoy(
 async fn envoy_prefers_the_local_zone_and_fails_over_without_a_failed_request() {
     let near = Node::start("near").await;
     let far = Node::start("far").await;
-    let (envoy, running, out_addr, nacks) = two_zone_envoy(&near, &far).await;
+    let (envoy, running, out_addr, nacks) = two_zone_envoy(&near, &far, true).await;
 
     let dump = envoy.config_dump().await;
     for needle in [
@@ -543,7 +544,7 @@ async fn envoy_prefers_the_local_zone_and_fails_over_without_a_failed_request() 
 async fn envoy_retries_idempotent_requests_only_when_the_local_endpoint_fails_or_vanishes() {
     let near = Node::start("near").await;
     let far = Node::start("far").await;
-    let (envoy, running, out_addr, _nacks) = two_zone_envoy(&near, &far).await;
+    let (envoy, running, out_addr, _nacks) = two_zone_envoy(&near, &far, true).await;
 
     // The app fails (503): a POST is not repeated, a GET goes to the other zone.
     near.set(FAILING);
@@ -590,6 +591,40 @@ async fn envoy_retries_idempotent_requests_only_when_the_local_endpoint_fails_or
         cluster_stat(&envoy, WEB, "upstream_rq_per_try_timeout").await,
         timeouts
     );
+    drop(envoy);
+    running.stop().await;
+}
+
+/// Without a locality both endpoints are priority 0 and share the traffic; when one
+/// dies no request fails either: the retry excludes the priority just tried only
+/// while another one is left (`previous_priorities` falls back to all of them), so
+/// it goes to the other host of the same priority (`previous_hosts`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_locality_a_dead_endpoints_requests_are_retried_on_the_other() {
+    let near = Node::start("near").await;
+    let far = Node::start("far").await;
+    let (envoy, running, out_addr, nacks) = two_zone_envoy(&near, &far, false).await;
+    eventually(CONVERGE, "both endpoints to serve", async || {
+        request(&out_addr, "GET", "web").await;
+        (far.served() > 0).then_some(())
+    })
+    .await;
+    near.kill();
+    for i in 0..20 {
+        let method = if i % 2 == 0 { "GET" } else { "POST" };
+        assert_eq!(
+            request(&out_addr, method, "web").await,
+            Some((200, "far".to_string())),
+            "{method} #{i} after one endpoint died\n{}",
+            envoy.guard.log_tail()
+        );
+    }
+    eventually(CONVERGE, "the dead endpoint to be ejected", async || {
+        (cluster_stat(&envoy, WEB, "outlier_detection.ejections_active").await == Some(1))
+            .then_some(())
+    })
+    .await;
+    assert!(nacks.0.lock().unwrap().is_empty());
     drop(envoy);
     running.stop().await;
 }
