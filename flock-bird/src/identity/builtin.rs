@@ -298,7 +298,10 @@ impl BuiltinCa {
     /// the view is published with the new bundle (`root-cert.pem`, which lists old and
     /// new roots during a root rotation, so peers holding either keep verifying).
     pub fn reload_ca_dir(&self, dir: &Path) -> Result<CaReload, CaDirError> {
-        let files = CaDirFiles::read(dir)?;
+        self.reload_files(dir, CaDirFiles::read(dir)?)
+    }
+
+    fn reload_files(&self, dir: &Path, files: CaDirFiles) -> Result<CaReload, CaDirError> {
         let current = self.issuer.lock().fingerprint;
         if current == Some(files.fingerprint()) {
             return Ok(CaReload::Unchanged);
@@ -345,10 +348,10 @@ impl BuiltinCa {
     /// Spawn it; abort the task to stop it.
     pub async fn watch_ca_dir(self: Arc<Self>, dir: PathBuf, debounce: Duration, poll: Duration) {
         use tokio_stream::StreamExt as _;
-        let mut refused: Option<[u8; 32]> = None;
+        let mut warned = None;
         let mut events = arm_watch(&dir);
         // A change between the first load and the arming of the watch raised no event.
-        self.reload_logged(&dir, &mut refused);
+        self.reload_logged(&dir, debounce, &mut warned).await;
         loop {
             let event = async {
                 match events.as_mut() {
@@ -394,23 +397,52 @@ impl BuiltinCa {
                     }
                 }
             }
-            self.reload_logged(&dir, &mut refused);
+            self.reload_logged(&dir, debounce, &mut warned).await;
         }
     }
 
-    fn reload_logged(&self, dir: &Path, refused: &mut Option<[u8; 32]>) {
-        match self.reload_ca_dir(dir) {
-            Ok(_) => *refused = None,
-            Err(e) => {
-                // The same bad content is reported once, not at every poll; a read
-                // racing a swap (files from two versions) also lands here and is
-                // retried by the event that finishes the swap.
-                let print = CaDirFiles::read(dir).map(|f| f.fingerprint()).ok();
-                if print.is_none() || print != *refused {
+    /// [`BuiltinCa::reload_ca_dir`], logged; re-read a few times, `debounce` apart,
+    /// while the files change under the read (a read straddling a swap sees files of
+    /// two versions, which is no reason to warn).
+    async fn reload_logged(
+        &self,
+        dir: &Path,
+        debounce: Duration,
+        warned: &mut Option<Option<[u8; 32]>>,
+    ) {
+        for attempt in 1..=RELOAD_ATTEMPTS {
+            let (result, read) = match CaDirFiles::read(dir) {
+                Ok(files) => {
+                    let print = files.fingerprint();
+                    (self.reload_files(dir, files), Some(print))
+                }
+                Err(e) => (Err(e), None),
+            };
+            let Err(e) = result else {
+                *warned = None;
+                self.warn_if_expiring(dir);
+                return;
+            };
+            let reread = CaDirFiles::read(dir).ok().map(|f| f.fingerprint());
+            match after_refusal(read, reread, *warned, attempt == RELOAD_ATTEMPTS) {
+                Refusal::Retry => tokio::time::sleep(debounce).await,
+                Refusal::Quiet => return,
+                Refusal::Warn => {
                     tracing::warn!(dir = %dir.display(), error = %e, "CA directory refused; keeping the current issuer");
-                    *refused = print;
+                    *warned = Some(reread);
+                    return;
                 }
             }
+        }
+    }
+
+    /// Warns when the issuer's chain ends before an SVID's full lifetime: leaves are
+    /// being cut short, and once it has expired no peer accepts them.
+    fn warn_if_expiring(&self, dir: &Path) {
+        let now = (self.clock)();
+        let issuer = Arc::clone(&self.issuer.lock());
+        if issuer.not_after_ms() < now.plus(self.ttl.as_millis() as u64) {
+            tracing::warn!(dir = %dir.display(), issuer = %issuer.describe(), "the CA directory's issuer expires within one SVID lifetime: SVIDs are cut short; put a renewed set in the directory");
         }
     }
 
@@ -480,6 +512,37 @@ impl IdentityProvider for BuiltinCa {
     }
 }
 
+/// Reads of a changing CA directory before a refusal is reported anyway.
+const RELOAD_ATTEMPTS: u32 = 5;
+
+/// What the watch does after a refused read of the CA directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The files changed while being read: read again after the debounce.
+    Retry,
+    /// Warn (the reason is new, or the directory never settled).
+    Warn,
+    /// Already warned about exactly this content.
+    Quiet,
+}
+
+/// `read`: the fingerprint of the refused read (`None`: a file could not be read);
+/// `reread`: of a read right after; `warned`: what was last warned about.
+fn after_refusal(
+    read: Option<[u8; 32]>,
+    reread: Option<[u8; 32]>,
+    warned: Option<Option<[u8; 32]>>,
+    last_attempt: bool,
+) -> Refusal {
+    if read != reread && !last_attempt {
+        Refusal::Retry
+    } else if warned == Some(reread) {
+        Refusal::Quiet
+    } else {
+        Refusal::Warn
+    }
+}
+
 /// What [`BuiltinCa::reload_ca_dir`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CaReload {
@@ -538,4 +601,27 @@ fn check_params(trust_domain: &str, svid_ttl: Duration) -> Result<(), IdentityEr
 fn issue_error(e: impl fmt::Display) -> IdentityError {
     // rcgen's errors name what failed (algorithm, encoding), never key bytes.
     IdentityError::Issue(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Refusal, after_refusal};
+
+    #[test]
+    fn a_refusal_is_retried_while_the_files_change_and_warned_once_per_content() {
+        let (a, b) = (Some([1; 32]), Some([2; 32]));
+        // Changed under the read (or appeared/disappeared): read again.
+        assert_eq!(after_refusal(a, b, None, false), Refusal::Retry);
+        assert_eq!(after_refusal(None, a, None, false), Refusal::Retry);
+        // ... unless out of attempts.
+        assert_eq!(after_refusal(a, b, None, true), Refusal::Warn);
+        // Stable and bad: warn, then stay quiet about the same content.
+        assert_eq!(after_refusal(a, a, None, false), Refusal::Warn);
+        assert_eq!(after_refusal(a, a, Some(a), false), Refusal::Quiet);
+        assert_eq!(after_refusal(b, b, Some(a), false), Refusal::Warn);
+        // A missing file is a content of its own.
+        assert_eq!(after_refusal(None, None, None, false), Refusal::Warn);
+        assert_eq!(after_refusal(None, None, Some(None), false), Refusal::Quiet);
+        assert_eq!(after_refusal(a, a, Some(None), false), Refusal::Warn);
+    }
 }

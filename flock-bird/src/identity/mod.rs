@@ -17,7 +17,9 @@
 //! or logging any identity type (for `/debug/*` output, say) cannot leak key material.
 //! Error messages carry names and reasons, never PEM. Key bytes are held in
 //! [`zeroize::Zeroizing`] buffers from the moment they reach this module (rcgen's PEM,
-//! SPIRE's PKCS#8 DER and its PEM re-encoding), so they are wiped when dropped.
+//! SPIRE's PKCS#8 DER and its PEM re-encoding), so they are wiped when dropped. An
+//! issuer key read from a CA directory ([`ca_dir`]) is read into a zeroizing buffer and
+//! held by a key pair whose DER copy is wiped when the issuer is replaced.
 //!
 //! Providers: [`BuiltinCa`] (a node-local CA, or an issuer under a shared root read
 //! from a CA directory: [`ca_dir`]) and [`spire::SpireBridge`] (a SPIRE
