@@ -395,16 +395,19 @@ pub(crate) fn validate(
             ),
         ));
     }
-    if let Ok(Some(ku)) = issuer.key_usage()
-        && !ku.value.key_cert_sign()
-    {
-        return Err(err(
-            &cert_path,
-            format!(
-                "{} may not sign certificates (keyUsage lacks keyCertSign)",
-                issuer.subject()
-            ),
-        ));
+    match issuer.key_usage() {
+        Ok(Some(ku)) if !ku.value.key_cert_sign() => {
+            return Err(err(
+                &cert_path,
+                format!(
+                    "{} may not sign certificates (keyUsage lacks keyCertSign)",
+                    issuer.subject()
+                ),
+            ));
+        }
+        Err(e) => return Err(err(&cert_path, format!("unreadable keyUsage: {e}"))),
+        // No keyUsage extension: any use, keyCertSign included (RFC 5280 4.2.1.3).
+        Ok(_) => {}
     }
     let now_secs = i64::try_from(now.as_millis() / 1000).unwrap_or(i64::MAX);
     let at_now = x509_parser::time::ASN1Time::from_timestamp(now_secs)
