@@ -587,3 +587,42 @@ fn without_cert_chain_the_issuer_alone_follows_the_leaf() {
     assert_eq!(certs(set.chain_pem()), certs(&files[0].1));
     assert_eq!(certs(set.roots_pem()), certs(&read_root(&r)));
 }
+
+#[tokio::test]
+async fn an_expired_issuer_signs_nothing_and_says_to_replace_the_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = root(tmp.path(), "root");
+    let dir = tmp.path().join("set");
+    let (cert, key, roots) =
+        ca_dir::generate_issuer(&r, "short", now(), CLOCK_SKEW, Duration::from_secs(3600)).unwrap();
+    write_set(
+        &dir,
+        &[
+            (CA_CERT_FILE, cert),
+            (CA_KEY_FILE, key.expose().to_string()),
+            (ROOT_CERT_FILE, roots),
+        ],
+    );
+    let clock = Arc::new(std::sync::atomic::AtomicU64::new(now().as_millis()));
+    let c = Arc::clone(&clock);
+    let ca = BuiltinCa::from_ca_dir(
+        TD,
+        TTL,
+        move || UnixMs(c.load(std::sync::atomic::Ordering::SeqCst)),
+        &dir,
+    )
+    .unwrap();
+    // Within the issuer's life a leaf is cut to end with it.
+    let id = ca.subscribe(&pod("c1", "shop", "front")).await.unwrap();
+    let svid = ca.view().borrow().svids[&id].clone();
+    assert!(svid.not_after_ms.as_millis() <= now().as_millis() + 3_600_000);
+    // Past it, nothing is signed, the reason says what to do, and nothing is rotated.
+    clock.fetch_add(2 * 3_600_000, std::sync::atomic::Ordering::SeqCst);
+    let err = ca.subscribe(&pod("c2", "shop", "cart")).await.unwrap_err();
+    assert!(
+        err.to_string().contains("replace the CA directory's set"),
+        "{err}"
+    );
+    assert_eq!(ca.rotate_due(), 0);
+    assert_eq!(ca.view().borrow().svids[&id].serial, svid.serial);
+}

@@ -185,6 +185,15 @@ impl BuiltinCa {
         let not_after_ms = now
             .plus(self.ttl.as_millis() as u64)
             .min(issuer.not_after_ms());
+        // An issuer at its end would sign leaves that are dead on arrival (and rotate
+        // at half of nothing): refuse, naming what to do.
+        if not_after_ms < now.plus(MIN_TTL.as_millis() as u64) {
+            return Err(IdentityError::Issue(format!(
+                "the issuer's chain expires at {} ms: {}; replace the CA directory's set",
+                issuer.not_after_ms().as_millis(),
+                issuer.describe()
+            )));
+        }
         let from = UnixMs(
             now.as_millis()
                 .saturating_sub(CLOCK_SKEW.as_millis() as u64),
@@ -268,14 +277,20 @@ impl BuiltinCa {
     /// Spawn it with the system clock; abort the task to stop it.
     pub async fn run_rotation(self: Arc<Self>, max_sleep: Duration) {
         loop {
-            self.rotate_due();
+            let rotated = self.rotate_due();
             let now = (self.clock)();
-            let wait = self
-                .next_rotation_ms()
-                .map_or(max_sleep, |at| Duration::from_millis(at.since(now)))
-                .min(max_sleep)
-                // A failing issuance must not turn this into a busy loop.
-                .max(Duration::from_millis(100));
+            let next = self.next_rotation_ms();
+            // Due SVIDs that could not be rotated (an expired issuer, say): retry at the
+            // slowest pace, not at once, so a persistent failure is not a warning storm.
+            let stuck = rotated == 0 && next.is_some_and(|at| at <= now);
+            let wait = if stuck {
+                max_sleep
+            } else {
+                next.map_or(max_sleep, |at| Duration::from_millis(at.since(now)))
+                    .min(max_sleep)
+            }
+            // A failing issuance must not turn this into a busy loop.
+            .max(Duration::from_millis(100));
             tokio::time::sleep(wait).await;
         }
     }
