@@ -115,6 +115,13 @@ pub struct Endpoint {
     /// The pod's SPIFFE ID when it serves mTLS (its inbound listeners require it).
     #[serde(default)]
     pub identity: Option<String>,
+    /// Further SPIFFE IDs (or `/*` ID prefixes) callers accept from this endpoint, only
+    /// with `identity`: a registry that knows a service's accounts but not which one
+    /// each endpoint runs as (a Kubernetes EndpointSlice) lists the others here.
+    /// Absent in entries written before it existed, and by agents for their own pods
+    /// (a pod has one identity).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also_accept: Vec<String>,
 }
 
 impl Endpoint {
@@ -151,6 +158,7 @@ impl Endpoint {
             region: &self.region,
             zone: &self.zone,
             identity: self.identity.as_deref(),
+            also_accept: &self.also_accept,
         }
     }
 }

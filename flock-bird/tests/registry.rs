@@ -470,17 +470,31 @@ mod whole_view {
             zone in mostly(vec!["", "z1"], vec!["bad\nzone"]),
             identity in mostly(
                 vec![None, Some("web"), Some("db")],
-                vec![Some("evil"), Some("other-ns"), Some("space"), Some("http")],
+                vec![
+                    Some("evil"), Some("other-ns"), Some("space"), Some("http"), Some("star"),
+                    Some("slash"),
+                ],
+            ),
+            // Further accepted IDs (`also_accept`), spelled like `identity`; "any" is
+            // the namespace-wide prefix.
+            also in mostly(
+                vec![vec![], vec![], vec!["canary"], vec!["canary", "any"]],
+                vec![vec!["evil"], vec!["other-ns"], vec!["star"], vec!["canary", "slash"]],
             ),
             key_ok in mostly(vec![true], vec![false]),
         ) -> (String, Endpoint) {
-            let identity = identity.map(|id| match id {
+            let spell = |id: &str| match id {
                 "evil" => format!("spiffe://evil.example/ns/{ns}/sa/web"),
                 "other-ns" => "spiffe://cluster.local/ns/elsewhere/sa/x".to_string(),
                 "space" => format!("spiffe://cluster.local/ns/{ns}/sa/a b"),
                 "http" => "http://x".to_string(),
+                "star" => format!("spiffe://cluster.local/ns/{ns}/sa/a*"),
+                "slash" => format!("spiffe://cluster.local/ns/{ns}/sa/"),
+                "any" => format!("spiffe://cluster.local/ns/{ns}/sa/*"),
                 sa => format!("spiffe://cluster.local/ns/{ns}/sa/{sa}"),
-            });
+            };
+            let identity = identity.map(spell);
+            let also_accept = also.into_iter().map(spell).collect();
             let e = Endpoint {
                 service: svc.into(),
                 namespace: ns.into(),
@@ -495,6 +509,7 @@ mod whole_view {
                 zone: zone.into(),
                 health: Health::Healthy,
                 identity,
+                also_accept,
             };
             let key = if key_ok { e.key() } else { format!("b/{}", e.key()) };
             (key, e)

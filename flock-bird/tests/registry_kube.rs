@@ -258,6 +258,95 @@ async fn identities_follow_the_mesh_label_and_the_annotation() {
     .await;
 }
 
+/// A Service annotated with two accounts (`web,web-canary`): a slice does not say which
+/// account each endpoint runs as, so every endpoint carries both IDs (the first as its
+/// identity, the other as `also_accept`), and a caller's mTLS cluster of the Service
+/// port accepts exactly those two IDs, so pods of either account are reachable and no
+/// other account of the namespace is.
+#[tokio::test]
+async fn an_annotation_of_two_accounts_makes_callers_accept_both() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        UpstreamTlsContext, common_tls_context::ValidationContextType,
+    };
+    use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+    use flock_bird::agent::mesh::{service_models, serving_endpoints};
+    use flock_xds::translate::{self, EnvoyOptions, Mesh};
+    use prost::Message;
+
+    const WEB: &str = "spiffe://cluster.local/ns/shop/sa/web";
+    const CANARY: &str = "spiffe://cluster.local/ns/shop/sa/web-canary";
+    const CLIENT: &str = "spiffe://cluster.local/ns/shop/sa/client";
+    let (api, _watch, registry) = cluster().await;
+    api.apply(&service(
+        "shop",
+        "web",
+        json!({ "flock.io/service-accounts": "web,web-canary" }),
+    ));
+    api.apply(&slice(
+        "shop",
+        "web-1",
+        "web",
+        json!([ready("10.1.0.1", "node-a"), ready("10.1.0.2", "node-b")]),
+    ));
+    let view = until(&registry, "web", |v| of(v, "shop", "web").len() == 2).await;
+    for e in of(&view, "shop", "web") {
+        assert_eq!(e.identity.as_deref(), Some(WEB), "{e:?}");
+        assert_eq!(e.also_accept, [CANARY], "{e:?}");
+    }
+
+    // Through the agent's model into the translation: the caller's cluster.
+    let (serving, excluded) = serving_endpoints(&view);
+    assert!(excluded.is_empty(), "{excluded:?}");
+    let mut mesh = Mesh {
+        services: service_models(serving),
+        ..Mesh::default()
+    };
+    mesh.pods.push(translate::Pod {
+        name: "client-0".into(),
+        namespace: "shop".into(),
+        uid: None,
+        ip: "10.1.0.9".parse().unwrap(),
+        netns: None,
+        inbound: Vec::new(),
+        outbound_port: 15001,
+        identity: Some(CLIENT.into()),
+    });
+    mesh.validate().unwrap();
+    let rs = translate::envoy_resources(&mesh, &EnvoyOptions::default());
+    let name = format!("outbound|80|web.shop|{CLIENT}");
+    let cluster = rs
+        .iter()
+        .find(|r| r.type_url == flock_xds::types::CLUSTER && r.name == name)
+        .unwrap_or_else(|| panic!("no cluster {name}"));
+    let cluster = Cluster::decode(cluster.any.value.as_slice()).unwrap();
+    let Some(ConfigType::TypedConfig(tls)) = cluster.transport_socket.and_then(|t| t.config_type)
+    else {
+        panic!("{name}: no TLS")
+    };
+    let tls = UpstreamTlsContext::decode(tls.value.as_slice()).unwrap();
+    let Some(ValidationContextType::CombinedValidationContext(v)) =
+        tls.common_tls_context.unwrap().validation_context_type
+    else {
+        panic!("{name}: no combined validation context")
+    };
+    let sans: Vec<MatchPattern> = v
+        .default_validation_context
+        .unwrap()
+        .match_typed_subject_alt_names
+        .into_iter()
+        .map(|m| m.matcher.unwrap().match_pattern.unwrap())
+        .collect();
+    assert_eq!(
+        sans,
+        [
+            MatchPattern::Exact(WEB.into()),
+            MatchPattern::Exact(CANARY.into())
+        ]
+    );
+}
+
 /// A bad endpoint (an address that is not an IP) is left out alone and counted as a
 /// rejection; the good endpoints of its slice stay. Fixing it clears the refusal.
 #[tokio::test]

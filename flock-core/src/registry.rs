@@ -32,6 +32,9 @@ pub const MAX_LOCALITY_LEN: usize = pod::MAX_NAME_LEN;
 
 /// Longest SPIFFE ID accepted (the SPIFFE spec's URI limit).
 pub const MAX_SPIFFE_ID_LEN: usize = 2048;
+/// Most further IDs an endpoint may carry besides its identity ([`EntryFields::also_accept`]):
+/// enough for the accounts of one Kubernetes Service annotation.
+pub const MAX_ALSO_ACCEPT: usize = 32;
 
 /// Why an entry was dropped: a closed set, the `reason` label of the rejection metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -53,11 +56,13 @@ pub enum Reject {
     Port,
     /// Region or zone too long or with control characters.
     Locality,
-    /// The identity is not a SPIFFE ID.
+    /// The identity (or a further accepted ID) is not a SPIFFE ID, or further IDs
+    /// come without an identity or beyond [`MAX_ALSO_ACCEPT`].
     Identity,
-    /// The identity is outside the agent's trust domain.
+    /// The identity (or a further accepted ID) is outside the agent's trust domain.
     TrustDomain,
-    /// The identity's `/ns/<namespace>/` is not the endpoint's namespace.
+    /// The `/ns/<namespace>/` of the identity (or of a further accepted ID) is not the
+    /// endpoint's namespace.
     IdentityNamespace,
     /// An endpoint without an identity in a service port whose other endpoints have
     /// one: excluded rather than turning the port's callers to plaintext.
@@ -192,6 +197,8 @@ pub struct EntryFields<'a> {
     pub zone: &'a str,
     /// The SPIFFE ID, if the endpoint serves mTLS.
     pub identity: Option<&'a str>,
+    /// Further SPIFFE IDs callers accept from the endpoint (only with `identity`).
+    pub also_accept: &'a [String],
 }
 
 /// What the agent trusts: who it is and its trust domain.
@@ -311,11 +318,34 @@ pub fn check_entry(e: &EntryFields<'_>, trust: &Trust<'_>) -> Result<(), Rejecte
     if let Some(id) = e.identity {
         check_identity(id, e.namespace, trust.trust_domain)?;
     }
+    if !e.also_accept.is_empty() {
+        if e.identity.is_none() {
+            // Without an identity the entry is served as identity-less: the extra IDs
+            // would be silently ignored, so the entry is not what its writer meant.
+            return Err(Rejected::new(
+                Reject::Identity,
+                "also_accept without an identity",
+            ));
+        }
+        if e.also_accept.len() > MAX_ALSO_ACCEPT {
+            return Err(Rejected::new(
+                Reject::Identity,
+                format!(
+                    "{} further identities, more than {MAX_ALSO_ACCEPT}",
+                    e.also_accept.len()
+                ),
+            ));
+        }
+        for id in e.also_accept {
+            check_identity(id, e.namespace, trust.trust_domain)?;
+        }
+    }
     Ok(())
 }
 
-/// A remote endpoint's identity: a SPIFFE ID `spiffe://<td>/ns/<namespace>/...` in the
-/// agent's trust domain (when it has one), naming the endpoint's own namespace.
+/// A remote endpoint's identity: a SPIFFE ID `spiffe://<td>/ns/<namespace>/...` (or an
+/// ID prefix ending in `/*`) in the agent's trust domain (when it has one), naming the
+/// endpoint's own namespace.
 fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Result<(), Rejected> {
     let malformed = || {
         Rejected::new(
@@ -335,7 +365,11 @@ fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Resu
     }
     let rest = id.strip_prefix("spiffe://").ok_or_else(malformed)?;
     let (td, path) = rest.split_once('/').ok_or_else(malformed)?;
-    if td.is_empty() || path.is_empty() {
+    // The translation's rule for an endpoint identity: an exact ID, or an ID prefix
+    // ending in `/*` and nowhere else a `*`, never ending in `/`. An entry passing here
+    // but refused there would make the translation refuse its whole service.
+    let exact = id.strip_suffix("/*").unwrap_or(id);
+    if td.is_empty() || path.is_empty() || exact.contains('*') || exact.ends_with('/') {
         return Err(malformed());
     }
     if let Some(ours) = trust_domain
@@ -381,6 +415,7 @@ mod tests {
             region: "eu",
             zone: "eu-1",
             identity: Some("spiffe://cluster.local/ns/default/sa/web"),
+            also_accept: &[],
         }
     }
 
@@ -508,6 +543,78 @@ mod tests {
         for (e, want) in cases {
             assert_eq!(reason(e), Some(want), "{e:?}");
         }
+    }
+
+    #[test]
+    fn each_further_identity_is_checked_like_the_identity() {
+        let canary = ["spiffe://cluster.local/ns/default/sa/web-canary".to_string()];
+        assert_eq!(
+            check_entry(
+                &EntryFields {
+                    also_accept: &canary,
+                    ..good()
+                },
+                &TRUST
+            ),
+            Ok(())
+        );
+        let bad = |extra: &str| {
+            let list = [canary[0].clone(), extra.to_string()];
+            reason(EntryFields {
+                also_accept: &list,
+                ..good()
+            })
+        };
+        assert_eq!(bad("http://x/ns/default"), Some(Reject::Identity));
+        assert_eq!(
+            bad("spiffe://cluster.local/ns/default/sa/a*"),
+            Some(Reject::Identity)
+        );
+        assert_eq!(
+            bad("spiffe://cluster.local/ns/default/sa/"),
+            Some(Reject::Identity)
+        );
+        let any = ["spiffe://cluster.local/ns/default/sa/*".to_string()];
+        assert_eq!(
+            reason(EntryFields {
+                also_accept: &any,
+                ..good()
+            }),
+            None
+        );
+        assert_eq!(
+            bad("spiffe://evil.example/ns/default/sa/web"),
+            Some(Reject::TrustDomain)
+        );
+        assert_eq!(
+            bad("spiffe://cluster.local/ns/kube-system/sa/admin"),
+            Some(Reject::IdentityNamespace)
+        );
+        assert_eq!(
+            reason(EntryFields {
+                identity: None,
+                also_accept: &canary,
+                ..good()
+            }),
+            Some(Reject::Identity)
+        );
+        let many: Vec<String> = (0..=MAX_ALSO_ACCEPT)
+            .map(|i| format!("spiffe://cluster.local/ns/default/sa/web-{i}"))
+            .collect();
+        assert_eq!(
+            reason(EntryFields {
+                also_accept: &many,
+                ..good()
+            }),
+            Some(Reject::Identity)
+        );
+        assert_eq!(
+            reason(EntryFields {
+                also_accept: &many[..MAX_ALSO_ACCEPT],
+                ..good()
+            }),
+            None
+        );
     }
 
     #[test]

@@ -811,6 +811,7 @@ fn validation_enforces_limits() {
         weight: u32::MAX,
         service_port: None,
         identity: None,
+        also_accept: Vec::new(),
     };
     let mut eps: Vec<Endpoint> = (0..2)
         .map(|i| Endpoint {
@@ -1012,6 +1013,11 @@ mod props {
                         "spiffe://td/ns/x/sa/*",
                         "spiffe://other/ns/x/sa/*",
                     ])),
+                    // Further accepted IDs (kept only with an identity below).
+                    prop::collection::vec(
+                        prop::sample::select(vec!["spiffe://td/ns/x/sa/b", "spiffe://td/ns/y/*"]),
+                        0..3,
+                    ),
                 ),
                 0..6,
             ),
@@ -1041,19 +1047,26 @@ mod props {
                         .collect();
                     let mut endpoints: Vec<Endpoint> = eps
                         .into_iter()
-                        .map(|(ip, port, zone, health, weight, sp, identity)| Endpoint {
-                            address: std::net::Ipv4Addr::new(10, 0, 0, ip).into(),
-                            port,
-                            locality: Locality {
-                                region: "r".into(),
-                                zone: zone.into(),
-                                sub_zone: String::new(),
+                        .map(
+                            |(ip, port, zone, health, weight, sp, identity, also)| Endpoint {
+                                address: std::net::Ipv4Addr::new(10, 0, 0, ip).into(),
+                                port,
+                                locality: Locality {
+                                    region: "r".into(),
+                                    zone: zone.into(),
+                                    sub_zone: String::new(),
+                                },
+                                health,
+                                weight,
+                                service_port: sp.map(|i| ports[i % ports.len()].port),
+                                also_accept: if identity.is_some() {
+                                    also.into_iter().map(String::from).collect()
+                                } else {
+                                    Vec::new()
+                                },
+                                identity: identity.map(String::from),
                             },
-                            health,
-                            weight,
-                            service_port: sp.map(|i| ports[i % ports.len()].port),
-                            identity: identity.map(String::from),
-                        })
+                        )
                         .collect();
                     let mut seen = HashSet::new();
                     endpoints.retain(|e| seen.insert((e.address, e.port)));
@@ -2200,6 +2213,117 @@ fn an_identity_prefix_is_a_san_prefix_match_and_still_mtls() {
         BTreeSet::from(["10.1.0.2".to_string(), "10.1.0.3".to_string()]),
         "the identity-less endpoint is left out of an mTLS port"
     );
+}
+
+/// The URI SAN patterns the caller `KUBE_CLIENT`'s mTLS cluster `cluster` accepts.
+fn caller_sans(
+    rs: &[Resource],
+    cluster: &str,
+) -> Vec<envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern> {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        UpstreamTlsContext, common_tls_context::ValidationContextType,
+    };
+    let c: Cluster = decode(find(rs, CLUSTER, cluster));
+    let Some(transport_socket::ConfigType::TypedConfig(any)) =
+        c.transport_socket.and_then(|t| t.config_type)
+    else {
+        panic!("{cluster}: no TLS")
+    };
+    let up = UpstreamTlsContext::decode(any.value.as_slice()).unwrap();
+    let Some(ValidationContextType::CombinedValidationContext(v)) =
+        up.common_tls_context.unwrap().validation_context_type
+    else {
+        panic!("{cluster}: no combined validation context")
+    };
+    v.default_validation_context
+        .unwrap()
+        .match_typed_subject_alt_names
+        .into_iter()
+        .map(|m| m.matcher.unwrap().match_pattern.unwrap())
+        .collect()
+}
+
+/// An endpoint's `also_accept` IDs are accepted by callers like its identity: a
+/// Service whose pods run as `web` or `web-canary` (and the registry cannot say which
+/// pod is which) gets both IDs as exact SAN matchers on every caller's mTLS cluster of
+/// its port, deduplicated across endpoints, and no others; a port whose endpoints
+/// carry none keeps just the identities.
+#[test]
+fn also_accept_ids_are_san_matchers_of_the_callers_cluster() {
+    use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+    const WEB: &str = "spiffe://cluster.local/ns/shop/sa/web";
+    const CANARY: &str = "spiffe://cluster.local/ns/shop/sa/web-canary";
+    let m = Mesh::from_json(
+        format!(
+            r#"{{"services": [
+                {{"name": "web", "namespace": "shop", "ports": [{{"port": 80}}, {{"port": 81}}],
+                  "endpoints": [
+                    {{"address": "10.1.0.2", "port": 8080, "service_port": 80, "identity": "{WEB}", "also_accept": ["{CANARY}"]}},
+                    {{"address": "10.1.0.3", "port": 8080, "service_port": 80, "identity": "{WEB}", "also_accept": ["{CANARY}"]}},
+                    {{"address": "10.1.0.2", "port": 8081, "service_port": 81, "identity": "{WEB}"}}]}}],
+              "pods": [{{"name": "kube-client", "ip": "10.1.0.1", "identity": "{KUBE_CLIENT}"}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .expect("valid mesh");
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    assert_eq!(
+        caller_sans(&rs, &format!("outbound|80|web.shop|{KUBE_CLIENT}")),
+        vec![
+            MatchPattern::Exact(WEB.into()),
+            MatchPattern::Exact(CANARY.into())
+        ]
+    );
+    assert_eq!(
+        caller_sans(&rs, &format!("outbound|81|web.shop|{KUBE_CLIENT}")),
+        vec![MatchPattern::Exact(WEB.into())]
+    );
+    // The JSON form round-trips, and omits an empty list.
+    let json = serde_json::to_string(&m).unwrap();
+    assert_eq!(json.matches("also_accept").count(), 2, "{json}");
+    assert_eq!(Mesh::from_json(json.as_bytes()).unwrap(), m);
+}
+
+/// `also_accept` is validated like the identity (each a SPIFFE ID or an ID prefix),
+/// needs an identity, and is bounded.
+#[test]
+fn the_validator_checks_also_accept() {
+    let errors = |identity: Option<&str>, also: &[String]| -> Vec<String> {
+        let m: Mesh = serde_json::from_value(serde_json::json!({"services": [{
+            "name": "a", "ports": [{"port": 80}],
+            "endpoints": [{"address": "10.0.0.1", "port": 80, "identity": identity,
+                           "also_accept": also}]}]}))
+        .unwrap();
+        m.validate()
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect()
+    };
+    let id = Some("spiffe://td/ns/x/sa/a");
+    let ok = [
+        "spiffe://td/ns/x/sa/b".to_string(),
+        "spiffe://td/ns/y/*".to_string(),
+    ];
+    assert!(errors(id, &ok).is_empty());
+    let e = errors(id, &[ok[0].clone(), "spiffe://td/ns/x/sa/a*".to_string()]);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("services[0].endpoints[0].also_accept[1]: "),
+        "{e:?}"
+    );
+    let e = errors(None, &ok);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("also_accept needs an identity"), "{e:?}");
+    let many: Vec<String> = (0..=translate::model::MAX_ALSO_ACCEPT)
+        .map(|i| format!("spiffe://td/ns/x/sa/s{i}"))
+        .collect();
+    let e = errors(id, &many);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("more than the limit"), "{e:?}");
+    assert!(errors(id, &many[..translate::model::MAX_ALSO_ACCEPT]).is_empty());
 }
 
 /// The validator takes an ID prefix only as an endpoint's identity and only well

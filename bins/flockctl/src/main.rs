@@ -273,6 +273,7 @@ mod tests {
             zone: String::new(),
             health: Health::Healthy,
             identity: None,
+            also_accept: Vec::new(),
         };
         let doc = RegistryView {
             backend: "memory".into(),

@@ -66,6 +66,8 @@ pub fn member_endpoints(
             zone: node.zone.clone(),
             health,
             identity: identity.map(str::to_string),
+            // A pod has one identity.
+            also_accept: Vec::new(),
         })
         .collect()
 }

@@ -39,6 +39,8 @@ pub fn endpoints(
             zone: node.zone.clone(),
             health,
             identity: identity.map(str::to_string),
+            // A pod has one identity.
+            also_accept: Vec::new(),
         })
         .collect()
 }
@@ -126,6 +128,7 @@ pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<tr
             weight: 1,
             service_port: Some(ep.service_port),
             identity: ep.identity.clone(),
+            also_accept: ep.also_accept.clone(),
         });
     }
     services

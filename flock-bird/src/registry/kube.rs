@@ -27,9 +27,12 @@
 //! caller reaches the callee's app directly (no inbound capture into the callee's Envoy
 //! exists yet): with mTLS to a meshed Service that needs the callee's inbound listener
 //! on that port. For mesh traffic between pods today use `--kube` with an etcd
-//! registry. A slice does not say which account each endpoint runs as, and the mesh
-//! model carries one identity per endpoint: with a `flock.io/service-accounts`
-//! annotation of several accounts an endpoint carries the first one.
+//! registry.
+//!
+//! A slice does not say which account each endpoint runs as: with a
+//! `flock.io/service-accounts` annotation of several accounts each endpoint carries
+//! the first as its `identity` and the others as `also_accept`, so a caller accepts
+//! any of the listed accounts from every endpoint of the Service (and no other).
 
 use super::{Registry, RegistryError, Rejections, View};
 use crate::model::Endpoint;
@@ -349,6 +352,13 @@ fn endpoint_of(r: map::RemoteEndpoint, slice: &str) -> Endpoint {
         region: r.region,
         zone: r.zone,
         health: r.health,
+        // A slice does not say which of the Service's accounts each endpoint runs
+        // as, so callers must accept every one of them from every endpoint.
+        also_accept: r
+            .identities
+            .into_iter()
+            .filter(|id| Some(id) != r.identity.as_ref())
+            .collect(),
         identity: r.identity,
     }
 }

@@ -24,5 +24,6 @@ pub fn web(node: &str, pod: &str) -> Endpoint {
         zone: "z".into(),
         health: Health::Healthy,
         identity: None,
+        also_accept: Vec::new(),
     }
 }

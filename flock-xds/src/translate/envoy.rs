@@ -782,7 +782,8 @@ fn server_tls(identity: &str) -> Option<TransportSocket> {
 /// The URI SAN matchers a caller accepts from a service port's endpoints if the port
 /// is mTLS (any endpoint has an identity, [`port_endpoints`]), else `None`
 /// (plaintext): an exact match per SPIFFE ID, a prefix match per ID prefix
-/// (`spiffe://td/path/*` → prefix `spiffe://td/path/`), sorted and deduplicated.
+/// (`spiffe://td/path/*` → prefix `spiffe://td/path/`), of each serving endpoint's
+/// identity and its `also_accept` IDs, sorted and deduplicated.
 /// Never empty when `Some`: an empty SAN list would accept any certificate the bundle
 /// verifies. An ID outside the caller's trust domain stays in the list; the caller's
 /// bundle cannot verify its certificate, so that endpoint fails closed instead of
@@ -796,10 +797,13 @@ fn mtls_peers(service: &Service, port: u16) -> Option<Vec<MatchPattern>> {
     let ids: std::collections::BTreeSet<(bool, &str)> = eps
         .serving
         .iter()
-        .filter_map(|e| e.identity.as_deref())
+        // An endpoint's `also_accept` IDs only count with its identity (the serving
+        // endpoints of an mTLS port all have one).
+        .filter(|e| e.identity.is_some())
+        .flat_map(|e| e.identity.iter().chain(&e.also_accept))
         .map(|id| match identity_prefix(id) {
             Some(prefix) => (true, prefix),
-            None => (false, id),
+            None => (false, id.as_str()),
         })
         .collect();
     (!ids.is_empty()).then(|| {

@@ -43,7 +43,8 @@
 //! trust domain). Its outbound listener uses the routes `outbound|http|<id>`, whose
 //! clusters for service ports where any endpoint has an `identity` connect over
 //! mTLS, present the caller's certificate and accept only a server certificate
-//! naming one of those endpoints' IDs (an endpoint identity `spiffe://td/path/*`
+//! naming one of those endpoints' IDs, each endpoint's `identity` and its
+//! `also_accept` IDs (an endpoint identity `spiffe://td/path/*`
 //! accepts any ID under `spiffe://td/path/`, a SAN prefix match). Never downgrade: an endpoint without an
 //! identity in such a port is left out of its endpoints ([`model::port_endpoints`]);
 //! only ports where no endpoint has an identity keep the plain cluster. The secrets

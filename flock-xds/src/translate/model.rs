@@ -47,6 +47,9 @@ pub use flock_core::pod::MAX_NETNS_LEN as MAX_PATH_LEN;
 /// Most ports of one service, and most inbound ports of one pod: the pod
 /// validator's limit, so a pod the agent accepts is one the translation accepts.
 pub use flock_core::pod::MAX_PORTS;
+/// Most [`Endpoint::also_accept`] IDs of one endpoint (the registry's limit, so an
+/// entry the agent accepts is one the translation accepts).
+pub use flock_core::registry::MAX_ALSO_ACCEPT;
 /// Most virtual IPs of one service (Kubernetes gives at most two: one per family).
 pub const MAX_VIPS: usize = 8;
 /// Longest PEM string of a secret (1 MiB).
@@ -152,6 +155,15 @@ pub struct Endpoint {
     /// still an identity, so the port is still mTLS.
     #[serde(default)]
     pub identity: Option<String>,
+    /// Further SPIFFE IDs (or `/*` ID prefixes, as in `identity`) the endpoint may
+    /// present: a caller's verification of the endpoint's service port accepts each of
+    /// them as well as `identity`. For a registry that knows the accounts a service
+    /// runs as but not which one each endpoint has (a Kubernetes EndpointSlice), so
+    /// every endpoint must be accepted under any of them. Only meaningful with
+    /// `identity` (without one it is an error), at most [`MAX_ALSO_ACCEPT`], each
+    /// validated like `identity`. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also_accept: Vec<String>,
 }
 
 /// A failure domain, as in Envoy's `Locality`.
@@ -579,6 +591,24 @@ impl Validator {
             }
             if let Some(id) = &e.identity {
                 self.spiffe_id(format!("{ep}.identity"), id, true);
+            }
+            if !e.also_accept.is_empty() && e.identity.is_none() {
+                // Without `identity` the endpoint counts as identity-less (plaintext
+                // port, or left out of an mTLS one): the extra IDs would be ignored.
+                self.err(format!("{ep}.also_accept"), "also_accept needs an identity");
+            }
+            if e.also_accept.len() > MAX_ALSO_ACCEPT {
+                self.err(
+                    format!("{ep}.also_accept"),
+                    format!(
+                        "{} IDs, more than the limit of {MAX_ALSO_ACCEPT}",
+                        e.also_accept.len()
+                    ),
+                );
+            } else {
+                for (j, id) in e.also_accept.iter().enumerate() {
+                    self.spiffe_id(format!("{ep}.also_accept[{j}]"), id, true);
+                }
             }
             if e.weight == 0 {
                 self.err(format!("{ep}.weight"), "weight must be at least 1");
