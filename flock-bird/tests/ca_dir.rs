@@ -626,3 +626,34 @@ async fn an_expired_issuer_signs_nothing_and_says_to_replace_the_set() {
     assert_eq!(ca.rotate_due(), 0);
     assert_eq!(ca.view().borrow().svids[&id].serial, svid.serial);
 }
+
+#[tokio::test]
+async fn a_directory_replaced_whole_is_watched_again_and_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = root(tmp.path(), "root");
+    let dir = tmp.path().join("set");
+    write_set(&dir, &issuer_files(&r, "first", None));
+    let ca = BuiltinCa::from_ca_dir(TD, TTL, now, &dir).unwrap();
+    let id = ca.subscribe(&pod("c1", "shop", "front")).await.unwrap();
+    let mut rx = ca.view();
+    let before = rx.borrow_and_update().svids[&id].serial.clone();
+    // A long poll: only re-arming the lost watch can notice the new directory in time.
+    let watch = tokio::spawn(Arc::clone(&ca).watch_ca_dir(
+        dir.clone(),
+        Duration::from_millis(50),
+        Duration::from_secs(3600),
+    ));
+    // Let the watch arm on the first directory (its first read is a no-op).
+    tokio::task::yield_now().await;
+    let next = tmp.path().join("next");
+    write_set(&next, &issuer_files(&r, "second", None));
+    std::fs::rename(&dir, tmp.path().join("old")).unwrap();
+    std::fs::rename(&next, &dir).unwrap();
+    let view = wait_for_view(&mut rx, "the SVID re-issued from the new directory", |v| {
+        v.svids[&id].serial != before
+    })
+    .await;
+    let issuer = certs(&std::fs::read_to_string(dir.join(CA_CERT_FILE)).unwrap());
+    assert_eq!(certs(&view.svids[&id].cert_chain_pem)[1], issuer[0]);
+    watch.abort();
+}

@@ -376,19 +376,15 @@ impl BuiltinCa {
             };
             tokio::select! {
                 ev = event => {
-                    match ev {
-                        Some(Ok(ev)) if !ev.mask.intersects(
-                            inotify::EventMask::IGNORED
-                                | inotify::EventMask::DELETE_SELF
-                                | inotify::EventMask::MOVE_SELF,
-                        ) => {}
-                        // The directory went away (or the watch broke): re-arm at the
-                        // next poll; the poll reloads meanwhile.
-                        _ => {
-                            tracing::warn!(dir = %dir.display(), "CA directory watch lost; polling every {poll:?}");
-                            events = None;
-                            continue;
-                        }
+                    if !watch_alive(ev.as_ref()) {
+                        // The directory was removed or moved away (or the watch broke):
+                        // watch whatever is at the path now, and read it.
+                        tracing::warn!(dir = %dir.display(), "CA directory watch lost; re-arming it");
+                        // Paced, so a watch that keeps failing is not a busy loop.
+                        tokio::time::sleep(debounce).await;
+                        events = arm_watch(&dir);
+                        self.reload_logged(&dir, debounce, &mut warned).await;
+                        continue;
                     }
                     // Debounce: a Secret update is several events (new data directory,
                     // `..data_tmp` symlink, rename, old directory removed); read once
@@ -401,7 +397,12 @@ impl BuiltinCa {
                             }
                         };
                         tokio::select! {
-                            _ = more => {}
+                            ev = more => if !watch_alive(ev.as_ref()) {
+                                // No more events from this watch: stop waiting on it
+                                // (an ended stream would answer at once, forever).
+                                events = None;
+                                break;
+                            },
                             () = tokio::time::sleep(debounce) => break,
                         }
                     }
@@ -571,6 +572,14 @@ pub enum CaReload {
 }
 
 type EventStream = inotify::EventStream<Vec<u8>>;
+
+/// Whether the watch still reports on the directory after this event: not when the
+/// stream ended or failed, nor when the directory itself was removed or moved away.
+fn watch_alive(ev: Option<&std::io::Result<inotify::Event<std::ffi::OsString>>>) -> bool {
+    matches!(ev, Some(Ok(ev)) if !ev.mask.intersects(
+        inotify::EventMask::IGNORED | inotify::EventMask::DELETE_SELF | inotify::EventMask::MOVE_SELF,
+    ))
+}
 
 /// An inotify watch on the directory itself (not the files: a Secret's files are
 /// symlinks through `..data`, which is replaced, not written).
