@@ -94,7 +94,6 @@ fn shared_root_locality_rotation_and_node_death() {
     });
 
     // (1) Across nodes over mTLS, preferring the caller's zone.
-    let hs_out = c.nodes[0].envoy_counter(&[WEB, "ssl.handshake"]);
     let samples = burst(&c, client, "s1-prefer", 200);
     println!(
         "(1) n1 -> web, n2 (zone-a) and n3 (zone-b) up: {}",
@@ -110,7 +109,7 @@ fn shared_root_locality_rotation_and_node_death() {
     let hs_n1 = c.nodes[0].envoy_counter(&[WEB, "ssl.handshake"]);
     let hs_n2 = c.nodes[1].envoy_counter(&["listener.", "ssl.handshake"]);
     println!(
-        "(1) mTLS: n1 outbound TLS handshakes {hs_n1} (before the burst {hs_out}), n2 inbound TLS handshakes {hs_n2}"
+        "(1) mTLS: n1 outbound TLS handshakes {hs_n1}, n2 inbound TLS handshakes {hs_n2} (one keep-alive connection)"
     );
     assert!(hs_n1 >= 1 && hs_n2 >= 1, "no TLS handshakes counted");
 
@@ -313,4 +312,111 @@ fn per_node_cas_cannot_talk() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "web-n2", "{out:?}");
     let log = c.nodes[0].agent.as_ref().unwrap().log_text();
     assert!(log.contains("cross-node mTLS needs a shared root"), "{log}");
+}
+
+/// The cross-node benchmark (not a timed test: `#[ignore]`, run it on purpose, see the
+/// README's "Running on several nodes"): a client pod on n1 calls a pod on n2 through
+/// both Envoys (n1's outbound listener, mTLS across the underlay, n2's inbound
+/// listener) and directly over the underlay (the pod's IP and app port, plaintext), in
+/// one run: latency p50/p99 of one keep-alive connection sending one request at a
+/// time, and the throughput of `FLOCK_BENCH_CLIENTS` (default 4) such clients at once.
+/// `FLOCK_BENCH_REQUESTS` (default 3000) requests per client. The client and server
+/// are Python (the same on both paths), so the difference is the mesh's cost; the
+/// absolute numbers include Python's.
+#[test]
+#[ignore = "benchmark: run with --ignored bench_cross_node --nocapture"]
+fn bench_cross_node() {
+    let env_n = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let requests = env_n("FLOCK_BENCH_REQUESTS", 3000);
+    let clients = env_n("FLOCK_BENCH_CLIENTS", 4) as usize;
+    let mut c = Cluster::start(ClusterOptions {
+        tag: 3,
+        zones: vec!["zone-a", "zone-a"],
+        shared_root: true,
+        registry_ttl: 10,
+    });
+    let client = c.add_pod(0, "client", "client", false);
+    let web2 = c.add_pod(1, "web-n2", "web", true);
+    wait_endpoint(&c, 0, web2, true);
+    wait_for("n1's client to reach web through the mesh", WAIT, || {
+        curl_web(&c.pods[client], "web").1 == "web-n2"
+    });
+    let direct = format!("{}:{APP_PORT}", c.pods[web2].ip.as_ref().unwrap());
+    let paths = [
+        (
+            "direct (pod IP:8080 over the underlay)",
+            direct.as_str(),
+            "web-n2",
+        ),
+        ("mesh (n1 Envoy -> mTLS -> n2 Envoy)", OUTBOUND, "web"),
+    ];
+    println!(
+        "bench_cross_node: {requests} requests per client, latency with 1 client, throughput with {clients}"
+    );
+    for (name, addr, host) in paths {
+        let tag = if addr == OUTBOUND { "mesh" } else { "direct" };
+        // Warm up (connections, Envoy's pools, Python's caches).
+        let warm = Load::start(
+            &c.pods[client],
+            c.dir.path(),
+            &format!("{tag}-warm"),
+            addr,
+            host,
+            200,
+        )
+        .finish(Duration::from_secs(60));
+        assert!(tally(&warm).1.is_empty(), "{name}: warm-up failed");
+        let one = Load::start(
+            &c.pods[client],
+            c.dir.path(),
+            &format!("{tag}-1"),
+            addr,
+            host,
+            requests,
+        )
+        .finish(Duration::from_secs(300));
+        let (by, failed) = tally(&one);
+        assert!(
+            failed.is_empty(),
+            "{name}: {} failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(3)]
+        );
+        assert_eq!(by.get("web-n2").copied(), Some(one.len()), "{by:?}");
+        let loads: Vec<Load> = (0..clients)
+            .map(|i| {
+                Load::start(
+                    &c.pods[client],
+                    c.dir.path(),
+                    &format!("{tag}-c{i}"),
+                    addr,
+                    host,
+                    requests,
+                )
+            })
+            .collect();
+        let started = Instant::now();
+        let mut total = 0usize;
+        for l in loads {
+            let s = l.finish(Duration::from_secs(600));
+            assert!(
+                tally(&s).1.is_empty(),
+                "{name}: a concurrent request failed"
+            );
+            total += s.len();
+        }
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "{name:<42} p50 {:>6} us  p99 {:>6} us  1 client {:>6.0} req/s  {clients} clients {:>6.0} req/s",
+            percentile_us(&one, 50.0),
+            percentile_us(&one, 99.0),
+            one.len() as f64 / (one.iter().map(|s| s.latency_us).sum::<u64>() as f64 / 1e6),
+            total as f64 / secs
+        );
+    }
 }
