@@ -151,7 +151,8 @@ impl Underlay {
         format!("flkU{tag}")
     }
 
-    /// SIGKILLs every process in the tag's namespaces, deletes them and the bridge.
+    /// SIGKILLs every process in the tag's namespaces, deletes them and the bridge
+    /// (and, at creation, a crashed run's temporary directory).
     fn sweep(tag: u8) {
         let list = run(Command::new("ip").args(["netns", "list"]));
         let prefix = Self::prefix(tag);
@@ -177,6 +178,16 @@ impl Underlay {
 
     fn create(tag: u8) -> Self {
         Self::sweep(tag);
+        let tmp = std::env::temp_dir();
+        for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&dir_prefix(tag))
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
         let bridge = Self::bridge(tag);
         ipc(&["link", "add", &bridge, "type", "bridge"]);
         let this = Self { tag };
@@ -222,6 +233,11 @@ pub fn kill_netns_processes(ns: &str) {
     }
 }
 
+/// The cluster's temporary directory's name prefix (`flock-nodes-<tag>-`).
+fn dir_prefix(tag: u8) -> String {
+    format!("flock-nodes-{tag}-")
+}
+
 fn base_id(tag: u8, idx: u8) -> u32 {
     // Steps of 4 leave room for the supervisor's "next free base id".
     940_000 + u32::from(tag) * 100 + u32::from(idx) * 4
@@ -242,7 +258,7 @@ impl Cluster {
         let tag = opts.tag;
         let underlay = Underlay::create(tag);
         let dir = tempfile::Builder::new()
-            .prefix("flock-nodes-")
+            .prefix(&dir_prefix(tag))
             .tempdir()
             .unwrap();
 
