@@ -4,7 +4,7 @@ use crate::agent::{AddPodInput, Agent, PodError, PodOutcome};
 use flock_cni::proto::v1::cni_service_server::{CniService, CniServiceServer};
 use flock_cni::proto::v1::{
     AddPodRequest, Availability, CheckRequest, GarbageCollectRequest, GarbageCollectResponse,
-    Outcome, PodResponse, RemovePodRequest, StatusRequest, StatusResponse,
+    Outcome, PodResponse, Refusal, RemovePodRequest, StatusRequest, StatusResponse,
 };
 use flock_core::pod::PodKey;
 use flock_xds::server::Peer;
@@ -25,6 +25,18 @@ fn pod(outcome: Outcome, message: impl Into<String>) -> Response<PodResponse> {
     Response::new(PodResponse {
         outcome: outcome as i32,
         message: message.into(),
+        refusal: Refusal::Unspecified as i32,
+    })
+}
+
+/// An ERROR the plugin reports as CNI error 102: the pod cannot be meshed, and
+/// `message` names the field. The agent is the one judge of this: only it knows
+/// whether it reads the flock annotations (with `--kube` it ignores them).
+fn invalid_pod(message: impl Into<String>) -> Response<PodResponse> {
+    Response::new(PodResponse {
+        outcome: Outcome::Error as i32,
+        message: message.into(),
+        refusal: Refusal::InvalidPod as i32,
     })
 }
 
@@ -122,7 +134,7 @@ impl CniService for CniServer {
                 .metrics
                 .pod_errors
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Ok(pod(Outcome::Error, "more than 256 annotations"));
+            return Ok(invalid_pod("more than 256 annotations"));
         }
         let input = AddPodInput {
             container_id: req.container_id,
@@ -140,7 +152,7 @@ impl CniService for CniServer {
             Ok(PodOutcome::Ignored(m)) => pod(Outcome::Ignored, m),
             Err(e @ PodError::Invalid(_)) => {
                 tracing::warn!(container = %input.container_id.chars().take(64).collect::<String>(), "AddPod refused: {e}");
-                pod(Outcome::Error, e.to_string())
+                invalid_pod(e.to_string())
             }
             Err(e) => pod(Outcome::Error, e.to_string()),
         })

@@ -55,9 +55,10 @@ pub enum ErrorCode {
     /// 101: the flock agent answered something this plugin does not understand
     /// (version skew between plugin and agent).
     AgentProtocol,
-    /// 102: the pod cannot be meshed: a field or a flock annotation is one the mesh
-    /// could not serve (`flock_core::pod` says which and why). Refused before the
-    /// agent is asked, so no pod runs with a service that is never served.
+    /// 102: the pod cannot be meshed: a field or a flock annotation the agent reads is
+    /// one the mesh could not serve (the agent's `INVALID_POD` refusal, from
+    /// `flock_core::pod`, says which and why), so no pod runs with a service that is
+    /// never served.
     InvalidPod,
 }
 

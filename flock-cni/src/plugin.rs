@@ -5,7 +5,7 @@
 //!
 //! | verb | agent call | agent unreachable / timeout | agent ERROR |
 //! |---|---|---|---|
-//! | ADD | `AddPod` (after the pod validator: error 102 if the mesh could not serve the pod) | error 11 (try again later): pods never start unmeshed | error 100 |
+//! | ADD | `AddPod` | error 11 (try again later): pods never start unmeshed | error 102 when the agent refuses the pod as one the mesh could not serve (`INVALID_POD`), else 100 |
 //! | DEL | `RemovePod` | **success**, warning on stderr: GC and the agent's orphan sweep repair it, and a dead agent must never block pod deletion | error 100 |
 //! | CHECK | `Check` | error 11 | error 100 |
 //! | STATUS | `Status` | error 50 | — (50 / 51 from the answer) |
@@ -15,18 +15,24 @@
 //! ADD without `prevResult` is error 7: flock-cni is a chained plugin and only reports
 //! what the primary CNI set up. ADD prints `prevResult` unchanged at the config's
 //! `cniVersion`; DEL, CHECK, STATUS and GC print nothing on success.
+//!
+//! ADD does not judge the pod itself: whether the flock annotations matter depends on
+//! the agent's mode (with `--kube` it takes identity and ports from the API and ignores
+//! them), which the plugin does not know. The agent runs the pod validator and answers
+//! `INVALID_POD` naming the field; the plugin reports that as error 102. What the plugin
+//! owns is checked as it is parsed: `CNI_CONTAINERID` and `CNI_IFNAME` (with the same
+//! rules), the config and the shape of `prevResult`.
 
 use std::ffi::OsString;
 use std::time::Duration;
 
-use flock_core::pod;
 use serde_json::Value;
 
 use crate::client::{self, AgentError};
 use crate::cni::{self, CURRENT_VERSION, CniEnv, CniError, Command, ErrorCode, NetConf, ResultIp};
 use crate::proto::v1::{
     AddPodRequest, Attachment, Availability, CheckRequest, GarbageCollectRequest, IpConfig,
-    Outcome, PodRef, PodResponse, RemovePodRequest, StatusRequest,
+    Outcome, PodRef, PodResponse, Refusal, RemovePodRequest, StatusRequest,
 };
 
 /// What the binary prints and how it exits.
@@ -129,7 +135,6 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
             let output = cni::result_at_version(prev, &conf.cni_version)?;
             let ips = cni::result_ips(prev)?;
             let annotations = conf.annotations();
-            admit(env, &ips, &annotations, &conf.name)?;
             let req = AddPodRequest {
                 container_id: env.container_id.clone(),
                 netns: env.netns.clone(),
@@ -270,39 +275,6 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
     }
 }
 
-/// Checks the pod with the validator the agent and the translation share, so a pod
-/// the mesh could not serve is refused here with the reason, before anything is set
-/// up for it. A pod without the service annotation is not meshed and passes.
-fn admit(
-    env: &CniEnv,
-    ips: &[ResultIp],
-    annotations: &[(String, String)],
-    network_name: &str,
-) -> Result<(), CniError> {
-    let req = pod::AddRequest {
-        container_id: env.container_id.clone(),
-        ifname: env.ifname.clone(),
-        netns: env.netns.clone(),
-        name: env.pod.name.clone(),
-        namespace: env.pod.namespace.clone(),
-        uid: env.pod.uid.clone(),
-        ips: ips.iter().map(|ip| ip.address.clone()).collect(),
-        annotations: annotations.iter().cloned().collect(),
-        network_name: network_name.to_owned(),
-    };
-    match pod::admit(&req) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(CniError::new(
-            ErrorCode::InvalidPod,
-            format!(
-                "pod {}/{} cannot be meshed: {e}",
-                cni::shorten(&env.pod.namespace),
-                cni::shorten(&env.pod.name)
-            ),
-        )),
-    }
-}
-
 fn ip_config(ip: &ResultIp) -> IpConfig {
     IpConfig {
         address: ip.address.clone(),
@@ -315,6 +287,10 @@ fn ip_config(ip: &ResultIp) -> IpConfig {
 fn pod_outcome(resp: &PodResponse, verb: &str) -> Result<(), CniError> {
     match Outcome::try_from(resp.outcome) {
         Ok(Outcome::Success | Outcome::Ignored) => Ok(()),
+        Ok(Outcome::Error) if resp.refusal == Refusal::InvalidPod as i32 => Err(CniError::new(
+            ErrorCode::InvalidPod,
+            format!("flock agent refused {verb}: {}", resp.message),
+        )),
         Ok(Outcome::Error) => Err(CniError::new(
             ErrorCode::AgentError,
             format!("flock agent refused {verb}: {}", resp.message),
@@ -369,7 +345,7 @@ mod tests {
             )
         };
         // No agent listens on this socket: a request that reaches the client fails
-        // with "try again later" (11), not with the validator's 102.
+        // with "try again later" (11).
         let stdin = format!(
             r#"{{"cniVersion":"1.1.0","name":"k8s","type":"flock-cni",
                 "agent_socket":"/nonexistent/flock-test.sock","timeout_ms":200,
@@ -384,18 +360,14 @@ mod tests {
         v["code"].as_u64().unwrap()
     }
 
+    /// The plugin does not judge the flock annotations (the agent may ignore them, with
+    /// `--kube`): a malformed one still gets as far as the agent (here absent: 11),
+    /// where the old pre-check answered 102 without asking it.
     #[test]
-    fn add_refuses_a_pod_the_mesh_could_not_serve_before_calling_the_agent() {
-        // A dot in the service name breaks `<svc>.<ns>` in the translation's names.
-        let out = add("web.v2");
-        assert_eq!(out.exit_code, 1);
-        assert_eq!(code(&out), 102);
-        let msg = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            msg.contains("flock.io/service") && msg.contains("default/web-0"),
-            "{msg}"
-        );
-        // The same pod with a valid name gets as far as the (absent) agent.
+    fn add_leaves_the_annotations_to_the_agent() {
+        // A dot in the service name is one the agent refuses in annotation mode.
+        assert_eq!(code(&add("web.v2")), 11);
+        assert_eq!(code(&add("")), 11);
         assert_eq!(code(&add("web")), 11);
     }
 }

@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 use crate::proto::v1::cni_service_server::{CniService, CniServiceServer};
 use crate::proto::v1::{
     AddPodRequest, Availability, CheckRequest, GarbageCollectRequest, GarbageCollectResponse,
-    Outcome, PodResponse, RemovePodRequest, StatusRequest, StatusResponse,
+    Outcome, PodResponse, Refusal, RemovePodRequest, StatusRequest, StatusResponse,
 };
 
 /// A call the double received.
@@ -43,6 +43,8 @@ pub struct Behavior {
     pub add_outcome: Outcome,
     /// The message with it.
     pub add_message: String,
+    /// The refusal kind with an ERROR (default UNSPECIFIED).
+    pub add_refusal: Refusal,
     /// Status's answer (default AVAILABLE).
     pub availability: Availability,
     /// Sleep this long before answering any call (to test timeouts).
@@ -56,6 +58,7 @@ impl Default for Behavior {
         Self {
             add_outcome: Outcome::Success,
             add_message: String::new(),
+            add_refusal: Refusal::Unspecified,
             availability: Availability::Available,
             delay: Duration::ZERO,
             gc_errors: Vec::new(),
@@ -93,9 +96,18 @@ impl Service {
 }
 
 fn pod(outcome: Outcome, message: impl Into<String>) -> Response<PodResponse> {
+    refused(outcome, message, Refusal::Unspecified)
+}
+
+fn refused(
+    outcome: Outcome,
+    message: impl Into<String>,
+    refusal: Refusal,
+) -> Response<PodResponse> {
     Response::new(PodResponse {
         outcome: outcome as i32,
         message: message.into(),
+        refusal: refusal as i32,
     })
 }
 
@@ -110,7 +122,7 @@ impl CniService for Service {
                 req.network_name.clone(),
             );
         }
-        Ok(pod(b.add_outcome, b.add_message))
+        Ok(refused(b.add_outcome, b.add_message, b.add_refusal))
     }
 
     async fn remove_pod(

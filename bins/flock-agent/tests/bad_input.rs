@@ -8,8 +8,8 @@ mod common;
 use common::{Agent, http_get, web_add_request};
 use flock_cni::client;
 use flock_cni::proto::v1::{
-    AddPodRequest, CheckRequest, GarbageCollectRequest, IpConfig, Outcome, RemovePodRequest,
-    StatusRequest,
+    AddPodRequest, CheckRequest, GarbageCollectRequest, IpConfig, Outcome, Refusal,
+    RemovePodRequest, StatusRequest,
 };
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -36,7 +36,9 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
     .unwrap();
     assert_eq!(ok.outcome, Outcome::Success as i32, "{}", ok.message);
 
-    // CNI: malformed and oversized fields → ERROR with the reason.
+    // CNI: malformed and oversized fields → ERROR with the reason, as INVALID_POD (the
+    // plugin's CNI error 102: the agent is the one judge of a pod, the plugin does not
+    // pre-check).
     let cases: Vec<(AddPodRequest, &str)> = vec![
         (
             AddPodRequest {
@@ -86,7 +88,7 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
                 ]),
                 ..add("c6")
             },
-            "is not a port",
+            "flock.io/ports: \"http\" is not a port",
         ),
     ];
     for (req, want) in cases {
@@ -94,6 +96,7 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
             .await
             .unwrap();
         assert_eq!(resp.outcome, Outcome::Error as i32, "{want}: {resp:?}");
+        assert_eq!(resp.refusal, Refusal::InvalidPod as i32, "{want}: {resp:?}");
         assert!(
             resp.message.contains(want),
             "{:?} should contain {want:?}",

@@ -12,7 +12,8 @@
 //!   gets its identity from `spec.serviceAccountName` (its SVID's SPIFFE ID in the
 //!   agent's snapshot and in Envoy's config) and its ports from its containers (an
 //!   inbound listener for the container port);
-//! * an annotation claiming another service account changes nothing;
+//! * an annotation claiming another service account changes nothing, and a malformed
+//!   `flock.io/ports` annotation does not stop the pod at the plugin;
 //! * a Service created after the pod's ADD registers the pod (the agent's registry view)
 //!   without a restart, and a meshed client reaches it through both Envoy listeners;
 //! * with the API unreachable, a CNI ADD fails with the agent's clear message;
@@ -162,7 +163,9 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
         work.path().join("cache"),
     );
 
-    // web-0: no flock annotation but one claiming another service account; its
+    // web-0: flock annotations claiming another service account, plus a service and
+    // a malformed ports annotation (which an annotation-mode agent would refuse with
+    // CNI error 102); the plugin leaves them to the agent, which ignores them: its
     // identity and port must come from the API.
     let web_uid = "5b7c3c1e-0000-4000-8000-0000000000b1";
     api.apply(&pod(
@@ -179,7 +182,8 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
         namespace: "shop",
         name: "web-0",
         uid: web_uid,
-        annotations: json!({"flock.io/service-account": "admin"}),
+        annotations: json!({"flock.io/service-account": "admin",
+                            "flock.io/service": "web", "flock.io/ports": "http"}),
     };
     cni.ok("add", &ns_web, "ctr-web", &web_pod);
     assert_eq!(meshed_pods(&agent), vec!["shop/web-0".to_string()]);

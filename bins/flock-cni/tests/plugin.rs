@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flock_cni::proto::v1::{Availability, Outcome};
+use flock_cni::proto::v1::{Availability, Outcome, Refusal};
 use flock_cni::testing::{Call, TestAgent};
 use serde_json::{Value, json};
 
@@ -241,6 +241,42 @@ fn add_without_prev_result_is_a_clear_error() {
         f.agent.calls().is_empty(),
         "no agent call for an invalid ADD"
     );
+}
+
+/// The plugin does not judge the flock annotations (with `--kube` the agent ignores
+/// them, and the plugin cannot know the agent's mode): a malformed one goes to the
+/// agent as it came. The agent is the judge; its `INVALID_POD` refusal reaches the
+/// runtime as error 102 with the agent's message naming the field, and a plain ERROR
+/// stays 100.
+#[test]
+fn add_sends_annotations_to_the_agent_and_reports_its_invalid_pod_refusal_as_102() {
+    let f = fixture();
+    let mut c = conf(&f, "1.1.0", Some(prev_result("1.1.0")));
+    c["runtimeConfig"] = json!({"io.kubernetes.cri.pod-annotations":
+        {"flock.io/service": "web.v2", "flock.io/ports": "http"}});
+    // An agent that ignores the annotations (kube mode) meshes the pod.
+    let r = cni(&f, "ADD", "c1", &c);
+    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    let Some(Call::Add(req)) = f.agent.calls().last().cloned() else {
+        panic!("the plugin did not ask the agent");
+    };
+    assert_eq!(
+        req.annotations.get("flock.io/ports").map(String::as_str),
+        Some("http")
+    );
+    assert_eq!(f.agent.pods(), [("c1".to_owned(), "eth0".to_owned())]);
+
+    // An agent that reads them (annotation mode) refuses the pod: 102, its reason.
+    let why = "invalid request: pod shop/cart-7d4 cannot be meshed: flock.io/service: \"web.v2\" is not a DNS label";
+    f.agent.set(|b| {
+        b.add_outcome = Outcome::Error;
+        b.add_refusal = Refusal::InvalidPod;
+        b.add_message = why.into();
+    });
+    let v = cni(&f, "ADD", "c2", &c).assert_error(102);
+    let msg = v["msg"].as_str().unwrap();
+    assert!(msg.contains(why), "{v}");
+    assert_eq!(f.agent.calls().len(), 2, "one AddPod per ADD");
 }
 
 #[test]

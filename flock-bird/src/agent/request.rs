@@ -1,5 +1,7 @@
-//! An AddPod request checked into a pod record, by the one pod validator the CNI
-//! plugin, the store and the translation share (`flock_core::pod`).
+//! An AddPod request checked into a pod record, by the one pod validator the store and
+//! the translation share (`flock_core::pod`). The agent is the only judge of a CNI
+//! request: the plugin does not know whether the annotations matter (with `--kube` they
+//! do not), and reports the agent's refusal as CNI error 102.
 
 use super::{Agent, PodError};
 use crate::model::PodRecord;
@@ -17,7 +19,25 @@ impl Agent {
         match flock_core::pod::admit(input) {
             Ok(Some(pod)) => Ok(Some(PodRecord::admitted(pod, flock_clock::unix_now()))),
             Ok(None) => Ok(None),
-            Err(e) => Err(PodError::Invalid(e.to_string())),
+            // The pod's name as the runtime sees it, so the refusal (CNI error 102 at
+            // the plugin) says which pod and which field. Bounded: the name itself may
+            // be what is wrong.
+            Err(e) => Err(PodError::Invalid(format!(
+                "pod {}/{} cannot be meshed: {e}",
+                bounded(&input.namespace),
+                bounded(&input.name)
+            ))),
         }
+    }
+}
+
+/// `s`, or its first 61 characters and `...` when longer than 64.
+fn bounded(s: &str) -> String {
+    if s.chars().count() <= 64 {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(61).collect();
+        out.push_str("...");
+        out
     }
 }
