@@ -573,6 +573,7 @@ async fn an_identity_less_entry_never_creates_a_plaintext_path() {
         inbound: Vec::new(),
         outbound_port: 15001,
         identity: Some(CLIENT_ID.into()),
+        capture: None,
     });
     mesh.validate().unwrap();
     // The translation alone (without the agent's filter) must hold the line too.

@@ -312,6 +312,7 @@ async fn an_annotation_of_two_accounts_makes_callers_accept_both() {
         inbound: Vec::new(),
         outbound_port: 15001,
         identity: Some(CLIENT.into()),
+        capture: None,
     });
     mesh.validate().unwrap();
     let rs = translate::envoy_resources(&mesh, &EnvoyOptions::default());

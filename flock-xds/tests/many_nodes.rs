@@ -462,43 +462,65 @@ mod props {
             ]),
             prop::collection::vec((locality(), 1u32..3, any::<bool>()), 0..5),
             any::<bool>(),
+            any::<bool>(),
         );
-        prop::collection::vec(service, 1..4).prop_map(|services| {
-            let mut m = mesh();
-            m.services = services
-                .into_iter()
-                .enumerate()
-                .map(|(i, (protocol, eps, mtls))| Service {
-                    name: format!("s{i}"),
-                    namespace: "default".into(),
-                    ports: vec![ServicePort {
-                        name: None,
-                        port: 8000 + i as u16,
-                        protocol,
-                    }],
-                    endpoints: eps
-                        .into_iter()
-                        .enumerate()
-                        .map(|(j, (locality, weight, healthy))| {
-                            // From JSON: fields this test does not vary keep
-                            // their defaults.
-                            let mut e: Endpoint = serde_json::from_value(serde_json::json!({
-                                "address": format!("10.1.{i}.{}", j + 1),
-                                "port": 15006,
-                                "weight": weight,
-                                "health": if healthy { "healthy" } else { "unknown" },
-                            }))
-                            .unwrap();
-                            e.locality = locality;
-                            e.identity = mtls.then(|| WEB_ID.to_string());
-                            e
-                        })
-                        .collect(),
-                    vips: Vec::new(),
-                })
-                .collect();
-            m
-        })
+        // Per pod of `mesh()`: not captured, strict or permissive capture (a
+        // captured pod's outbound listener depends on every service's addresses).
+        let capture = prop::sample::select(vec![
+            None,
+            Some(translate::CaptureMode::Strict),
+            Some(translate::CaptureMode::Permissive),
+        ]);
+        (
+            prop::collection::vec(service, 1..4),
+            prop::collection::vec(capture, 2),
+        )
+            .prop_map(|(services, captures)| {
+                let mut m = mesh();
+                for (pod, mode) in m.pods.iter_mut().zip(captures) {
+                    pod.capture = mode.map(|mode| translate::Capture {
+                        mode,
+                        mark: translate::DEFAULT_CAPTURE_MARK,
+                    });
+                }
+                m.services = services
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (protocol, eps, mtls, vip))| Service {
+                        name: format!("s{i}"),
+                        namespace: "default".into(),
+                        ports: vec![ServicePort {
+                            name: None,
+                            port: 8000 + i as u16,
+                            protocol,
+                        }],
+                        endpoints: eps
+                            .into_iter()
+                            .enumerate()
+                            .map(|(j, (locality, weight, healthy))| {
+                                // From JSON: fields this test does not vary keep
+                                // their defaults.
+                                let mut e: Endpoint = serde_json::from_value(serde_json::json!({
+                                    "address": format!("10.1.{i}.{}", j + 1),
+                                    "port": 15006,
+                                    "weight": weight,
+                                    "health": if healthy { "healthy" } else { "unknown" },
+                                }))
+                                .unwrap();
+                                e.locality = locality;
+                                e.identity = mtls.then(|| WEB_ID.to_string());
+                                e
+                            })
+                            .collect(),
+                        vips: if vip {
+                            vec![std::net::Ipv4Addr::new(10, 96, 0, i as u8 + 1).into()]
+                        } else {
+                            Vec::new()
+                        },
+                    })
+                    .collect();
+                m
+            })
     }
 
     fn flat(entries: &translate::Entries) -> BTreeSet<(String, String, ContentHash)> {

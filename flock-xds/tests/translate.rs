@@ -1099,6 +1099,13 @@ mod props {
             ])),
             prop::collection::btree_map(1u16..5, protocol(), 0..3),
             prop::sample::select(vec![0u16, 15001, 15002]),
+            // Capture: none, strict or permissive (valid with a netns and an
+            // outbound port only).
+            prop::sample::select(vec![
+                None,
+                Some(translate::CaptureMode::Strict),
+                Some(translate::CaptureMode::Permissive),
+            ]),
         );
         prop::collection::btree_map(
             (
@@ -1111,23 +1118,29 @@ mod props {
         .prop_map(|pods| {
             pods.into_iter()
                 .enumerate()
-                .map(|(i, ((name, ns), (netns, inbound, outbound_port)))| Pod {
-                    name: name.into(),
-                    namespace: ns.into(),
-                    uid: None,
-                    ip: std::net::Ipv4Addr::new(10, 0, 1, i as u8 + 1).into(),
-                    netns: netns.map(String::from),
-                    inbound: inbound
-                        .into_iter()
-                        .map(|(app_port, protocol)| InboundPort {
-                            app_port,
-                            listen_port: 15000 + app_port,
-                            protocol,
-                        })
-                        .collect(),
-                    outbound_port,
-                    identity: None,
-                })
+                .map(
+                    |(i, ((name, ns), (netns, inbound, outbound_port, capture)))| Pod {
+                        name: name.into(),
+                        namespace: ns.into(),
+                        uid: None,
+                        ip: std::net::Ipv4Addr::new(10, 0, 1, i as u8 + 1).into(),
+                        netns: netns.map(String::from),
+                        inbound: inbound
+                            .into_iter()
+                            .map(|(app_port, protocol)| InboundPort {
+                                app_port,
+                                listen_port: 15000 + app_port,
+                                protocol,
+                            })
+                            .collect(),
+                        outbound_port,
+                        identity: None,
+                        capture: capture.map(|mode| translate::Capture {
+                            mode,
+                            mark: translate::DEFAULT_CAPTURE_MARK,
+                        }),
+                    },
+                )
                 .collect()
         })
     }

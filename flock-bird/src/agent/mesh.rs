@@ -164,6 +164,7 @@ pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate:
             .collect(),
         outbound_port: OUTBOUND_PORT,
         identity,
+        capture: None,
     })
 }
 

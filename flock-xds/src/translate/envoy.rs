@@ -3,8 +3,8 @@
 //! route configuration, and secrets. See the [module docs](super) for the names.
 
 use super::model::{
-    Endpoint, Health, Locality, Mesh, Pod, Protocol, Secret, SecretKind, Service,
-    ambiguous_service_names, identity_prefix, ip_host, port_endpoints, trust_domain,
+    Capture, CaptureMode, Endpoint, Health, Locality, Mesh, Pod, Protocol, Secret, SecretKind,
+    Service, ambiguous_service_names, identity_prefix, ip_host, port_endpoints, trust_domain,
 };
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
@@ -13,20 +13,25 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    Address, AggregatedConfigSource, ApiVersion, BindConfig, ConfigSource, DataSource,
-    HealthStatus, Http2ProtocolOptions, Locality as PbLocality, SocketAddress, TrafficDirection,
-    address, config_source::ConfigSourceSpecifier, data_source, socket_address,
+    Address, AggregatedConfigSource, ApiVersion, BindConfig, CidrRange, ConfigSource, DataSource,
+    HealthStatus, Http2ProtocolOptions, Locality as PbLocality, SocketAddress, SocketOption,
+    TrafficDirection, address, config_source::ConfigSourceSpecifier, data_source, socket_address,
+    socket_option,
 };
 use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
-use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+};
 use envoy_types::pb::envoy::config::route::v3::{
     HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
     header_matcher, retry_policy, route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
@@ -224,6 +229,7 @@ fn stat_safe(s: &str) -> String {
 /// Listeners and clusters carry `network_namespace_filepath = pod.netns`.
 pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
     let netns = pod.netns.as_deref();
+    let capture = pod.capture.as_ref();
     let mut out = Vec::with_capacity(2 * pod.inbound.len() + 1);
     for ib in &pod.inbound {
         let cluster_name = names::inbound_cluster(pod, ib.app_port);
@@ -270,14 +276,54 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                 tcp.encode_to_vec(),
             )
         };
+        let tls = pod.identity.as_deref().and_then(server_tls);
+        let permissive = capture.is_some_and(|c| c.mode == CaptureMode::Permissive);
+        let (listener_filters, filter_chains) = match tls {
+            // Permissive capture: the TLS inspector tells a mesh caller (TLS) from a
+            // caller outside the mesh (anything else), which reaches the app in
+            // plaintext.
+            Some(tls) if permissive => (
+                vec![listener_filter(
+                    "envoy.filters.listener.tls_inspector",
+                    &TlsInspector::default(),
+                    type_urls::TLS_INSPECTOR,
+                )],
+                vec![
+                    FilterChain {
+                        filter_chain_match: Some(FilterChainMatch {
+                            transport_protocol: "tls".to_string(),
+                            ..Default::default()
+                        }),
+                        filters: vec![filter.clone()],
+                        transport_socket: Some(tls),
+                        name: "mtls".to_string(),
+                        ..Default::default()
+                    },
+                    FilterChain {
+                        filter_chain_match: Some(FilterChainMatch {
+                            transport_protocol: "raw_buffer".to_string(),
+                            ..Default::default()
+                        }),
+                        filters: vec![filter],
+                        name: "plaintext".to_string(),
+                        ..Default::default()
+                    },
+                ],
+            ),
+            tls => (
+                Vec::new(),
+                vec![FilterChain {
+                    filters: vec![filter],
+                    transport_socket: tls,
+                    ..Default::default()
+                }],
+            ),
+        };
         let listener = Listener {
             name: listener_name.clone(),
             address: Some(address_of(socket_address(pod.ip, ib.listen_port, netns))),
-            filter_chains: vec![FilterChain {
-                filters: vec![filter],
-                transport_socket: pod.identity.as_deref().and_then(server_tls),
-                ..Default::default()
-            }],
+            filter_chains,
+            listener_filters,
             traffic_direction: TrafficDirection::Inbound as i32,
             ..Default::default()
         };
@@ -307,6 +353,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
             }),
             upstream_bind_config: Some(BindConfig {
                 source_address: Some(socket_address(loopback, 0, netns)),
+                socket_options: capture.map(|c| vec![so_mark(c.mark)]).unwrap_or_default(),
                 ..Default::default()
             }),
             ..Default::default()
@@ -316,19 +363,13 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
         }
         out.push(resource(CLUSTER, cluster_name, any(CLUSTER, &cluster)));
     }
-    if pod.outbound_port != 0 {
+    if let Some(c) = capture {
+        // The outbound listener of a captured pod depends on the services
+        // ([`capture_listener`]).
+        out.push(passthrough_cluster(pod, c));
+    } else if pod.outbound_port != 0 {
         let name = names::outbound_listener(pod);
-        let hcm = hcm_rds(
-            &format!(
-                "outbound_{}_{}",
-                stat_safe(&pod.namespace),
-                stat_safe(&pod.name)
-            ),
-            &match &pod.identity {
-                Some(id) => names::outbound_route_for(id),
-                None => names::OUTBOUND_ROUTE.to_string(),
-            },
-        );
+        let hcm = outbound_hcm(pod);
         let listener = Listener {
             name: name.clone(),
             address: Some(address_of(socket_address(
@@ -348,6 +389,305 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
             ..Default::default()
         };
         out.push(resource(LISTENER, name, any(LISTENER, &listener)));
+    }
+    out
+}
+
+/// The HTTP connection manager of a pod's outbound listener: the outbound routes
+/// of its identity (or the shared ones), by `Host`.
+fn outbound_hcm(pod: &Pod) -> HttpConnectionManager {
+    hcm_rds(
+        &outbound_stat_prefix(pod),
+        &match &pod.identity {
+            Some(id) => names::outbound_route_for(id),
+            None => names::OUTBOUND_ROUTE.to_string(),
+        },
+    )
+}
+
+fn outbound_stat_prefix(pod: &Pod) -> String {
+    format!(
+        "outbound_{}_{}",
+        stat_safe(&pod.namespace),
+        stat_safe(&pod.name)
+    )
+}
+
+/// `SOL_SOCKET` (Linux `asm-generic/socket.h`).
+const SOL_SOCKET: i64 = 1;
+/// `SO_MARK` (Linux `asm-generic/socket.h`).
+const SO_MARK: i64 = 36;
+
+/// The socket option `SO_MARK = mark`, set before `bind` (a mark set later would
+/// miss nothing here, but pre-bind is where Envoy applies upstream options anyway).
+fn so_mark(mark: u32) -> SocketOption {
+    SocketOption {
+        description: "SO_MARK: capture rules let Envoy's own connections out".to_string(),
+        level: SOL_SOCKET,
+        name: SO_MARK,
+        value: Some(socket_option::Value::IntValue(i64::from(mark))),
+        state: socket_option::SocketState::StatePrebind as i32,
+        ..Default::default()
+    }
+}
+
+fn listener_filter<M: Message>(name: &str, config: &M, type_url: &str) -> ListenerFilter {
+    ListenerFilter {
+        name: name.to_string(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(any(
+            type_url, config,
+        ))),
+        ..Default::default()
+    }
+}
+
+/// Connect timeout of the [`passthrough_cluster`]s: destinations outside the mesh
+/// may be far away, so Envoy's default (5 s) rather than the mesh's 1 s.
+pub const PASSTHROUGH_CONNECT_TIMEOUT_MS: u32 = 5000;
+
+/// The wildcard address of the pod's IP family: where a captured pod's outbound
+/// listener binds and its passthrough connections are made from.
+fn unspecified_like(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    }
+}
+
+/// `passthrough|<ns>/<pod>`: an `ORIGINAL_DST` cluster connecting to wherever a
+/// captured connection was going, from inside the pod's netns (so the destination
+/// sees the pod's address, as without capture) with `SO_MARK` = the capture mark
+/// (so the capture rules let it out instead of redirecting it back to Envoy).
+fn passthrough_cluster(pod: &Pod, capture: &Capture) -> Resource {
+    let name = names::passthrough_cluster(pod);
+    let cluster = Cluster {
+        name: name.clone(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+            DiscoveryType::OriginalDst as i32,
+        )),
+        connect_timeout: Some(duration_ms(PASSTHROUGH_CONNECT_TIMEOUT_MS)),
+        lb_policy: LbPolicy::ClusterProvided as i32,
+        upstream_bind_config: Some(BindConfig {
+            source_address: Some(socket_address(
+                unspecified_like(pod.ip),
+                0,
+                pod.netns.as_deref(),
+            )),
+            socket_options: vec![so_mark(capture.mark)],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    resource(CLUSTER, name, any(CLUSTER, &cluster))
+}
+
+/// The cluster [`BLACKHOLE_CLUSTER`](names::BLACKHOLE_CLUSTER): STATIC without
+/// endpoints, so a TCP proxy to it closes the connection. Emitted once when any pod
+/// is captured.
+pub fn blackhole_cluster() -> Resource {
+    let cluster = Cluster {
+        name: names::BLACKHOLE_CLUSTER.to_string(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        connect_timeout: Some(duration_ms(MESH_CONNECT_TIMEOUT_MS)),
+        ..Default::default()
+    };
+    resource(
+        CLUSTER,
+        names::BLACKHOLE_CLUSTER.to_string(),
+        any(CLUSTER, &cluster),
+    )
+}
+
+fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
+    let tcp = TcpProxy {
+        stat_prefix: stat_prefix.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        ..Default::default()
+    };
+    network_filter(
+        "envoy.filters.network.tcp_proxy",
+        type_urls::TCP_PROXY,
+        tcp.encode_to_vec(),
+    )
+}
+
+fn cidr(ip: IpAddr) -> CidrRange {
+    CidrRange {
+        address_prefix: ip.to_string(),
+        prefix_len: Some(UInt32Value {
+            value: if ip.is_ipv4() { 32 } else { 128 },
+        }),
+    }
+}
+
+/// The outbound listener `outbound|<ns>/<pod>` of a captured pod (`None` if `pod`
+/// is not captured). It binds the wildcard address of the pod's family on
+/// `outbound_port` in the pod's netns (IPv6: `[::]`, also taking IPv4) and restores
+/// each connection's original destination (the `original_dst` listener filter reads
+/// it from the redirect's conntrack entry). Filter chains by destination:
+///
+/// * per service port (services by namespace and name, ports in order): its VIPs
+///   and its serving endpoints' addresses ([`port_endpoints`]) on the service port
+///   → that port's cluster, the caller's mTLS cluster when the port is mTLS and the
+///   pod has an identity (the choice [`caller_resources`] makes); HTTP/gRPC ports
+///   through an HTTP connection manager with the outbound retry routes (one virtual
+///   host `*`: the destination already chose the service, whatever the `Host`),
+///   TCP ports through a TCP proxy. An address and port claimed by an earlier
+///   service port is not repeated (Envoy rejects two chains with one match);
+/// * `127.0.0.1` (and `::1` for an IPv6 pod) on `outbound_port`: the app talking
+///   to the outbound listener explicitly, routed by `Host` as without capture;
+/// * any other address on `outbound_port` → [`BLACKHOLE_CLUSTER`](names::BLACKHOLE_CLUSTER):
+///   a connection to the listener from outside the pod (it binds every address) has
+///   no original destination, and passing it through would connect Envoy to itself;
+/// * everything else (the default chain) → the pod's [`passthrough_cluster`] over a
+///   TCP proxy, so destinations outside the mesh keep working.
+pub fn capture_listener(pod: &Pod, services: &[Service], opts: &EnvoyOptions) -> Option<Resource> {
+    pod.capture.as_ref()?;
+    let stat_prefix = outbound_stat_prefix(pod);
+    let mut sorted: Vec<&Service> = services.iter().collect();
+    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let loopbacks: Vec<IpAddr> = match pod.ip {
+        IpAddr::V4(_) => vec![std::net::Ipv4Addr::LOCALHOST.into()],
+        IpAddr::V6(_) => vec![
+            std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::Ipv6Addr::LOCALHOST.into(),
+        ],
+    };
+    let mut claimed: std::collections::HashSet<(IpAddr, u16)> = loopbacks
+        .iter()
+        .map(|ip| (*ip, pod.outbound_port))
+        .collect();
+    let mut chains = Vec::new();
+    for s in sorted {
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &s.ports {
+            if !seen.insert(p.port) {
+                continue;
+            }
+            let eps = port_endpoints(s, p.port);
+            let mut ips: Vec<IpAddr> = s.vips.clone();
+            ips.extend(eps.serving.iter().map(|e| e.address));
+            ips.retain(|ip| claimed.insert((*ip, p.port)));
+            if ips.is_empty() {
+                continue;
+            }
+            let cluster = match (&pod.identity, eps.mtls) {
+                (Some(id), true) if trust_domain(id).is_some() => {
+                    names::mtls_cluster(s, p.port, id)
+                }
+                _ => names::outbound_cluster(s, p.port),
+            };
+            let filter = if p.protocol.is_http() {
+                let hcm = HttpConnectionManager {
+                    stat_prefix: stat_prefix.clone(),
+                    route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
+                        RouteConfiguration {
+                            name: names::capture_route(s, p.port),
+                            virtual_hosts: vec![VirtualHost {
+                                name: names::service_authority(s, p.port),
+                                domains: vec!["*".to_string()],
+                                routes: outbound_service_routes(&cluster, opts),
+                                ..Default::default()
+                            }],
+                            ..Default::default()
+                        },
+                    )),
+                    http_filters: vec![router_filter()],
+                    ..Default::default()
+                };
+                network_filter(
+                    "envoy.filters.network.http_connection_manager",
+                    type_urls::HCM,
+                    hcm.encode_to_vec(),
+                )
+            } else {
+                tcp_proxy_filter(&stat_prefix, &cluster)
+            };
+            chains.push(FilterChain {
+                filter_chain_match: Some(FilterChainMatch {
+                    destination_port: Some(UInt32Value {
+                        value: u32::from(p.port),
+                    }),
+                    prefix_ranges: ips.into_iter().map(cidr).collect(),
+                    ..Default::default()
+                }),
+                filters: vec![filter],
+                name: names::service_authority(s, p.port),
+                ..Default::default()
+            });
+        }
+    }
+    let on_listener_port = |prefix_ranges| {
+        Some(FilterChainMatch {
+            destination_port: Some(UInt32Value {
+                value: u32::from(pod.outbound_port),
+            }),
+            prefix_ranges,
+            ..Default::default()
+        })
+    };
+    chains.push(FilterChain {
+        filter_chain_match: on_listener_port(loopbacks.into_iter().map(cidr).collect()),
+        filters: vec![network_filter(
+            "envoy.filters.network.http_connection_manager",
+            type_urls::HCM,
+            outbound_hcm(pod).encode_to_vec(),
+        )],
+        name: "explicit".to_string(),
+        ..Default::default()
+    });
+    chains.push(FilterChain {
+        filter_chain_match: on_listener_port(Vec::new()),
+        filters: vec![tcp_proxy_filter(&stat_prefix, names::BLACKHOLE_CLUSTER)],
+        name: "blackhole".to_string(),
+        ..Default::default()
+    });
+    let name = names::outbound_listener(pod);
+    let wildcard = unspecified_like(pod.ip);
+    let mut address = socket_address(wildcard, pod.outbound_port, pod.netns.as_deref());
+    address.ipv4_compat = wildcard.is_ipv6();
+    let listener = Listener {
+        name: name.clone(),
+        address: Some(address_of(address)),
+        listener_filters: vec![listener_filter(
+            "envoy.filters.listener.original_dst",
+            &OriginalDst::default(),
+            type_urls::ORIGINAL_DST,
+        )],
+        filter_chains: chains,
+        default_filter_chain: Some(FilterChain {
+            filters: vec![tcp_proxy_filter(
+                &stat_prefix,
+                &names::passthrough_cluster(pod),
+            )],
+            name: "passthrough".to_string(),
+            ..Default::default()
+        }),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        ..Default::default()
+    };
+    Some(resource(LISTENER, name, any(LISTENER, &listener)))
+}
+
+/// The mTLS clusters of the TCP service ports for captured pods with SPIFFE ID
+/// `identity` ([`caller_resources`] makes those of the HTTP/gRPC ports; without
+/// capture nothing routes to a TCP port's mTLS cluster, so they exist only for
+/// captured callers). Empty if `identity` is not a SPIFFE ID.
+pub fn capture_caller_resources(identity: &str, services: &[Service]) -> Vec<Resource> {
+    let Some(td) = trust_domain(identity) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for s in services {
+        let mut seen = std::collections::BTreeSet::new();
+        for p in s.ports.iter().filter(|p| !p.protocol.is_http()) {
+            if !seen.insert(p.port) {
+                continue;
+            }
+            if let Some(peers) = mtls_peers(s, p.port) {
+                out.push(mtls_cluster(s, p.port, p.protocol, identity, td, peers));
+            }
+        }
     }
     out
 }
@@ -844,23 +1184,7 @@ pub fn caller_resources(
             if !mtls.insert(name.clone()) {
                 continue;
             }
-            let mut cluster = outbound_cluster(s, p.port, p.protocol);
-            cluster.name = name.clone();
-            if let Some(eds) = cluster.eds_cluster_config.as_mut() {
-                // The endpoints are the service port's, shared by every caller.
-                eds.service_name = names::outbound_cluster(s, p.port);
-            }
-            let ctx = UpstreamTlsContext {
-                common_tls_context: Some(common_tls(
-                    identity,
-                    td,
-                    peers.into_iter().map(uri_san).collect(),
-                )),
-                ..Default::default()
-            };
-            cluster.transport_socket =
-                Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
-            out.push(resource(CLUSTER, name, any(CLUSTER, &cluster)));
+            out.push(mtls_cluster(s, p.port, p.protocol, identity, td, peers));
         }
     }
     out.push(routes(
@@ -877,6 +1201,35 @@ pub fn caller_resources(
         },
     ));
     out
+}
+
+/// The mTLS cluster `outbound|<port>|<svc>.<ns>|<identity>` of a service port for
+/// callers with `identity` (trust domain `td`), accepting the server IDs `peers`.
+fn mtls_cluster(
+    s: &Service,
+    port: u16,
+    protocol: Protocol,
+    identity: &str,
+    td: &str,
+    peers: Vec<MatchPattern>,
+) -> Resource {
+    let name = names::mtls_cluster(s, port, identity);
+    let mut cluster = outbound_cluster(s, port, protocol);
+    cluster.name = name.clone();
+    if let Some(eds) = cluster.eds_cluster_config.as_mut() {
+        // The endpoints are the service port's, shared by every caller.
+        eds.service_name = names::outbound_cluster(s, port);
+    }
+    let ctx = UpstreamTlsContext {
+        common_tls_context: Some(common_tls(
+            identity,
+            td,
+            peers.into_iter().map(uri_san).collect(),
+        )),
+        ..Default::default()
+    };
+    cluster.transport_socket = Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
+    resource(CLUSTER, name, any(CLUSTER, &cluster))
 }
 
 /// An SDS secret: a TLS certificate (chain and key inline) or a validation context

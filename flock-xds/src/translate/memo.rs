@@ -17,8 +17,8 @@
 //! the previous call's starts over.
 
 use super::envoy::{
-    EnvoyOptions, caller_resources, outbound_routes, pod_resources, secret_resource,
-    service_resources,
+    EnvoyOptions, blackhole_cluster, caller_resources, capture_caller_resources, capture_listener,
+    outbound_routes, pod_resources, secret_resource, service_resources,
 };
 use super::grpc::grpc_service_resources;
 use super::model::{Mesh, Pod, Service};
@@ -149,6 +149,26 @@ impl Memo {
             for identity in callers {
                 push(&share(caller_resources(identity, &mesh.services, opts)));
             }
+            // A captured pod's outbound listener routes by the services' addresses,
+            // so it changes with any service: translated every time, like the routes.
+            let captured: Vec<&Pod> = mesh.pods.iter().filter(|p| p.capture.is_some()).collect();
+            let capture_callers: BTreeSet<&str> = captured
+                .iter()
+                .filter_map(|p| p.identity.as_deref())
+                .collect();
+            let mut capture = Vec::with_capacity(captured.len() + 1);
+            capture.extend(
+                captured
+                    .iter()
+                    .filter_map(|p| capture_listener(p, &mesh.services, opts)),
+            );
+            for identity in capture_callers {
+                capture.extend(capture_caller_resources(identity, &mesh.services));
+            }
+            if !captured.is_empty() {
+                capture.push(blackhole_cluster());
+            }
+            push(&share(capture));
             push(&share(mesh.secrets.iter().map(secret_resource).collect()));
         }
         self.pods = pods;

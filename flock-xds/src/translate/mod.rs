@@ -134,15 +134,15 @@ pub mod model;
 pub mod refs;
 
 pub use envoy::{
-    EnvoyOptions, caller_resources, envoy_resources, outbound_routes, pod_resources,
-    secret_resource, service_resources,
+    EnvoyOptions, blackhole_cluster, caller_resources, capture_caller_resources, capture_listener,
+    envoy_resources, outbound_routes, pod_resources, secret_resource, service_resources,
 };
 pub use grpc::{grpc_resources, grpc_service_resources};
 pub use memo::{Entries, Flavor, Memo};
 pub use model::{
-    Endpoint, Health, InboundPort, Locality, Mesh, MeshError, Pod, PortEndpoints, PrivateKeyPem,
-    Protocol, Secret, SecretKind, Service, ServicePort, ValidationError, identity_prefix,
-    port_endpoints,
+    Capture, CaptureMode, DEFAULT_CAPTURE_MARK, Endpoint, Health, InboundPort, Locality, Mesh,
+    MeshError, Pod, PortEndpoints, PrivateKeyPem, Protocol, Secret, SecretKind, Service,
+    ServicePort, ValidationError, identity_prefix, port_endpoints,
 };
 pub use refs::EnvoyReferences;
 
@@ -285,6 +285,22 @@ pub mod names {
         format!("{OUTBOUND_ROUTE}|{identity}")
     }
 
+    /// `passthrough|<ns>/<pod>`: a captured pod's `ORIGINAL_DST` cluster for
+    /// destinations outside the mesh.
+    pub fn passthrough_cluster(pod: &Pod) -> String {
+        format!("passthrough|{}/{}", pod.namespace, pod.name)
+    }
+
+    /// The cluster that closes every connection (for connections to a captured
+    /// pod's outbound listener that have no original destination).
+    pub const BLACKHOLE_CLUSTER: &str = "blackhole";
+
+    /// `capture|<svc>.<ns>:<port>`: the inline route configuration of a captured
+    /// pod's filter chain for a service port.
+    pub fn capture_route(service: &Service, port: u16) -> String {
+        format!("capture|{}.{}:{port}", service.name, service.namespace)
+    }
+
     /// `outbound|<port>|<svc>.<ns>|<spiffe-id>`: a service port's mTLS cluster for
     /// callers with this identity (its endpoints are the service port's, by EDS
     /// `service_name`).
@@ -317,4 +333,10 @@ pub mod type_urls {
     /// `envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext`.
     pub const UPSTREAM_TLS: &str =
         "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+    /// `envoy.extensions.filters.listener.original_dst.v3.OriginalDst`.
+    pub const ORIGINAL_DST: &str =
+        "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst";
+    /// `envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector`.
+    pub const TLS_INSPECTOR: &str =
+        "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector";
 }

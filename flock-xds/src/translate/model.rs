@@ -220,6 +220,48 @@ pub struct Pod {
     /// translated yet.
     #[serde(default)]
     pub identity: Option<String>,
+    /// Transparent capture: the pod's traffic is redirected to Envoy by packet
+    /// rules in its netns (installed by someone else), so unmodified apps are meshed.
+    /// `None` (the default): no capture, apps use the outbound listener explicitly.
+    /// Needs `netns` and a non-zero `outbound_port`. See the
+    /// [module docs](super#transparent-capture).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Capture>,
+}
+
+/// The default [`Capture::mark`]: the `SO_MARK` of Envoy's sockets in a captured
+/// pod's netns, which the capture rules let out unredirected.
+pub const DEFAULT_CAPTURE_MARK: u32 = 0x539;
+
+/// How a pod's traffic is captured (see [`Pod::capture`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capture {
+    /// Whether the pod's inbound listeners also take plaintext. Default `strict`.
+    #[serde(default)]
+    pub mode: CaptureMode,
+    /// `SO_MARK` set on every socket Envoy opens inside the pod's netns (the
+    /// passthrough and app clusters), so the capture rules, which skip packets with
+    /// this mark, do not redirect Envoy's own connections back to Envoy. Not 0.
+    /// Default [`DEFAULT_CAPTURE_MARK`].
+    #[serde(default = "default_capture_mark")]
+    pub mark: u32,
+}
+
+/// Whether a captured pod's inbound listeners accept plaintext callers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureMode {
+    /// Only mTLS (for a pod with an identity): a caller outside the mesh is refused.
+    #[default]
+    Strict,
+    /// mTLS and plaintext side by side (a TLS inspector tells them apart): for
+    /// migrating a namespace while some callers are not meshed yet.
+    Permissive,
+}
+
+fn default_capture_mark() -> u32 {
+    DEFAULT_CAPTURE_MARK
 }
 
 /// One port the application of a pod serves.
@@ -692,6 +734,25 @@ impl Validator {
         }
         if let Some(id) = &p.identity {
             self.spiffe_id(format!("{path}.identity"), id, false);
+        }
+        if let Some(c) = &p.capture {
+            // Without a netns the outbound listener would bind 0.0.0.0 in the host
+            // namespace and take the node's connections.
+            if p.netns.is_none() {
+                self.err(format!("{path}.capture"), "capture needs a netns");
+            }
+            if p.outbound_port == 0 {
+                self.err(
+                    format!("{path}.capture"),
+                    "capture needs an outbound listener (outbound_port not 0)",
+                );
+            }
+            if c.mark == 0 {
+                self.err(
+                    format!("{path}.capture.mark"),
+                    "mark must not be 0 (unmarked sockets are redirected)",
+                );
+            }
         }
     }
 
