@@ -25,6 +25,7 @@
 //! | [`epoch`] | Envoy hot-restart epochs, state-file writes, restart gate | R7 restart while initializing; R8 epoch file regresses |
 //! | [`access`] | what an xDS peer may see, from what the transport authenticated; non-loopback listeners | a client claiming to be Envoy receiving every workload key |
 //! | [`backoff`] | retry delays | synchronized retry storms |
+//! | [`capture`] | a pod's transparent-capture nftables table, and whether the kernel's copy drifted | an app reaching the network, or a caller reaching the app, around Envoy |
 //! | [`debounce`] | when a burst of events becomes one action (quiet period, cap) | an action per event; a never-quiet source postponing it forever |
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //! | [`registry`] | the registry key layout and which remote entries an agent serves | one node's bad or forged entry taking a service down or widening who a caller trusts |
@@ -56,6 +57,7 @@
 
 pub mod access;
 pub mod backoff;
+pub mod capture;
 pub mod cniconf;
 pub mod debounce;
 pub mod epoch;

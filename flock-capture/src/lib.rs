@@ -1,0 +1,410 @@
+//! Applies, checks and removes a pod's transparent-capture nftables table inside its network namespace, through `nft -j`.
+//!
+//! The rules (one table, `inet flock_capture`) and the comparison of what the kernel
+//! holds with what we would install are pure and live in [`flock_core::capture`]; this
+//! crate only runs `nft` inside the pod's netns and maps its failures to
+//! [`CaptureError`]s that name the cause.
+//!
+//! * [`Nft::apply`]: one `nft -j -f -` batch, run through `nsenter --net=<netns>`
+//!   (the netns may be a `/var/run/netns` name or a CNI_NETNS like
+//!   `/proc/<pid>/ns/net`). A batch is one nftables transaction: all of the table or,
+//!   on failure, the previous state. It deletes and re-creates the table, so a
+//!   repeated apply converges on one identical table.
+//! * [`Nft::check`]: `nft -j list table inet flock_capture`, parsed (bounded) and
+//!   compared rule by rule: a missing table or the first drifted rule, precisely.
+//! * [`Nft::remove`]: deletes the table, present or not.
+//! * [`Nft::probe`]: whether this host can do any of it: a missing `nft` binary and a
+//!   kernel without nf_tables each get their own error.
+//!
+//! # Why nft's JSON API, not netlink from Rust
+//!
+//! nftables is programmed over netlink, but the Rust crates that speak it either are
+//! GPL-licensed (rustables) or bind libnftnl (C, GPL) — neither fits an Apache-2.0
+//! agent. `nft -j` is nftables' own stable, documented interface (libnftables-json(5)):
+//! the batch is validated and committed by nft as one transaction, and `nft -j list`
+//! is machine-readable. The agent's image ships `nft` (Debian package `nftables`).
+//! The JSON is built from typed values in `flock_core::capture` rather than strings;
+//! the `nftables` crate (MIT/Apache) was not used because its typed model needs a
+//! newer nft for some statements and would add a dependency for the nine statements
+//! we emit — our own typed structs round-trip exactly what nft prints back.
+//!
+//! # IPv6
+//!
+//! The table is `inet`: the same rules cover IPv4 and IPv6 (nat hooks in `inet` need
+//! Linux ≥ 5.2), `redirect` works for both, and excluded CIDRs and probe sources may
+//! be either family. The tests run both.
+//!
+//! # Capabilities
+//!
+//! `CAP_SYS_ADMIN` to enter the pod's netns (`setns`, done by `nsenter`) and
+//! `CAP_NET_ADMIN` in that netns (its user namespace) to change its nftables. [`Nft::probe`]
+//! creates a throw-away netns (`unshare --net`), which needs `CAP_SYS_ADMIN` too.
+//!
+//! # What still bypasses capture
+//!
+//! Only TCP is redirected. UDP — DNS included — leaves the pod unchanged: Envoy's
+//! outbound listener is a TCP listener; capturing UDP would need a UDP proxy (for DNS a
+//! resolver) in the pod's path, which the mesh does not have, so UDP is neither
+//! redirected nor dropped. Also not captured, by design: loopback (including the
+//! pod's own IP, routed over `lo`), link-local and multicast destinations, excluded
+//! ports and CIDRs, Envoy's own marked sockets, and probe sources inbound. Any process
+//! in the pod with `CAP_NET_ADMIN` can set the mark or delete the table: capture
+//! binds applications, not a hostile root in the pod.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use flock_core::capture::{self, CaptureSpec, Drift, ParseError, Ruleset, SpecError};
+
+pub use flock_core::capture::{Cidr, Mode};
+
+/// Why capture rules could not be applied, checked or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// The spec has no ruleset.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// No `nft` binary.
+    #[error("nft binary {0:?} not found: install nftables (Debian package `nftables`)")]
+    NftMissing(PathBuf),
+    /// No `nsenter` / `unshare` binary.
+    #[error("{0:?} not found: install util-linux")]
+    UtilMissing(PathBuf),
+    /// The kernel has no nf_tables (or not the nat/inet parts the table needs).
+    #[error(
+        "the kernel does not support nf_tables (nft: {0}); load the nf_tables and nft_nat modules or use a kernel with them (inet nat needs Linux 5.2 or later)"
+    )]
+    KernelUnsupported(String),
+    /// Not allowed to enter the netns or change its nftables.
+    #[error("not permitted (needs CAP_SYS_ADMIN to enter the netns and CAP_NET_ADMIN in it): {0}")]
+    NotPermitted(String),
+    /// The netns path does not exist or is not a netns.
+    #[error("network namespace {path:?}: {detail}")]
+    Netns {
+        /// The path given.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The table is not there.
+    #[error("capture table inet flock_capture is missing in {0:?}")]
+    TableMissing(PathBuf),
+    /// The table is there but differs from what we install.
+    #[error("capture table in {netns:?} drifted: {drift}")]
+    Drifted {
+        /// The netns.
+        netns: PathBuf,
+        /// The first difference.
+        drift: Drift,
+    },
+    /// nft's output could not be read.
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    /// nft failed for another reason.
+    #[error("nft {what} failed ({status}): {stderr}")]
+    Nft {
+        /// The operation.
+        what: &'static str,
+        /// Its exit status.
+        status: String,
+        /// Its stderr (bounded).
+        stderr: String,
+    },
+    /// Spawning or talking to a child failed.
+    #[error("running {0}: {1}")]
+    Io(&'static str, std::io::Error),
+}
+
+/// Most bytes of nft's stderr kept in an error.
+const MAX_STDERR: usize = 4096;
+
+/// How the `nft`, `nsenter` and `unshare` binaries are found.
+#[derive(Clone, Debug)]
+pub struct Nft {
+    nft: PathBuf,
+    nsenter: PathBuf,
+    unshare: PathBuf,
+}
+
+impl Default for Nft {
+    fn default() -> Self {
+        Nft {
+            nft: "nft".into(),
+            nsenter: "nsenter".into(),
+            unshare: "unshare".into(),
+        }
+    }
+}
+
+/// `name` as given if it has a `/`, else the first executable of that name on `PATH`.
+fn resolve(name: &Path) -> Option<PathBuf> {
+    if name.components().count() > 1 {
+        return name.is_file().then(|| name.to_path_buf());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// What a failed nft's stderr says about the cause.
+fn classify(what: &'static str, status: String, stderr: &str) -> CaptureError {
+    let stderr: String = stderr.trim().chars().take(MAX_STDERR).collect();
+    // nft reports the netlink socket's errno: EPROTONOSUPPORT when the kernel has no
+    // nf_tables at all, EOPNOTSUPP / ENOENT-on-"nat" when a chain type or expression
+    // module is missing.
+    if stderr.contains("Protocol not supported")
+        || stderr.contains("Operation not supported")
+        || stderr.contains("Could not process rule: No such file or directory")
+            && stderr.contains("type nat")
+    {
+        CaptureError::KernelUnsupported(stderr)
+    } else if stderr.contains("Operation not permitted") {
+        CaptureError::NotPermitted(stderr)
+    } else {
+        CaptureError::Nft {
+            what,
+            status,
+            stderr,
+        }
+    }
+}
+
+impl Nft {
+    /// `nft`, `nsenter` and `unshare` from `PATH`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Another `nft` binary (a path, or a name looked up on `PATH`).
+    pub fn with_nft(nft: impl Into<PathBuf>) -> Self {
+        Nft {
+            nft: nft.into(),
+            ..Self::default()
+        }
+    }
+
+    fn nft_path(&self) -> Result<PathBuf, CaptureError> {
+        resolve(&self.nft).ok_or_else(|| CaptureError::NftMissing(self.nft.clone()))
+    }
+
+    /// Runs nft with `args` inside `netns`, `stdin` on its standard input; its stdout.
+    fn run_in(
+        &self,
+        netns: &Path,
+        what: &'static str,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<String, CaptureError> {
+        let nft = self.nft_path()?;
+        let nsenter = resolve(&self.nsenter)
+            .ok_or_else(|| CaptureError::UtilMissing(self.nsenter.clone()))?;
+        if !netns.exists() {
+            return Err(CaptureError::Netns {
+                path: netns.into(),
+                detail: "does not exist".into(),
+            });
+        }
+        let mut cmd = Command::new(nsenter);
+        cmd.arg(format!("--net={}", netns.display()))
+            .arg("--")
+            .arg(nft)
+            .args(args);
+        let out = run(cmd, what, stdin)?;
+        if out.status.success() {
+            return String::from_utf8(out.stdout)
+                .map_err(|_| ParseError::Malformed("nft output is not UTF-8".into()).into());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if let Some(rest) = stderr.strip_prefix("nsenter: ") {
+            // nsenter's own failure: the netns could not be opened or entered.
+            return Err(if rest.contains("Operation not permitted") {
+                CaptureError::NotPermitted(rest.trim().into())
+            } else {
+                CaptureError::Netns {
+                    path: netns.into(),
+                    detail: rest.trim().chars().take(MAX_STDERR).collect(),
+                }
+            });
+        }
+        Err(classify(what, out.status.to_string(), &stderr))
+    }
+
+    /// Checks that this host can apply capture rules: the `nft` binary exists and the
+    /// kernel has nf_tables with inet nat (lists tables and creates a nat chain in a
+    /// throw-away netns, so the host's own rules are untouched).
+    pub fn probe(&self) -> Result<(), CaptureError> {
+        let nft = self.nft_path()?;
+        let unshare = resolve(&self.unshare)
+            .ok_or_else(|| CaptureError::UtilMissing(self.unshare.clone()))?;
+        let mut cmd = Command::new(unshare);
+        cmd.args(["--net", "--"]).arg(nft).args(["-j", "-f", "-"]);
+        // The check that matters is the one apply needs: an inet table with a nat chain.
+        let batch = serde_json::json!({"nftables": [
+            {"add": {"table": {"family": "inet", "name": "flock_probe"}}},
+            {"add": {"chain": {"family": "inet", "table": "flock_probe", "name": "nat",
+                "type": "nat", "hook": "output", "prio": -100, "policy": "accept"}}},
+        ]});
+        let out = run(cmd, "probe", Some(batch.to_string().as_bytes()))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if let Some(rest) = stderr.strip_prefix("unshare: ") {
+            return Err(CaptureError::NotPermitted(
+                rest.trim().chars().take(MAX_STDERR).collect(),
+            ));
+        }
+        Err(classify("probe", out.status.to_string(), &stderr))
+    }
+
+    /// Installs (or re-installs) the capture table for `spec` in `netns`, atomically.
+    pub fn apply(&self, netns: &Path, spec: &CaptureSpec) -> Result<(), CaptureError> {
+        let batch = spec.ruleset()?.to_nft_batch().to_string();
+        self.run_in(netns, "apply", &["-j", "-f", "-"], Some(batch.as_bytes()))
+            .map(drop)
+    }
+
+    /// The capture table as the kernel holds it.
+    pub fn list(&self, netns: &Path) -> Result<Ruleset, CaptureError> {
+        match self.run_in(
+            netns,
+            "list",
+            &[
+                "-j",
+                "list",
+                "table",
+                capture::TABLE_FAMILY,
+                capture::TABLE_NAME,
+            ],
+            None,
+        ) {
+            Ok(text) => Ok(capture::parse_listed(&text)?),
+            Err(CaptureError::Nft { stderr, .. })
+                if stderr.contains("No such file or directory") =>
+            {
+                Err(CaptureError::TableMissing(netns.into()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether `netns` holds exactly the table `spec` gives.
+    pub fn check(&self, netns: &Path, spec: &CaptureSpec) -> Result<(), CaptureError> {
+        let expected = spec.ruleset()?;
+        let listed = self.list(netns)?;
+        capture::verify(&expected, &listed).map_err(|drift| CaptureError::Drifted {
+            netns: netns.into(),
+            drift,
+        })
+    }
+
+    /// Deletes the capture table from `netns`; no table is not an error.
+    pub fn remove(&self, netns: &Path) -> Result<(), CaptureError> {
+        let batch = capture::remove_batch().to_string();
+        self.run_in(netns, "remove", &["-j", "-f", "-"], Some(batch.as_bytes()))
+            .map(drop)
+    }
+}
+
+fn run(
+    mut cmd: Command,
+    what: &'static str,
+    stdin: Option<&[u8]>,
+) -> Result<std::process::Output, CaptureError> {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| CaptureError::Io(what, e))?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // nft reads the whole batch before it writes anything, so writing first and
+        // reading after cannot deadlock on full pipes.
+        pipe.write_all(input)
+            .map_err(|e| CaptureError::Io(what, e))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| CaptureError::Io(what, e))?;
+    if out.stdout.len() > capture::MAX_LISTED_BYTES {
+        return Err(ParseError::TooLarge(out.stdout.len()).into());
+    }
+    Ok(out)
+}
+
+/// [`Nft::apply`] with the binaries on `PATH`.
+pub fn apply(netns: &Path, spec: &CaptureSpec) -> Result<(), CaptureError> {
+    Nft::new().apply(netns, spec)
+}
+
+/// [`Nft::check`] with the binaries on `PATH`.
+pub fn check(netns: &Path, spec: &CaptureSpec) -> Result<(), CaptureError> {
+    Nft::new().check(netns, spec)
+}
+
+/// [`Nft::remove`] with the binaries on `PATH`.
+pub fn remove(netns: &Path) -> Result<(), CaptureError> {
+    Nft::new().remove(netns)
+}
+
+/// [`Nft::probe`] with the binaries on `PATH`.
+pub fn probe() -> Result<(), CaptureError> {
+    Nft::new().probe()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_is_mapped_to_its_cause() {
+        let e = classify(
+            "apply",
+            "exit status: 1".into(),
+            "netlink: Error: cache initialization failed: Protocol not supported\n",
+        );
+        assert!(matches!(e, CaptureError::KernelUnsupported(_)), "{e}");
+        assert!(e.to_string().contains("does not support nf_tables"), "{e}");
+        let e = classify(
+            "apply",
+            "exit status: 1".into(),
+            "Error: Could not process rule: Operation not permitted",
+        );
+        assert!(matches!(e, CaptureError::NotPermitted(_)), "{e}");
+        let e = classify("apply", "exit status: 1".into(), "Error: syntax error");
+        assert!(matches!(e, CaptureError::Nft { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_missing_nft_binary_is_named() {
+        let e = Nft::with_nft("/nonexistent/nft").probe().unwrap_err();
+        assert!(matches!(e, CaptureError::NftMissing(_)), "{e}");
+        assert!(
+            e.to_string().contains("/nonexistent/nft") && e.to_string().contains("nftables"),
+            "{e}"
+        );
+        let e = Nft::with_nft("flock-no-such-nft")
+            .apply(Path::new("/nonexistent"), &spec())
+            .unwrap_err();
+        assert!(matches!(e, CaptureError::NftMissing(_)), "{e}");
+    }
+
+    fn spec() -> CaptureSpec {
+        CaptureSpec {
+            outbound_port: 15001,
+            inbound: vec![],
+            envoy_mark: 0x539,
+            exclude_outbound_ports: vec![],
+            exclude_outbound_cidrs: vec![],
+            exclude_inbound_ports: vec![],
+            probe_sources: vec![],
+            mode: Mode::Strict,
+        }
+    }
+}
