@@ -172,13 +172,15 @@ fn shared_root_locality_rotation_and_node_death() {
     let readd = Instant::now();
     c.cni_del(client);
     c.cni_add(client);
-    // Bounded by WAIT, not tighter: today the re-added identity's mTLS cluster shares
+    // Bounded by 30 s, not tighter: today the re-added identity's mTLS cluster shares
     // its EDS service name with web's plaintext cluster, which keeps that name
     // subscribed, so Envoy asks for nothing and the new cluster warms until its 15 s
     // initial fetch timeout, then takes the cached assignment (the time is printed).
-    wait_for("n1's re-added client to reach web-n2", WAIT, || {
-        curl_web(&c.pods[client], "web").1 == "web-n2"
-    });
+    wait_for(
+        "n1's re-added client to reach web-n2",
+        Duration::from_secs(30),
+        || curl_web(&c.pods[client], "web").1 == "web-n2",
+    );
     let reached = readd.elapsed();
     let hs_after = c.nodes[1].envoy_counter(&["listener.", "ssl.handshake"]);
     println!(
