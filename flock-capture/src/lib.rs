@@ -22,11 +22,15 @@
 //! GPL-licensed (rustables) or bind libnftnl (C, GPL) — neither fits an Apache-2.0
 //! agent. `nft -j` is nftables' own stable, documented interface (libnftables-json(5)):
 //! the batch is validated and committed by nft as one transaction, and `nft -j list`
-//! is machine-readable. The agent's image ships `nft` (Debian package `nftables`).
-//! The JSON is built from typed values in `flock_core::capture` rather than strings;
-//! the `nftables` crate (MIT/Apache) was not used because its typed model needs a
-//! newer nft for some statements and would add a dependency for the nine statements
-//! we emit — our own typed structs round-trip exactly what nft prints back.
+//! is machine-readable. The agent needs `nft` at run time (Debian package `nftables`;
+//! [`Nft::probe`] names it when it is missing).
+//! The JSON is built from typed values in `flock_core::capture`, not strings. The
+//! `nftables` crate (0.6, MIT/Apache-2.0) models the whole schema, but `check` needs a
+//! canonical comparison anyway — nft prints rules back normalised (a one-element set
+//! as a scalar, a /32 as a bare address, the mark as a number, counters with values)
+//! — so its structural types would still need our normaliser; its helper runs `nft`
+//! in the caller's netns; and it would be a dependency for the nine statements we
+//! emit. Our own types read exactly what nft prints, with size limits, and are fuzzed.
 //!
 //! # IPv6
 //!
@@ -47,9 +51,11 @@
 //! resolver) in the pod's path, which the mesh does not have, so UDP is neither
 //! redirected nor dropped. Also not captured, by design: loopback (including the
 //! pod's own IP, routed over `lo`), link-local and multicast destinations, excluded
-//! ports and CIDRs, Envoy's own marked sockets, and probe sources inbound. Any process
-//! in the pod with `CAP_NET_ADMIN` can set the mark or delete the table: capture
-//! binds applications, not a hostile root in the pod.
+//! ports and CIDRs, Envoy's own marked sockets, and probe sources inbound. A process
+//! that can set `SO_MARK` passes as Envoy: that takes `CAP_NET_ADMIN`, or, since Linux
+//! 5.17, `CAP_NET_RAW` — which container runtimes grant by default, so pods that must
+//! not bypass capture should drop `NET_RAW`. `CAP_NET_ADMIN` in the pod also deletes
+//! the table. Capture binds applications, not a privileged process in the pod.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -13,7 +13,8 @@
 //!
 //! For outbound port 15001, app port 8080 → inbound listen port 15006, mark 0x539,
 //! probe source 10.0.0.1 and strict mode, `nft list table inet flock_capture` prints
-//! ([`Ruleset`]'s `Display` prints the same, without the counter's values):
+//! (tabs shown as spaces; [`Ruleset`]'s `Display` prints the same rules in `nft -f`
+//! syntax, with numeric priorities and without the counter's values):
 //!
 //! ```text
 //! table inet flock_capture {
@@ -29,13 +30,15 @@
 //!         ip6 daddr ff00::/8 return
 //!         meta l4proto tcp redirect to :15001
 //!     }
+//!
 //!     chain prerouting_nat {
-//!         type nat hook prerouting priority -100; policy accept;
+//!         type nat hook prerouting priority dstnat; policy accept;
 //!         ip saddr 10.0.0.1 return
 //!         tcp dport 8080 redirect to :15006
 //!     }
+//!
 //!     chain input_filter {
-//!         type filter hook input priority 0; policy accept;
+//!         type filter hook input priority filter; policy accept;
 //!         iifname "lo" accept
 //!         ip saddr 10.0.0.1 accept
 //!         tcp dport 8080 counter packets 0 bytes 0 drop
@@ -359,14 +362,16 @@ impl MatchValue {
         }
     }
 
+    /// Addresses only in address fields and numbers and names only in the others, so
+    /// what is read serialises back to the same JSON.
     fn from_json(field: Field, v: &Value) -> Option<MatchValue> {
         match v {
-            Value::Number(n) => n.as_u64().map(MatchValue::Int),
+            Value::Number(n) if !field.is_addr() => n.as_u64().map(MatchValue::Int),
             Value::String(s) if field.is_addr() => {
                 s.parse().ok().map(|a| MatchValue::Net(Cidr::host(a)))
             }
             Value::String(s) => Some(MatchValue::Str(s.clone())),
-            Value::Object(o) => {
+            Value::Object(o) if field.is_addr() => {
                 let p = o.get("prefix")?;
                 let addr: IpAddr = p.get("addr")?.as_str()?.parse().ok()?;
                 let len = u8::try_from(p.get("len")?.as_u64()?).ok()?;
@@ -610,6 +615,22 @@ impl Ruleset {
             }
         }
         json!({"nftables": cmds})
+    }
+}
+
+impl Ruleset {
+    /// The table as `nft -j list table` would print it (without handles and counter
+    /// values): what [`parse_listed`] reads back into this same ruleset.
+    pub fn to_listing(&self) -> Value {
+        let batch = self.to_nft_batch();
+        let objects = batch["nftables"].as_array().map(|cmds| {
+            cmds.iter()
+                .skip(2)
+                .filter_map(|c| c.get("add"))
+                .cloned()
+                .collect::<Vec<_>>()
+        });
+        json!({"nftables": objects.unwrap_or_default()})
     }
 }
 
@@ -1332,10 +1353,9 @@ mod tests {
                 }
             }
             // What we send, read back as nft would print it, verifies.
-            let batch = set.to_nft_batch();
-            let listed = serde_json::json!({"nftables": batch["nftables"].as_array().unwrap().iter()
-                .skip(2).filter_map(|c| c.get("add")).cloned().collect::<Vec<_>>()});
-            prop_assert_eq!(verify(&set, &parse_listed(&listed.to_string()).unwrap()), Ok(()));
+            let listed = parse_listed(&set.to_listing().to_string()).unwrap();
+            prop_assert_eq!(verify(&set, &listed), Ok(()));
+            prop_assert_eq!(listed, set);
         }
 
         #[test]
