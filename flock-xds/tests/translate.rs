@@ -1262,6 +1262,47 @@ fn envoy_accepts_the_translation() {
     // VIP domains (IPv4, bracketed IPv6, bare) and an identity-prefix SAN matcher.
     let kube = vip_mesh();
     resources.extend(translate::envoy_resources(&kube, &EnvoyOptions::default()));
+    // Captured pods (strict, permissive, IPv6): wildcard outbound listeners with the
+    // original_dst listener filter and filter chains by destination (VIPs, endpoint
+    // addresses, IPv6 prefixes), passthrough and blackhole clusters with SO_MARK,
+    // TCP mTLS clusters, a TLS inspector with plaintext and mTLS inbound chains.
+    let mut captured = vip_mesh();
+    let base = captured.pods[0].clone();
+    captured.pods = ["captured-strict", "captured-permissive", "captured-v6"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut p = base.clone();
+            p.name = name.into();
+            p.netns = Some(format!("/var/run/netns/{name}"));
+            p.ip = if i == 2 {
+                "fd00::5".parse().unwrap()
+            } else {
+                format!("10.1.0.{}", 5 + i).parse().unwrap()
+            };
+            p.capture = Some(translate::Capture {
+                mode: if i == 1 {
+                    translate::CaptureMode::Permissive
+                } else {
+                    translate::CaptureMode::Strict
+                },
+                mark: translate::DEFAULT_CAPTURE_MARK,
+            });
+            if i == 1 {
+                p.inbound = vec![InboundPort {
+                    app_port: 8080,
+                    listen_port: 15006,
+                    protocol: Protocol::Http,
+                }];
+            }
+            p
+        })
+        .collect();
+    captured.validate().unwrap();
+    resources.extend(translate::envoy_resources(
+        &captured,
+        &EnvoyOptions::default(),
+    ));
     resources.extend(
         translate::grpc_resources(&m)
             .into_iter()
@@ -2412,4 +2453,248 @@ fn the_validator_checks_identity_prefixes_and_vips() {
         e.iter().any(|e| e.contains("VIP host name 10.96.0.1 ")),
         "{e:?}"
     );
+}
+
+/// Transparent capture, live (the Envoy side; the packet rules here are a minimal
+/// stand-in for the real capture rules: in the client pod's netns every TCP
+/// connection except to loopback and except sockets marked 0x539 is redirected to
+/// 15001). Two pods in their own netns (veth to the host): a captured client
+/// (strict, with an identity) and a web pod (captured, permissive, with an
+/// identity, its app on its loopback). Envoy ACKs both; the client's plain
+/// connection to the service VIP, and to the web pod's IP on the service port, is
+/// routed by original destination over mTLS to the web app (any `Host`); its
+/// connection to an address outside the mesh passes through, made from inside the
+/// pod (the server sees the pod's IP) and not redirected again (the mark); a
+/// plaintext caller from the host reaches the permissive web pod's app. Needs root,
+/// `ip`, `nft`, `python3` and Envoy: `scripts/test` provides all of these.
+#[test]
+fn envoy_routes_captured_connections_by_original_destination() {
+    use std::process::Command;
+    const CLIENT: &str = "spiffe://td/ns/default/sa/client";
+    const WEB: &str = "spiffe://td/ns/default/sa/web";
+    let pid = std::process::id();
+    let subnet = pid % 250 + 1;
+    let run = |cmd: &str, args: &[&str], stdin: Option<&str>| {
+        use std::io::Write;
+        let mut child = Command::new(cmd)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    struct Netns(String);
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            // Deleting the namespace deletes the veth pair too.
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &self.0])
+                .status();
+        }
+    }
+    // A pod netns `name` at `10.<octet>.<subnet>.2/30`, the host at `.1`, default
+    // route via the host. Returns (guard, host IP, pod IP).
+    let pod_netns = |name: &str, octet: u8| {
+        let ns = format!("flock-cap-{name}-{pid}");
+        let veth = format!("fcap{name}{}", pid % 100_000);
+        let (host_ip, pod_ip) = (
+            format!("10.{octet}.{subnet}.1"),
+            format!("10.{octet}.{subnet}.2"),
+        );
+        run("ip", &["netns", "add", &ns], None);
+        let guard = Netns(ns.clone());
+        run(
+            "ip",
+            &[
+                "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ],
+            None,
+        );
+        run(
+            "ip",
+            &["addr", "add", &format!("{host_ip}/30"), "dev", &veth],
+            None,
+        );
+        run("ip", &["link", "set", &veth, "up"], None);
+        for args in [
+            vec!["addr", "add", &format!("{pod_ip}/30"), "dev", "eth0"],
+            vec!["link", "set", "eth0", "up"],
+            vec!["link", "set", "lo", "up"],
+            vec!["route", "add", "default", "via", &host_ip],
+        ] {
+            let mut all = vec!["-n", &ns];
+            all.extend(args.iter().copied());
+            run("ip", &all, None);
+        }
+        (guard, host_ip, pod_ip)
+    };
+    let (client_ns, client_host_ip, client_ip) = pod_netns("c", 214);
+    let (web_ns, _, web_ip) = pod_netns("w", 215);
+    run(
+        "ip",
+        &["netns", "exec", &client_ns.0, "nft", "-f", "-"],
+        Some(
+            "table ip flock_test {
+               chain output {
+                 type nat hook output priority -100; policy accept;
+                 meta mark 0x539 return
+                 ip daddr 127.0.0.0/8 return
+                 meta l4proto tcp redirect to :15001
+               }
+             }",
+        ),
+    );
+
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let app_script = r#"
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = b"hello-from-web"
+        self.send_response(200); self.send_header("content-length", str(len(b))); self.end_headers(); self.wfile.write(b)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8080), H).serve_forever()
+"#;
+    let _app = Kill(
+        Command::new("ip")
+            .args(["netns", "exec", &web_ns.0, "python3", "-c", app_script])
+            .spawn()
+            .unwrap(),
+    );
+    // Outside the mesh: a server on the host answering with the caller's address.
+    let outside = std::net::TcpListener::bind((client_host_ip.as_str(), 0)).unwrap();
+    let outside_port = outside.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut conn in outside.incoming().flatten() {
+            let peer = conn
+                .peer_addr()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default();
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            let body = format!("outside-saw-{peer}");
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    // An unmodified client in the client pod: a plain connection to `addr:port`.
+    let client = |addr: &str, port: u16| -> Option<String> {
+        let script = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)
+s.sendall(b"GET / HTTP/1.1\r\nhost: anything.example\r\nconnection: close\r\n\r\n")
+out = b""
+while True:
+    d = s.recv(4096)
+    if not d: break
+    out += d
+sys.stdout.write(out.decode())
+"#;
+        let out = Command::new("ip")
+            .args(["netns", "exec", &client_ns.0, "python3", "-c", script, addr])
+            .arg(port.to_string())
+            .output()
+            .ok()?;
+        Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+
+    let ca = flock_testkit::pki::TestCa::new("capture");
+    let client_leaf = ca.client(CLIENT);
+    // The web pod's certificate serves (Envoy checks the server purpose) and is a
+    // client's too (its own outbound connections would present it).
+    let web_leaf = ca.issue(
+        None,
+        vec![rcgen::SanType::URI(WEB.try_into().unwrap())],
+        flock_testkit::pki::Usage::Both,
+    );
+    let cert = |name: &str, leaf: &flock_testkit::pki::Leaf| {
+        serde_json::json!({"name": name, "kind": {"tls_certificate": {
+            "certificate_chain_pem": leaf.cert_pem, "private_key_pem": leaf.key_pem}}})
+    };
+    let mesh: Mesh = serde_json::from_value(serde_json::json!({
+        "services": [{"name": "web", "ports": [{"port": 80}], "vips": ["10.96.77.10"],
+                      "endpoints": [{"address": web_ip, "port": 15006, "identity": WEB}]}],
+        "pods": [
+            {"name": "client", "ip": client_ip, "netns": format!("/var/run/netns/{}", client_ns.0),
+             "identity": CLIENT, "capture": {"mode": "strict"}},
+            {"name": "web-0", "ip": web_ip, "netns": format!("/var/run/netns/{}", web_ns.0),
+             "identity": WEB, "inbound": [{"app_port": 8080, "listen_port": 15006}],
+             "capture": {"mode": "permissive"}}
+        ],
+        "secrets": [
+            {"name": "td", "kind": {"validation_context": {"trusted_ca_pem": ca.ca_pem}}},
+            cert(CLIENT, &client_leaf),
+            cert(WEB, &web_leaf),
+        ]
+    }))
+    .unwrap();
+    mesh.validate().unwrap();
+    let envoy = live::LiveEnvoy::start(&mesh);
+    let ok = |r: &Option<String>, body: &str| {
+        r.as_deref()
+            .is_some_and(|r| r.starts_with("HTTP/1.1 200") && r.ends_with(body))
+    };
+
+    // Permissive: a plaintext caller (the host, outside the mesh) reaches the app.
+    let last = envoy.eventually("hello-from-web", || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect((web_ip.as_str(), 15006)).ok()?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .ok()?;
+        s.write_all(b"GET / HTTP/1.1\r\nhost: web\r\nconnection: close\r\n\r\n")
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    });
+    assert!(
+        last.as_deref()
+            .is_some_and(|r| r.ends_with("hello-from-web")),
+        "plaintext to the permissive pod: {last:?}\nEnvoy log:\n{}",
+        envoy.log()
+    );
+    // The VIP and the endpoint's own address on the service port: by original
+    // destination, over mTLS (the web pod's inbound listener), to the app.
+    for addr in ["10.96.77.10", web_ip.as_str()] {
+        let last = envoy.eventually("hello-from-web", || client(addr, 80));
+        assert!(
+            ok(&last, "hello-from-web"),
+            "{addr}:80 from the captured client: {last:?}\nEnvoy log:\n{}",
+            envoy.log()
+        );
+    }
+    // Not in the mesh: passed through from inside the client pod.
+    let want = format!("outside-saw-{client_ip}");
+    let last = envoy.eventually(&want, || client(&client_host_ip, outside_port));
+    assert!(
+        ok(&last, &want),
+        "passthrough: {last:?}\nEnvoy log:\n{}",
+        envoy.log()
+    );
+    envoy.assert_no_nacks();
 }
