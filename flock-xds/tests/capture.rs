@@ -252,10 +252,6 @@ fn a_captured_pods_outbound_listener_routes_by_original_destination() {
     // one only for captured callers) with TLS, the blackhole, the passthrough.
     let db: Cluster = decode(find(&rs, CLUSTER, &mtls("db", 5432)));
     assert!(db.transport_socket.is_some());
-    assert_eq!(
-        db.eds_cluster_config.unwrap().service_name,
-        "outbound|5432|db.default"
-    );
     let bh: Cluster = decode(find(&rs, CLUSTER, "blackhole"));
     assert_eq!(
         bh.cluster_discovery_type,

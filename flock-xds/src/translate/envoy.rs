@@ -228,6 +228,11 @@ fn stat_safe(s: &str) -> String {
 ///
 /// Listeners and clusters carry `network_namespace_filepath = pod.netns`.
 pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
+///
+/// A captured pod ([`Pod::capture`]) instead gets its passthrough cluster
+/// `passthrough|<ns>/<pod>` here (its outbound listener depends on the services:
+/// [`capture_listener`]), `SO_MARK` on its app clusters, and in permissive mode a
+/// plaintext chain next to the mTLS one on its inbound listeners.
     let netns = pod.netns.as_deref();
     let capture = pod.capture.as_ref();
     let mut out = Vec::with_capacity(2 * pod.inbound.len() + 1);
@@ -441,8 +446,9 @@ fn listener_filter<M: Message>(name: &str, config: &M, type_url: &str) -> Listen
     }
 }
 
-/// Connect timeout of the [`passthrough_cluster`]s: destinations outside the mesh
-/// may be far away, so Envoy's default (5 s) rather than the mesh's 1 s.
+/// Connect timeout of the passthrough clusters (`passthrough|<ns>/<pod>`):
+/// destinations outside the mesh may be far away, so Envoy's default (5 s) rather
+/// than the mesh's 1 s.
 pub const PASSTHROUGH_CONNECT_TIMEOUT_MS: u32 = 5000;
 
 /// The wildcard address of the pod's IP family: where a captured pod's outbound
@@ -539,7 +545,7 @@ fn cidr(ip: IpAddr) -> CidrRange {
 /// * any other address on `outbound_port` → [`BLACKHOLE_CLUSTER`](names::BLACKHOLE_CLUSTER):
 ///   a connection to the listener from outside the pod (it binds every address) has
 ///   no original destination, and passing it through would connect Envoy to itself;
-/// * everything else (the default chain) → the pod's [`passthrough_cluster`] over a
+/// * everything else (the default chain) → the pod's `passthrough|<ns>/<pod>` over a
 ///   TCP proxy, so destinations outside the mesh keep working.
 pub fn capture_listener(pod: &Pod, services: &[Service], opts: &EnvoyOptions) -> Option<Resource> {
     pod.capture.as_ref()?;

@@ -24,6 +24,10 @@
 //! | inbound listener, on `<pod ip>:<listen_port>` in the pod's netns | LDS | `inbound\|<ns>/<pod>\|<app_port>` | [`pod_resources`] |
 //! | app cluster, `127.0.0.1:<app_port>` from inside the pod (STATIC) | CDS | `inbound\|<app_port>\|<ns>/<pod>` | [`pod_resources`] |
 //! | outbound listener, `127.0.0.1:<outbound_port>` in the pod's netns | LDS | `outbound\|<ns>/<pod>` | [`pod_resources`] |
+//! | captured pod's outbound listener, `0.0.0.0:<outbound_port>` (`[::]` for an IPv6 pod) in the pod's netns | LDS | `outbound\|<ns>/<pod>` | [`capture_listener`] |
+//! | captured pod's passthrough (`ORIGINAL_DST`, from inside the pod's netns) | CDS | `passthrough\|<ns>/<pod>` | [`pod_resources`] |
+//! | the cluster closing what it gets (STATIC, no endpoints), when any pod is captured | CDS | `blackhole` | [`blackhole_cluster`] |
+//! | TCP service port's mTLS cluster for captured callers `<id>` | CDS | `outbound\|<port>\|<svc>.<ns>\|<id>` | [`capture_caller_resources`] |
 //! | outbound routes of every pod (one virtual host `<svc>.<ns>:<port>` per HTTP/gRPC service port; its domains include the service's VIPs `<ip>:<port>`) | RDS | `outbound\|http` | [`outbound_routes`] |
 //! | service port cluster (EDS over ADS) | CDS | `outbound\|<port>\|<svc>.<ns>` | [`service_resources`], [`grpc_service_resources`] |
 //! | service port endpoints | EDS | `outbound\|<port>\|<svc>.<ns>` (the cluster's name) | [`service_resources`], [`grpc_service_resources`] |
@@ -101,6 +105,35 @@
 //! # Example
 //!
 //! ```
+//! # Transparent capture
+//!
+//! Off by default; per pod with [`Pod::capture`]. Rules in the pod's netns (not made
+//! here) redirect the app's TCP connections to `outbound_port` and its inbound app
+//! ports to their listen ports, and let out packets carrying [`Capture::mark`]. Then:
+//!
+//! * the outbound listener ([`capture_listener`]) binds the wildcard address in the
+//!   pod's netns with the `original_dst` listener filter and picks a filter chain by
+//!   the destination the app dialled: a service port's VIPs and serving endpoint
+//!   addresses on the service port → the cluster the pod's outbound routes use for
+//!   that port (mTLS where the port is, TCP ports too); `127.0.0.1:<outbound_port>` →
+//!   the Host-based routes as without capture; another address on the listener port →
+//!   `blackhole` (not redirected, so no original destination: passing it through would
+//!   loop into Envoy); anything else → the pod's `passthrough|<ns>/<pod>`
+//!   (`ORIGINAL_DST`, connecting from inside the pod's netns), so destinations outside
+//!   the mesh keep working;
+//! * every socket Envoy opens inside the pod's netns (passthrough, app clusters) sets
+//!   `SO_MARK` = the mark (`upstream_bind_config.socket_options`), so the rules do not
+//!   redirect Envoy's own connections back to it. The service clusters connect from
+//!   the host namespace and never meet the pod's rules;
+//! * [`CaptureMode::Permissive`] inbound listeners of a pod with an identity add a TLS
+//!   inspector and a plaintext chain (`transport_protocol: raw_buffer`) next to the mTLS
+//!   one (`tls`), for callers not meshed yet; [`CaptureMode::Strict`] keeps mTLS only,
+//!   the same listener as without capture.
+//!
+//! A direct connection to an endpoint's address is load-balanced over the whole
+//! service port, not pinned to the pod dialled (the model has no `targetPort`; the
+//! service port is matched). Without capture the output is unchanged.
+//!
 //! use flock_core::resources::ResourceSet;
 //! use flock_xds::cache::check_consistency;
 //! use flock_xds::translate::{self, EnvoyOptions, EnvoyReferences, Mesh};
