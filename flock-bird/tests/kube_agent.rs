@@ -8,14 +8,17 @@
 //! a Service created after the pod's ADD registers it without any new CNI call, a
 //! label change unregisters it, and the GC leaves memberships of live pods alone; an
 //! unreachable API fails the ADD with the message the runtime shows; a pod not opted
-//! in is ignored; a sandbox whose pod was re-created under the same name is refused.
+//! in is ignored; a sandbox whose pod was re-created under the same name is refused;
+//! malformed flock annotations do not stop a kube pod at the CNI plugin (the agent,
+//! which ignores them, is their one judge).
 
 use envoy_types::pb::google::protobuf::Any;
 use flock_bird::agent::{
     AddPodInput, Agent, AgentConfig, ENVOY_GROUP, PodError, PodOutcome, group_of,
 };
 use flock_bird::kube::KubePods;
-use flock_bird::registry::{self, Registry, RegistryOptions, RegistrySpec};
+use flock_bird::model::Endpoint;
+use flock_bird::registry::{self, Registry, RegistryError, RegistryOptions, RegistrySpec, View};
 use flock_bird::store::PodStore;
 use flock_kube::double::ApiServer;
 use flock_kube::watch::{KubeWatch, WatchOptions};
@@ -25,8 +28,9 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 const UID: &str = "0e0c8a4f-0000-4000-8000-00000000000a";
 /// A network namespace file that exists on every Linux machine (the agent serves a
@@ -92,6 +96,15 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(|reg| reg, true).await
+}
+
+/// [`setup`] with the registry wrapped by `wrap`, and the background resync loop only
+/// when `background_resync` (a test that forces a schedule runs each resync itself).
+async fn setup_with(
+    wrap: impl FnOnce(Arc<dyn Registry>) -> Arc<dyn Registry>,
+    background_resync: bool,
+) -> Setup {
     let api = ApiServer::start().await;
     api.apply(&namespace("shop", true));
     api.apply(&namespace("plain", false));
@@ -105,6 +118,7 @@ async fn setup() -> Setup {
     )
     .await
     .unwrap();
+    let reg = wrap(reg);
     let watch = Arc::new(KubeWatch::start(
         api.client(),
         WatchOptions {
@@ -126,7 +140,9 @@ async fn setup() -> Setup {
     );
     agent.load().await.unwrap();
     let (stop, stop_rx) = watch::channel(false);
-    tokio::spawn(Arc::clone(&agent).run_kube_resync(stop_rx));
+    if background_resync {
+        tokio::spawn(Arc::clone(&agent).run_kube_resync(stop_rx));
+    }
     Setup {
         api,
         agent,
@@ -337,4 +353,246 @@ async fn a_silent_api_fails_the_add_in_time_with_the_reason() {
         "the ADD took {took:?}: the plugin would have given up first"
     );
     held.abort();
+}
+
+/// Runs one CNI ADD the way the `flock-cni` binary does (`flock_cni::plugin::run`, from
+/// environment and stdin) against the agent's CNI socket at `socket`, for `pod` with
+/// `annotations` as the runtime passes them. Blocking (the plugin runs its own
+/// runtime): call it from `spawn_blocking`.
+fn plugin_add(
+    socket: &std::path::Path,
+    pod: &AddPodInput,
+    annotations: &serde_json::Value,
+) -> flock_cni::plugin::Output {
+    let env: BTreeMap<&str, String> = [
+        ("CNI_COMMAND", "ADD".to_string()),
+        ("CNI_CONTAINERID", pod.container_id.clone()),
+        ("CNI_NETNS", pod.netns.clone()),
+        ("CNI_IFNAME", pod.ifname.clone()),
+        ("CNI_PATH", "/opt/cni/bin".to_string()),
+        (
+            "CNI_ARGS",
+            format!(
+                "K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_UID={}",
+                pod.namespace, pod.name, pod.uid
+            ),
+        ),
+    ]
+    .into();
+    let conf = json!({
+        "cniVersion": "1.1.0", "name": pod.network_name, "type": "flock-cni",
+        "agent_socket": socket, "timeout_ms": 5000,
+        "prevResult": {"cniVersion": "1.1.0",
+                       "ips": pod.ips.iter().map(|a| json!({"address": a})).collect::<Vec<_>>()},
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": annotations}
+    });
+    flock_cni::plugin::run(
+        &|k| env.get(k).map(Into::into),
+        Some(&serde_json::to_vec(&conf).unwrap()),
+    )
+}
+
+/// Serves `agent`'s CNI API on a socket in `dir` until the returned sender is dropped
+/// or fires; returns the socket's path.
+fn serve_cni(
+    agent: &Arc<Agent>,
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, tokio::sync::oneshot::Sender<()>) {
+    let socket = dir.join("cni.sock");
+    let listener = flock_bird::cni_server::CniServer::bind(&socket).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = flock_bird::cni_server::CniServer::new(Arc::clone(agent));
+    let path = socket.clone();
+    tokio::spawn(async move {
+        server
+            .serve_bound(listener, &path, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (socket, stop)
+}
+
+/// The plugin does not judge the flock annotations, because only the agent knows
+/// whether it reads them. The same ADD — the real plugin code
+/// (`flock_cni::plugin::run`) over the agent's CNI socket — for a pod whose
+/// `flock.io/service`, `flock.io/ports` and `flock.io/service-account` annotations are
+/// malformed: a kube-mode agent ignores them and meshes the pod from its API facts; an
+/// annotation-mode agent refuses it, and the runtime gets CNI error 102 naming the
+/// field. The API server is flock-kube's double (see the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_flock_annotations_are_the_agents_to_judge_kube_mode_ignores_them() {
+    let s = setup().await;
+    let agent = &s.agent;
+    s.api
+        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
+    wait_until("the reflectors synced (ready)", || {
+        agent.not_ready().is_none()
+    })
+    .await;
+    let annotations = json!({"flock.io/service": "web", "flock.io/ports": "http",
+                             "flock.io/service-account": "Not_An_Account"});
+    let add = |socket: std::path::PathBuf| {
+        let annotations = annotations.clone();
+        tokio::task::spawn_blocking(move || {
+            plugin_add(&socket, &input("shop", "web-0", UID), &annotations)
+        })
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, _stop) = serve_cni(agent, dir.path());
+    let out = add(socket).await.unwrap();
+    assert_eq!(
+        out.exit_code,
+        0,
+        "kube-mode ADD failed: {} {:?}",
+        String::from_utf8_lossy(&out.stdout),
+        out.stderr
+    );
+    let rec = agent
+        .pods()
+        .into_values()
+        .next()
+        .expect("the pod is meshed");
+    assert_eq!(rec.service_account, "web-sa");
+    assert_eq!(rec.service, "");
+    assert_eq!(
+        rec.ports.iter().map(|p| p.app_port).collect::<Vec<_>>(),
+        vec![8080]
+    );
+
+    // The same ADD to an agent without --kube, which reads the annotations.
+    let plain_dir = tempfile::tempdir().unwrap();
+    let plain = Arc::new(Agent::new(
+        AgentConfig::new("n1"),
+        Arc::new(PodStore::open(plain_dir.path()).unwrap()),
+        registry::connect(&RegistrySpec::Memory, RegistryOptions::default())
+            .await
+            .unwrap(),
+        Arc::new(Cache::new(group_of)),
+    ));
+    plain.load().await.unwrap();
+    let (socket, _stop_plain) = serve_cni(&plain, plain_dir.path());
+    let out = add(socket).await.unwrap();
+    assert_eq!(out.exit_code, 1);
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], 102, "{err}");
+    let msg = err["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("pod shop/web-0 cannot be meshed: flock.io/ports: \"http\" is not a port"),
+        "{msg}"
+    );
+    assert!(plain.pods().is_empty());
+}
+
+/// A registry whose next `put` after `hold` is set stops at a gate: it says it
+/// `arrived`, waits for `release`, then writes and says it `landed`.
+struct Gated {
+    inner: Arc<dyn Registry>,
+    hold: AtomicBool,
+    arrived: Notify,
+    release: Notify,
+    landed: Notify,
+}
+
+#[async_trait::async_trait]
+impl Registry for Gated {
+    async fn put(&self, ep: &Endpoint) -> Result<u64, RegistryError> {
+        if self.hold.swap(false, Ordering::SeqCst) {
+            self.arrived.notify_one();
+            self.release.notified().await;
+            let rev = self.inner.put(ep).await;
+            self.landed.notify_one();
+            return rev;
+        }
+        self.inner.put(ep).await
+    }
+    async fn delete(&self, key: &str) -> Result<bool, RegistryError> {
+        self.inner.delete(key).await
+    }
+    async fn delete_if_revision(&self, key: &str, revision: u64) -> Result<bool, RegistryError> {
+        self.inner.delete_if_revision(key, revision).await
+    }
+    fn view(&self) -> watch::Receiver<Arc<View>> {
+        self.inner.view()
+    }
+    fn describe(&self) -> String {
+        format!("gated {}", self.inner.describe())
+    }
+}
+
+/// R4 in kube mode's resync, its interleaving forced: a Service appears, the resync's
+/// put of the pod's new membership endpoint is held at the registry while RemovePod of
+/// that pod is asked for, then the put lands. No ghost endpoint may outlive the pod.
+/// The resync holds the pod's lock, so RemovePod waits for it and then unregisters
+/// the endpoint; the re-check after the put (the second layer) would undo it were the
+/// pod gone. Without both (`--cfg flock_reintroduce="r4-kube-resync"`, checked by
+/// scripts/test) RemovePod finishes while the put is held, misses it, and the late put
+/// leaves a ghost: this test fails. Under the fix RemovePod cannot finish while the
+/// put is held; the test waits for it at most `BLOCKED` before releasing the put (the
+/// bound only ends the wait for what the lock forbids; the outcome does not depend
+/// on it). The API server is flock-kube's double (see the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_membership_put_racing_remove_pod_leaves_no_ghost() {
+    const BLOCKED: Duration = Duration::from_secs(2);
+    let mut gate = None;
+    let s = setup_with(
+        |inner| {
+            let gated = Arc::new(Gated {
+                inner,
+                hold: false.into(),
+                arrived: Notify::new(),
+                release: Notify::new(),
+                landed: Notify::new(),
+            });
+            gate = Some(Arc::clone(&gated));
+            gated
+        },
+        false,
+    )
+    .await;
+    let gated = gate.unwrap();
+    let agent = &s.agent;
+    s.api
+        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
+    wait_until("the reflectors synced (ready)", || {
+        agent.not_ready().is_none()
+    })
+    .await;
+    agent.add_pod(&input("shop", "web-0", UID)).await.unwrap();
+    let key = agent.pods().into_keys().next().unwrap();
+    assert!(endpoint_keys(agent).is_empty(), "no Service selects it yet");
+
+    s.api.apply(&web_service());
+    let kube = Arc::clone(agent.kube().unwrap());
+    wait_until("the reflector has Service web", || {
+        !kube.watch().view().borrow().services.is_empty()
+    })
+    .await;
+    gated.hold.store(true, Ordering::SeqCst);
+    let resync = tokio::spawn({
+        let agent = Arc::clone(agent);
+        async move { agent.kube_resync().await }
+    });
+    gated.arrived.notified().await; // the membership's put is in flight
+    let mut remove = tokio::spawn({
+        let agent = Arc::clone(agent);
+        let key = key.clone();
+        async move { agent.remove_pod(&key).await }
+    });
+    let finished_early = tokio::time::timeout(BLOCKED, &mut remove).await.ok();
+    gated.release.notify_one(); // the late put lands now
+    gated.landed.notified().await;
+    let removed = match finished_early {
+        Some(done) => done.unwrap(),
+        None => remove.await.unwrap(),
+    };
+    assert!(matches!(removed, PodOutcome::Done(_)), "{removed:?}");
+    resync.await.unwrap();
+    assert!(agent.pods().is_empty());
+    let ghosts = endpoint_keys(agent);
+    assert!(
+        ghosts.is_empty(),
+        "ghost endpoint(s) after RemovePod: {ghosts:?}"
+    );
 }

@@ -10,7 +10,9 @@
 //! * under the pod's lock, so it never interleaves with the pod's AddPod or RemovePod;
 //! * a put is re-checked against the live table afterwards and undone by a
 //!   conditional delete if the pod went away meanwhile (R4, as the liveness
-//!   re-registration does);
+//!   re-registration does). With the lock held no RemovePod can run in between, so
+//!   the re-check is the second layer; the mutant `r4-kube-resync` (scripts/test)
+//!   removes both layers, as no schedule reaches the re-check while the lock holds;
 //! * a registration the pod no longer has is deleted only at the revision this agent
 //!   wrote or last saw ([`crate::registry::Registry::delete_if_revision`]), never a
 //!   newer write of the same key.
@@ -93,7 +95,14 @@ impl Agent {
             .collect();
         let mut writes = 0;
         for key in keys {
-            writes += self.locks.run(&key, self.resync_pod(&key)).await;
+            #[cfg(not(flock_reintroduce = "r4-kube-resync"))]
+            {
+                writes += self.locks.run(&key, self.resync_pod(&key)).await;
+            }
+            #[cfg(flock_reintroduce = "r4-kube-resync")]
+            {
+                writes += self.resync_pod(&key).await;
+            }
         }
         if writes > 0 {
             let version = self.publish();
@@ -156,7 +165,11 @@ impl Agent {
             // RemovePod of this key that ran before we took it left no record, and
             // we only got here if the record is live; checking again keeps the rule
             // local and true whoever calls this.
-            if self.pods.contains(key) {
+            #[cfg(not(flock_reintroduce = "r4-kube-resync"))]
+            let still_live = self.pods.contains(key);
+            #[cfg(flock_reintroduce = "r4-kube-resync")]
+            let still_live = true;
+            if still_live {
                 lock(&self.own).insert(ep_key.clone(), rev);
             } else {
                 self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
