@@ -5,7 +5,9 @@
 //! `error_detail` and Envoy keeps serving the previous configuration. For many nodes:
 //! Envoy accepts outlier detection, priorities and retry policies, keeps traffic in
 //! the caller's zone, and fails over without a failed request when the local
-//! endpoint dies or vanishes, retrying only what may be repeated.
+//! endpoint dies or vanishes, retrying only what may be repeated. Over mTLS: a caller
+//! identity added later routes at once (its cluster's endpoints have a name of their
+//! own), and the app sees the verified caller's SPIFFE ID, never a forged one.
 
 mod common;
 
@@ -625,6 +627,283 @@ async fn without_a_locality_a_dead_endpoints_requests_are_retried_on_the_other()
     })
     .await;
     assert!(nacks.0.lock().unwrap().is_empty());
+    drop(envoy);
+    running.stop().await;
+}
+
+const CALLER_A: &str = "spiffe://td/ns/default/sa/caller-a";
+const CALLER_B: &str = "spiffe://td/ns/default/sa/caller-b";
+const SERVER_ID: &str = "spiffe://td/ns/default/sa/web";
+const FORGED: &str = "By=spiffe://td/ns/default/sa/web;URI=spiffe://td/ns/default/sa/forged";
+
+/// An app answering each request with the `x-forwarded-client-cert` it received
+/// (`none` without one), so a test sees what the inbound Envoy told it.
+async fn xfcc_echo() -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head);
+                let xfcc: Vec<&str> = head
+                    .lines()
+                    .filter_map(|l| l.split_once(':'))
+                    .filter(|(k, _)| k.eq_ignore_ascii_case("x-forwarded-client-cert"))
+                    .map(|(_, v)| v.trim())
+                    .collect();
+                let body = if xfcc.is_empty() {
+                    "none".to_string()
+                } else {
+                    xfcc.join("\n")
+                };
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (port, task)
+}
+
+/// GET `/` with `Host: web` and a forged `x-forwarded-client-cert` on a fresh
+/// plaintext connection: (status, body).
+async fn get_with_forged_xfcc(addr: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!(
+            "GET / HTTP/1.1\r\nHost: web\r\nx-forwarded-client-cert: {FORGED}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+        Some((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Certificates of the mTLS mesh: the trust bundle of trust domain `td`, the
+/// server's and each caller's.
+struct Pki {
+    ca: flock_testkit::pki::TestCa,
+    server: flock_testkit::pki::Leaf,
+    callers: Vec<(&'static str, flock_testkit::pki::Leaf)>,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let ca = flock_testkit::pki::TestCa::new("td");
+        let server = ca.issue(
+            None,
+            vec![rcgen::SanType::URI(SERVER_ID.try_into().unwrap())],
+            flock_testkit::pki::Usage::Server,
+        );
+        let callers = [CALLER_A, CALLER_B]
+            .into_iter()
+            .map(|id| (id, ca.client(id)))
+            .collect();
+        Self {
+            ca,
+            server,
+            callers,
+        }
+    }
+}
+
+/// Service `web` (HTTP 8080) whose one endpoint is the mTLS inbound listener
+/// 127.0.0.1:`inbound` of pod `web-0` (SPIFFE ID [`SERVER_ID`]) in front of its app
+/// on 127.0.0.1:`app`; pod `plain-0` without an identity, plaintext inbound on
+/// 127.0.0.1:`plain_inbound` to the same app; and one caller pod per `(identity,
+/// outbound port)`.
+fn mtls_mesh(
+    pki: &Pki,
+    callers: &[(&str, u16)],
+    inbound: u16,
+    plain_inbound: u16,
+    app: u16,
+) -> Mesh {
+    let cert = |name: &str, leaf: &flock_testkit::pki::Leaf| {
+        serde_json::json!({"name": name, "kind": {"tls_certificate": {
+            "certificate_chain_pem": leaf.cert_pem, "private_key_pem": leaf.key_pem}}})
+    };
+    let mut pods = vec![
+        serde_json::json!({"name": "web-0", "ip": "127.0.0.1", "outbound_port": 0,
+            "identity": SERVER_ID, "inbound": [{"app_port": app, "listen_port": inbound}]}),
+        serde_json::json!({"name": "plain-0", "ip": "127.0.0.1", "outbound_port": 0,
+            "inbound": [{"app_port": app, "listen_port": plain_inbound}]}),
+    ];
+    let mut secrets = vec![
+        serde_json::json!({"name": "td", "kind": {"validation_context": {"trusted_ca_pem": pki.ca.ca_pem}}}),
+        cert(SERVER_ID, &pki.server),
+    ];
+    for (i, (id, outbound)) in callers.iter().enumerate() {
+        pods.push(
+            serde_json::json!({"name": format!("caller-{i}"), "ip": "127.0.0.1",
+            "outbound_port": outbound, "identity": id}),
+        );
+        let (_, leaf) = pki.callers.iter().find(|(c, _)| c == id).unwrap();
+        secrets.push(cert(id, leaf));
+    }
+    let mesh: Mesh = serde_json::from_value(serde_json::json!({
+        "services": [{"name": "web", "ports": [{"port": 8080}],
+            "endpoints": [{"address": "127.0.0.1", "port": inbound, "identity": SERVER_ID}]}],
+        "pods": pods,
+        "secrets": secrets,
+    }))
+    .unwrap();
+    mesh.validate().unwrap();
+    mesh
+}
+
+/// A caller identity that appears after Envoy already routes the service port (its
+/// plain cluster and another caller's mTLS cluster watch the port's endpoints) gets
+/// a new mTLS cluster, and that cluster routes at once: its endpoints are a
+/// `ClusterLoadAssignment` of its own name, which Envoy requests and the server
+/// answers. Were it to share the port's EDS name, Envoy would send no request for
+/// it, get nothing, and the first request would wait out the 15 s initial fetch
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_callers_mtls_cluster_routes_without_waiting_for_the_initial_fetch_timeout() {
+    let pki = Pki::new();
+    let (app, _app_task) = xfcc_echo().await;
+    let (inbound, plain_inbound) = (free_port(), free_port());
+    let (out_a, out_b) = (free_port(), free_port());
+    let cache = Arc::new(Cache::by_node_id());
+    let one = mtls_mesh(&pki, &[(CALLER_A, out_a)], inbound, plain_inbound, app);
+    publish(&cache, &one);
+    let nacks = Arc::new(Nacks::default());
+    let server = Server::builder(Arc::clone(&cache))
+        .callbacks_arc(Arc::clone(&nacks) as Arc<dyn Callbacks>)
+        .build();
+    let running = start_tcp(server).await;
+    let envoy = Envoy::start(NODE, "DELTA_GRPC", running.port).await;
+    let addr_a = format!("127.0.0.1:{out_a}");
+    eventually(CONVERGE, "caller A's first request over mTLS", async || {
+        (http_get(&addr_a, "/", "web").await?.0 == 200).then_some(())
+    })
+    .await;
+
+    let two = mtls_mesh(
+        &pki,
+        &[(CALLER_A, out_a), (CALLER_B, out_b)],
+        inbound,
+        plain_inbound,
+        app,
+    );
+    let added = std::time::Instant::now();
+    publish(&cache, &two);
+    let addr_b = format!("127.0.0.1:{out_b}");
+    let body = eventually(
+        CONVERGE,
+        "caller B's first request over mTLS",
+        async || match http_get(&addr_b, "/", "web").await? {
+            (200, body) => Some(body),
+            _ => None,
+        },
+    )
+    .await;
+    let first = added.elapsed();
+    eprintln!("caller B's first answer {first:?} after it was published");
+    assert!(
+        first < Duration::from_secs(5),
+        "caller B's first answer took {first:?} (Envoy's initial fetch timeout is 15 s)\n{}",
+        envoy.guard.log_tail()
+    );
+    assert!(body.contains(&format!("URI={CALLER_B}")), "{body}");
+    assert!(nacks.0.lock().unwrap().is_empty(), "{:?}", nacks.0);
+    drop(envoy);
+    running.stop().await;
+}
+
+/// The app behind an mTLS inbound listener sees the verified caller's SPIFFE ID in
+/// `x-forwarded-client-cert`, never one the caller wrote: through the mesh (the
+/// caller's Envoy) and on a direct mTLS connection carrying a forged header, the
+/// app sees `URI=<the caller's certificate's ID>`; on a plaintext inbound listener
+/// the forged header is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_app_sees_the_verified_callers_spiffe_id_and_never_a_forged_one() {
+    let pki = Pki::new();
+    let (app, _app_task) = xfcc_echo().await;
+    let (inbound, plain_inbound, out_a) = (free_port(), free_port(), free_port());
+    let cache = Arc::new(Cache::by_node_id());
+    publish(
+        &cache,
+        &mtls_mesh(&pki, &[(CALLER_A, out_a)], inbound, plain_inbound, app),
+    );
+    let running = start_tcp(Server::builder(Arc::clone(&cache)).build()).await;
+    let envoy = Envoy::start(NODE, "DELTA_GRPC", running.port).await;
+
+    // Through the mesh, with a forged header from the app: the caller's outbound
+    // listener and the server's inbound one each replace it.
+    let addr_a = format!("127.0.0.1:{out_a}");
+    let body =
+        eventually(
+            CONVERGE,
+            "caller A's request over mTLS",
+            async || match get_with_forged_xfcc(&addr_a).await? {
+                (200, body) => Some(body),
+                _ => None,
+            },
+        )
+        .await;
+    assert!(
+        body.contains(&format!("URI={CALLER_A}")) && !body.contains("forged"),
+        "the app saw: {body}"
+    );
+
+    // Straight to the inbound listener with caller B's certificate (valid in the
+    // trust domain) and a forged header: the app sees B, not the forgery.
+    let dir = common::TempDir::new("xfcc");
+    let leaf = &pki.callers.iter().find(|(c, _)| *c == CALLER_B).unwrap().1;
+    std::fs::write(dir.0.join("cert.pem"), &leaf.cert_pem).unwrap();
+    std::fs::write(dir.0.join("key.pem"), &leaf.key_pem).unwrap();
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "-k", "--max-time", "5", "--cert"])
+        .arg(dir.0.join("cert.pem"))
+        .arg("--key")
+        .arg(dir.0.join("key.pem"))
+        .args(["-H", &format!("x-forwarded-client-cert: {FORGED}")])
+        .arg(format!("https://127.0.0.1:{inbound}/"))
+        .output()
+        .await
+        .expect("curl");
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && body.contains(&format!("URI={CALLER_B}"))
+            && !body.contains("forged"),
+        "the app saw: {body} ({})",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Plaintext inbound: the forged header is removed, none is set.
+    let plain = format!("127.0.0.1:{plain_inbound}");
+    let (status, body) = eventually(CONVERGE, "the plaintext inbound listener", async || {
+        get_with_forged_xfcc(&plain).await
+    })
+    .await;
+    assert_eq!((status, body.as_str()), (200, "none"));
     drop(envoy);
     running.stop().await;
 }

@@ -15,7 +15,9 @@ use envoy_types::pb::envoy::config::route::v3::{
     RouteConfiguration, route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, http_connection_manager::RouteSpecifier, http_filter,
+    HttpConnectionManager,
+    http_connection_manager::{ForwardClientCertDetails, RouteSpecifier},
+    http_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{Secret as PbSecret, secret};
@@ -187,6 +189,12 @@ fn inbound_listener_binds_the_pod_ip_in_the_pod_netns_and_routes_to_the_app_clus
     assert_eq!(a.network_namespace_filepath, "/var/run/netns/web-0");
     let hcm = listener_hcm(&l);
     assert_router_last(&hcm);
+    // Plaintext too: SANITIZE_SET on a connection without a client certificate
+    // strips an `x-forwarded-client-cert` the caller sent.
+    assert_eq!(
+        hcm.forward_client_cert_details,
+        ForwardClientCertDetails::SanitizeSet as i32
+    );
     let Some(RouteSpecifier::RouteConfig(rc)) = &hcm.route_specifier else {
         panic!("inline route config expected: {:?}", hcm.route_specifier);
     };
@@ -1859,6 +1867,14 @@ fn identities_turn_on_mtls_inbound_and_outbound() {
     )
     .unwrap();
     assert_eq!(down.require_client_certificate.map(|b| b.value), Some(true));
+    // The app sees the verified caller's SPIFFE ID in `x-forwarded-client-cert`,
+    // never one the caller wrote itself.
+    let hcm = listener_hcm(&l);
+    assert_eq!(
+        hcm.forward_client_cert_details,
+        ForwardClientCertDetails::SanitizeSet as i32
+    );
+    assert!(hcm.set_current_client_cert_details.unwrap().uri);
     let common = down.common_tls_context.unwrap();
     assert_eq!(common.tls_certificate_sds_secret_configs[0].name, SERVER);
     let Some(ValidationContextType::CombinedValidationContext(v)) = common.validation_context_type
@@ -1897,10 +1913,20 @@ fn identities_turn_on_mtls_inbound_and_outbound() {
     assert_eq!(target("server.default:8080"), mtls_name);
     assert_eq!(target("legacy.default:80"), "outbound|80|legacy.default");
     let c: Cluster = decode(find(&rs, CLUSTER, &mtls_name));
+    // Its own EDS name (empty `service_name`: the cluster's name), so a caller
+    // identity added later subscribes to a name nobody watches yet and is answered
+    // at once, and the same endpoints as the service port's plain cluster.
+    assert_eq!(c.eds_cluster_config.unwrap().service_name, "");
+    let own: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, &mtls_name));
+    let plain: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|8080|server.default"));
+    assert_eq!(own.cluster_name, mtls_name);
     assert_eq!(
-        c.eds_cluster_config.unwrap().service_name,
-        "outbound|8080|server.default",
-        "shares the service port's endpoints"
+        own.endpoints, plain.endpoints,
+        "the service port's endpoints"
+    );
+    assert_eq!(
+        cla_addresses(&own),
+        BTreeSet::from(["10.0.0.2".to_string()])
     );
     let up = UpstreamTlsContext::decode(tls_of(&c.transport_socket).value.as_slice()).unwrap();
     let common = up.common_tls_context.unwrap();

@@ -4,7 +4,8 @@
 
 use super::model::{
     Capture, CaptureMode, Endpoint, Health, Locality, Mesh, Pod, Protocol, Secret, SecretKind,
-    Service, ambiguous_service_names, identity_prefix, ip_host, port_endpoints, trust_domain,
+    Service, ServicePort, ambiguous_service_names, identity_prefix, ip_host, port_endpoints,
+    trust_domain,
 };
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
@@ -262,6 +263,19 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                     },
                 )),
                 http_filters: vec![router_filter()],
+                // The app learns the verified caller's SPIFFE ID from
+                // `x-forwarded-client-cert: ...;URI=spiffe://...`. SANITIZE_SET
+                // replaces whatever XFCC the caller sent, and on a connection without
+                // a client certificate (plaintext) only removes it, so no caller can
+                // forge an identity.
+                forward_client_cert_details:
+                    http_connection_manager::ForwardClientCertDetails::SanitizeSet as i32,
+                set_current_client_cert_details: Some(
+                    http_connection_manager::SetCurrentClientCertDetails {
+                        uri: true,
+                        ..Default::default()
+                    },
+                ),
                 ..Default::default()
             };
             network_filter(
@@ -679,7 +693,11 @@ pub fn capture_listener(pod: &Pod, services: &[Service], opts: &EnvoyOptions) ->
 /// `identity` ([`caller_resources`] makes those of the HTTP/gRPC ports; without
 /// capture nothing routes to a TCP port's mTLS cluster, so they exist only for
 /// captured callers). Empty if `identity` is not a SPIFFE ID.
-pub fn capture_caller_resources(identity: &str, services: &[Service]) -> Vec<Resource> {
+pub fn capture_caller_resources(
+    identity: &str,
+    services: &[Service],
+    opts: &EnvoyOptions,
+) -> Vec<Resource> {
     let Some(td) = trust_domain(identity) else {
         return Vec::new();
     };
@@ -691,7 +709,8 @@ pub fn capture_caller_resources(identity: &str, services: &[Service]) -> Vec<Res
                 continue;
             }
             if let Some(peers) = mtls_peers(s, p.port) {
-                out.push(mtls_cluster(s, p.port, p.protocol, identity, td, peers));
+                let local = opts.local_locality.as_ref();
+                mtls_cluster(s, p, identity, td, peers, local, &mut out);
             }
         }
     }
@@ -1190,7 +1209,8 @@ pub fn caller_resources(
             if !mtls.insert(name.clone()) {
                 continue;
             }
-            out.push(mtls_cluster(s, p.port, p.protocol, identity, td, peers));
+            let local = opts.local_locality.as_ref();
+            mtls_cluster(s, p, identity, td, peers, local, &mut out);
         }
     }
     out.push(routes(
@@ -1210,22 +1230,28 @@ pub fn caller_resources(
 }
 
 /// The mTLS cluster `outbound|<port>|<svc>.<ns>|<identity>` of a service port for
-/// callers with `identity` (trust domain `td`), accepting the server IDs `peers`.
+/// callers with `identity` (trust domain `td`), accepting the server IDs `peers`,
+/// and its own `ClusterLoadAssignment` of the same name: the service port's
+/// endpoints ([`load_assignment`]), the same content as the plain cluster's.
+///
+/// The endpoints get a name per cluster, not the plain cluster's shared by every
+/// caller, because Envoy keeps one EDS subscription per resource name: a cluster
+/// added on a name another cluster already watches sends no new request, so the
+/// server (rightly) sends nothing, and the new cluster waits out its initial fetch
+/// timeout (15 s) before it routes. A name of its own is always a new subscription,
+/// answered at once.
 fn mtls_cluster(
     s: &Service,
-    port: u16,
-    protocol: Protocol,
+    p: &ServicePort,
     identity: &str,
     td: &str,
     peers: Vec<MatchPattern>,
-) -> Resource {
-    let name = names::mtls_cluster(s, port, identity);
-    let mut cluster = outbound_cluster(s, port, protocol);
+    local: Option<&Locality>,
+    out: &mut Vec<Resource>,
+) {
+    let name = names::mtls_cluster(s, p.port, identity);
+    let mut cluster = outbound_cluster(s, p.port, p.protocol);
     cluster.name = name.clone();
-    if let Some(eds) = cluster.eds_cluster_config.as_mut() {
-        // The endpoints are the service port's, shared by every caller.
-        eds.service_name = names::outbound_cluster(s, port);
-    }
     let ctx = UpstreamTlsContext {
         common_tls_context: Some(common_tls(
             identity,
@@ -1235,7 +1261,10 @@ fn mtls_cluster(
         ..Default::default()
     };
     cluster.transport_socket = Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
-    resource(CLUSTER, name, any(CLUSTER, &cluster))
+    out.push(resource(CLUSTER, name.clone(), any(CLUSTER, &cluster)));
+    let mut cla = load_assignment(s, p.port, local);
+    cla.cluster_name = name.clone();
+    out.push(resource(ENDPOINT, name, any(ENDPOINT, &cla)));
 }
 
 /// An SDS secret: a TLS certificate (chain and key inline) or a validation context

@@ -163,7 +163,7 @@ impl Memo {
                     .filter_map(|p| capture_listener(p, &mesh.services, opts)),
             );
             for identity in capture_callers {
-                capture.extend(capture_caller_resources(identity, &mesh.services));
+                capture.extend(capture_caller_resources(identity, &mesh.services, opts));
             }
             if !captured.is_empty() {
                 capture.push(blackhole_cluster());

@@ -32,7 +32,8 @@
 //! | service port cluster (EDS over ADS) | CDS | `outbound\|<port>\|<svc>.<ns>` | [`service_resources`], [`grpc_service_resources`] |
 //! | service port endpoints | EDS | `outbound\|<port>\|<svc>.<ns>` (the cluster's name) | [`service_resources`], [`grpc_service_resources`] |
 //! | outbound routes of the pods with SPIFFE ID `<id>` | RDS | `outbound\|http\|<id>` | [`caller_resources`] |
-//! | service port cluster over mTLS for callers `<id>` (endpoints by EDS `service_name` `outbound\|<port>\|<svc>.<ns>`) | CDS | `outbound\|<port>\|<svc>.<ns>\|<id>` | [`caller_resources`] |
+//! | service port cluster over mTLS for callers `<id>` | CDS | `outbound\|<port>\|<svc>.<ns>\|<id>` | [`caller_resources`] |
+//! | its endpoints: the service port's, under the mTLS cluster's own name (a cluster added on a name another cluster already watches would get no EDS response and wait out Envoy's initial fetch timeout) | EDS | `outbound\|<port>\|<svc>.<ns>\|<id>` | [`caller_resources`], [`capture_caller_resources`] |
 //! | secret: a pod's certificate (`TlsCertificate`), named by its SPIFFE ID; a trust bundle (`ValidationContext`), named by its trust domain | SDS | the secret's `name` | [`secret_resource`] |
 //! | proxyless gRPC listener (`ApiListener`; the client dials `xds:///<svc>.<ns>:<port>` or `xds:///<vip>:<port>`) | LDS | `<svc>.<ns>:<port>`, `<vip>:<port>` | [`grpc_service_resources`] |
 //! | proxyless gRPC route configuration | RDS | `grpc\|<svc>.<ns>:<port>` | [`grpc_service_resources`] |
@@ -53,7 +54,9 @@
 //! identity in such a port is left out of its endpoints ([`model::port_endpoints`]);
 //! only ports where no endpoint has an identity keep the plain cluster. The secrets
 //! must be in the mesh (the consistency check says which is missing). Pods without an
-//! identity stay plaintext.
+//! identity stay plaintext. The app behind an inbound HTTP/gRPC listener learns the
+//! verified caller's SPIFFE ID from `x-forwarded-client-cert` (`URI=`); an XFCC the
+//! caller sent itself is replaced, or removed on a plaintext connection.
 //!
 //! **Host names.** A pod's app reaches a service through its outbound listener with
 //! `Host`/`:authority` set to `<svc>`, `<svc>.<ns>`, `<svc>.<ns>.svc` or
@@ -335,8 +338,8 @@ pub mod names {
     }
 
     /// `outbound|<port>|<svc>.<ns>|<spiffe-id>`: a service port's mTLS cluster for
-    /// callers with this identity (its endpoints are the service port's, by EDS
-    /// `service_name`).
+    /// callers with this identity, and the name of its endpoints (the service
+    /// port's, in a `ClusterLoadAssignment` of its own).
     pub fn mtls_cluster(service: &Service, port: u16, identity: &str) -> String {
         format!("{}|{identity}", outbound_cluster(service, port))
     }
