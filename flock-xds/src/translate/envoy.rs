@@ -228,12 +228,12 @@ fn stat_safe(s: &str) -> String {
 /// [`OUTBOUND_ROUTE`](names::OUTBOUND_ROUTE) from [`outbound_routes`].
 ///
 /// Listeners and clusters carry `network_namespace_filepath = pod.netns`.
-pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
 ///
 /// A captured pod ([`Pod::capture`]) instead gets its passthrough cluster
 /// `passthrough|<ns>/<pod>` here (its outbound listener depends on the services:
 /// [`capture_listener`]), `SO_MARK` on its app clusters, and in permissive mode a
 /// plaintext chain next to the mTLS one on its inbound listeners.
+pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
     let netns = pod.netns.as_deref();
     let capture = pod.capture.as_ref();
     let mut out = Vec::with_capacity(2 * pod.inbound.len() + 1);

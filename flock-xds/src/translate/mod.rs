@@ -105,9 +105,6 @@
 //! still costs O(changes), and unchanged resources keep their versions and are not
 //! resent.
 //!
-//! # Example
-//!
-//! ```
 //! # Transparent capture
 //!
 //! Off by default; per pod with [`Pod::capture`]. Rules in the pod's netns (not made
@@ -137,6 +134,9 @@
 //! service port, not pinned to the pod dialled (the model has no `targetPort`; the
 //! service port is matched). Without capture the output is unchanged.
 //!
+//! # Example
+//!
+//! ```
 //! use flock_core::resources::ResourceSet;
 //! use flock_xds::cache::check_consistency;
 //! use flock_xds::translate::{self, EnvoyOptions, EnvoyReferences, Mesh};
