@@ -729,7 +729,28 @@ pub fn agree(
         diffs.push(format!("removed pods still in the store: {ghosts:?}"));
     }
     let want = expected_endpoints(s);
-    let got = x.endpoints();
+    // Each caller identity's mTLS cluster has a ClusterLoadAssignment of its own name
+    // (`<service cluster>|<spiffe id>`: Envoy shares one EDS subscription per name) with
+    // exactly the service port's endpoints: check each copy against its service, then
+    // compare the services.
+    let mut got = BTreeMap::new();
+    for (name, eps) in x.endpoints() {
+        match name.split_once("|spiffe://") {
+            Some((base, _)) => {
+                let w = want.get(base).cloned().unwrap_or_default();
+                if w != eps {
+                    diffs.push(format!(
+                        "{name}: ghost {:?}, missing {:?} (its service's copy)",
+                        eps.difference(&w).collect::<Vec<_>>(),
+                        w.difference(&eps).collect::<Vec<_>>()
+                    ));
+                }
+            }
+            None => {
+                got.insert(name, eps);
+            }
+        }
+    }
     if got != want {
         let mut d = Vec::new();
         for c in want.keys().chain(got.keys()).collect::<BTreeSet<_>>() {
@@ -751,7 +772,16 @@ pub fn agree(
         ));
     }
     let want_clusters: BTreeSet<String> = want.keys().cloned().collect();
-    if o.clusters != want_clusters {
+    let services: BTreeSet<String> = o
+        .clusters
+        .iter()
+        .map(|n| {
+            n.split_once("|spiffe://")
+                .map_or(n.as_str(), |(b, _)| b)
+                .to_string()
+        })
+        .collect();
+    if services != want_clusters {
         diffs.push(format!(
             "snapshot EDS names {:?} != services with pods {want_clusters:?}",
             o.clusters
