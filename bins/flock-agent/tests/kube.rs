@@ -139,29 +139,8 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
     let agent_pid = agent.proc.pid();
     let envoy = SupervisedEnvoy::start(&agent);
 
-    let conf_dir = work.path().join("net.d");
-    std::fs::create_dir(&conf_dir).unwrap();
-    let bridge = Bridge::new();
-    let list_path = conf_dir.join("10-kube.conflist");
-    let conflist = bridge_conflist(
-        &bridge,
-        &work.path().join("ipam"),
-        &format!("flockkube{}", std::process::id()),
-    );
-    std::fs::write(&list_path, conflist.to_string()).unwrap();
-    let plugin_config = json!({
-        "type": "flock-cni", "agent_socket": agent.cni_socket, "timeout_ms": 8000,
-        "capabilities": {"io.kubernetes.cri.pod-annotations": true}
-    });
-    let installer = Installer::start(&conf_dir, work.path(), &plugin_config);
-    wait_for("the conflist patched", WAIT, || {
-        std::fs::read_to_string(&list_path).is_ok_and(|t| t.contains("flock-cni"))
-    });
-    let cni = Cni::new(
-        list_path.clone(),
-        &installer.bin_dir,
-        work.path().join("cache"),
-    );
+    let net = ChainedNetwork::start(work.path(), &agent, "kube", 8000);
+    let cni = &net.cni;
 
     // web-0: flock annotations claiming another service account, plus a service and
     // a malformed ports annotation (which an annotation-mode agent would refuse with

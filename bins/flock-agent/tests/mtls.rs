@@ -42,8 +42,7 @@ struct TwoPods {
     // Torn down in this order: the server and namespaces before the CNI setup.
     _server: ChildGuard,
     _ns_b: NetNs,
-    _installer: Installer,
-    _bridge: Bridge,
+    _net: ChainedNetwork,
     _work: tempfile::TempDir,
 }
 
@@ -53,29 +52,8 @@ impl TwoPods {
             .prefix("flock-mtls-")
             .tempdir()
             .unwrap();
-        let conf_dir = work.path().join("net.d");
-        std::fs::create_dir(&conf_dir).unwrap();
-        let bridge = Bridge::new();
-        let list_path = conf_dir.join("10-mtls.conflist");
-        let conflist = bridge_conflist(
-            &bridge,
-            &work.path().join("ipam"),
-            &format!("flockmtls{}", std::process::id()),
-        );
-        std::fs::write(&list_path, conflist.to_string()).unwrap();
-        let plugin_config = json!({
-            "type": "flock-cni", "agent_socket": agent.cni_socket, "timeout_ms": 5000,
-            "capabilities": {"io.kubernetes.cri.pod-annotations": true}
-        });
-        let installer = Installer::start(&conf_dir, work.path(), &plugin_config);
-        wait_for("the conflist patched", WAIT, || {
-            std::fs::read_to_string(&list_path).is_ok_and(|t| t.contains("flock-cni"))
-        });
-        let cni = Cni::new(
-            list_path.clone(),
-            &installer.bin_dir,
-            work.path().join("cache"),
-        );
+        let net = ChainedNetwork::start(work.path(), agent, "mtls", 5000);
+        let cni = &net.cni;
 
         let ns_a = NetNs::new("ma");
         let ns_b = NetNs::new("mb");
@@ -106,8 +84,7 @@ impl TwoPods {
             ip_b,
             _server,
             _ns_b: ns_b,
-            _installer: installer,
-            _bridge: bridge,
+            _net: net,
             _work: work,
         }
     }

@@ -25,7 +25,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The default deadline of the wait helpers.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -644,6 +644,45 @@ pub struct Cni {
     pub conflist: PathBuf,
     pub cni_path: String,
     pub cache: PathBuf,
+}
+
+/// A pod network as the runtime sees it: a bridge + host-local conflist `<name>.conflist`
+/// in `<work>/net.d`, patched by the real installer to chain the real `flock-cni`
+/// (talking to `agent` with `timeout_ms`), and the libcni driver on it. Drop order
+/// tears down the installer before the bridge.
+pub struct ChainedNetwork {
+    pub cni: Cni,
+    pub installer: Installer,
+    pub bridge: Bridge,
+}
+
+impl ChainedNetwork {
+    pub fn start(work: &Path, agent: &Agent, name: &str, timeout_ms: u64) -> Self {
+        let conf_dir = work.join("net.d");
+        std::fs::create_dir(&conf_dir).unwrap();
+        let bridge = Bridge::new();
+        let list_path = conf_dir.join(format!("10-{name}.conflist"));
+        let conflist = bridge_conflist(
+            &bridge,
+            &work.join("ipam"),
+            &format!("flock{name}{}", std::process::id()),
+        );
+        std::fs::write(&list_path, conflist.to_string()).unwrap();
+        let plugin_config = json!({
+            "type": "flock-cni", "agent_socket": agent.cni_socket, "timeout_ms": timeout_ms,
+            "capabilities": {"io.kubernetes.cri.pod-annotations": true}
+        });
+        let installer = Installer::start(&conf_dir, work, &plugin_config);
+        wait_for("the conflist patched", WAIT, || {
+            std::fs::read_to_string(&list_path).is_ok_and(|t| t.contains("flock-cni"))
+        });
+        let cni = Cni::new(list_path, &installer.bin_dir, work.join("cache"));
+        Self {
+            cni,
+            installer,
+            bridge,
+        }
+    }
 }
 
 /// A pod as the runtime describes it to CNI.
