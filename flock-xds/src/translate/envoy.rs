@@ -67,7 +67,7 @@ pub struct EnvoyOptions {
     pub inbound_connect_timeout_ms: u32,
     /// The locality of the node the translation is for (the agent's `--region` and
     /// `--zone`; the sub-zone is not used). With one, each service port's endpoints
-    /// get priorities ([`load_assignment`]): the same region and zone first, then
+    /// get priorities (`load_assignment`): the same region and zone first, then
     /// the same region, then the rest, so callers stay in their zone and fail over
     /// when it has no healthy endpoint left. `None` (the default), or a locality
     /// whose region and zone are both empty: every endpoint has priority 0.
@@ -881,7 +881,7 @@ pub(crate) fn load_assignment(
 /// The resources of one service: per port an EDS cluster
 /// `outbound|<port>|<svc>.<ns>` (HTTP/2 for gRPC ports) and its
 /// `ClusterLoadAssignment` of the same name, with priorities by distance from
-/// `opts.local_locality` ([`load_assignment`]). Used by both Envoy and proxyless
+/// `opts.local_locality` (`load_assignment`). Used by both Envoy and proxyless
 /// gRPC.
 pub fn service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Resource> {
     let mut out = Vec::with_capacity(2 * service.ports.len());

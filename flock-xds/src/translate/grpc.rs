@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost}
 /// brackets: the client dials `xds:///<ip>:<port>`) using the same route
 /// configuration, whose virtual host also lists those authorities. The endpoints are
 /// plaintext: proxyless clients get no TLS settings (an mTLS port's endpoints without
-/// an identity are still left out, [`load_assignment`]). Other ports give nothing.
+/// an identity are still left out, `load_assignment`). Other ports give nothing.
 ///
 /// The endpoints have the same priorities by distance from `opts.local_locality`
 /// as Envoy's (gRPC's xDS load balancing fails over by `LocalityLbEndpoints`
