@@ -29,6 +29,7 @@
 //! | [`debounce`] | when a burst of events becomes one action (quiet period, cap) | an action per event; a never-quiet source postponing it forever |
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //! | [`registry`] | the registry key layout and which remote entries an agent serves | one node's bad or forged entry taking a service down or widening who a caller trusts |
+//! | [`regsync`] | the registry writes that make the registry hold exactly the live pods' endpoints | CNI failing while the registry is down; ghosts of writes abandoned midway |
 //!
 //! The names R1–R8 are the races described in the repository's `docs/races.md`. Each can be re-introduced with
 //! `--cfg flock_reintroduce="<name>"` (never in a real build): the repository's test
@@ -67,6 +68,7 @@ pub mod lifecycle;
 pub mod pod;
 pub mod ratelimit;
 pub mod registry;
+pub mod regsync;
 pub mod resources;
 pub mod snapshot;
 pub mod sync;
