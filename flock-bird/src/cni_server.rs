@@ -165,8 +165,10 @@ impl CniService for CniServer {
         let req = req.into_inner();
         let key = key_of(&req.container_id, &req.ifname)?;
         Ok(match self.agent.remove_pod(&key).await {
-            PodOutcome::Done(m) => pod(Outcome::Success, m),
-            PodOutcome::Ignored(m) => pod(Outcome::Ignored, m),
+            Ok(PodOutcome::Done(m)) => pod(Outcome::Success, m),
+            Ok(PodOutcome::Ignored(m)) => pod(Outcome::Ignored, m),
+            // The plugin reports it as a CNI error: the runtime retries the DEL.
+            Err(e) => pod(Outcome::Error, e.to_string()),
         })
     }
 

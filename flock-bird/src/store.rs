@@ -77,8 +77,9 @@ pub enum StoreError {
         /// The path given to `open`.
         path: PathBuf,
     },
-    /// An I/O operation failed.
-    #[error("pod store: cannot {action} {path}: {source}")]
+    /// An I/O operation failed. The message ends with what the error means for the
+    /// store when the filesystem is full or read-only ([`fault_hint`]).
+    #[error("pod store: cannot {action} {path}: {source}{}", fault_hint(source))]
     Io {
         /// What was being done ("create directory", "write", "fsync", "rename to" ...).
         action: &'static str,
@@ -243,8 +244,17 @@ impl PodStore {
             fs::rename(&tmp, &path).map_err(io_err("rename temporary file into", &path))
         });
         if let Err(e) = result {
-            // Best effort: a leftover is also cleaned by the next `open`.
-            let _ = fs::remove_file(&tmp);
+            // A full filesystem still lets the temporary file be unlinked; a read-only
+            // one does not (it cannot have been created there either, unless the
+            // filesystem went read-only mid-write). A leftover is never loaded and the
+            // next `open` removes it.
+            match fs::remove_file(&tmp) {
+                Ok(()) => {}
+                Err(rm) if rm.kind() == io::ErrorKind::NotFound => {}
+                Err(rm) => {
+                    tracing::warn!(path = %tmp.display(), error = %rm, "pod store: cannot remove the temporary file of a failed write (never loaded; the next start removes it)")
+                }
+            }
             return Err(e);
         }
         // Without this the rename may be lost in a crash: the old file (or none)
@@ -253,6 +263,12 @@ impl PodStore {
     }
 
     /// Removes `key`'s file; `true` if it existed. Blocks (one fsync of the directory).
+    ///
+    /// An error means the record may still be there (the file could not be removed,
+    /// or its removal could not be made durable): the caller must not treat the pod
+    /// as deleted, or it comes back at the next start. Removing a pod that has no file
+    /// is `Ok(false)` also on a read-only filesystem, where `unlink(2)` fails with
+    /// `EROFS` before it looks the name up.
     pub fn remove(&self, key: &PodKey) -> Result<bool, StoreError> {
         let path = self.path_for(key);
         match fs::remove_file(&path) {
@@ -262,7 +278,10 @@ impl PodStore {
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(io_err("remove", &path)(e)),
+            Err(e) => match fs::symlink_metadata(&path) {
+                Err(gone) if gone.kind() == io::ErrorKind::NotFound => Ok(false),
+                _ => Err(io_err("remove", &path)(e)),
+            },
         }
     }
 
@@ -564,6 +583,25 @@ fn check_dir_meta(path: &Path, meta: &fs::Metadata) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// What an I/O error means for the store, appended to [`StoreError::Io`]'s message:
+/// the bare OS text ("No space left on device") does not say that the pod store is
+/// what is affected, that the records already stored are safe, or what to do. Empty
+/// for other errors.
+pub fn fault_hint(source: &io::Error) -> &'static str {
+    use nix::errno::Errno;
+    match source.raw_os_error().map(Errno::from_raw) {
+        Some(Errno::ENOSPC | Errno::EDQUOT) => {
+            " (the filesystem holding the pod store is full or over quota; the records \
+             already stored are intact; free space and retry)"
+        }
+        Some(Errno::EROFS) => {
+            " (the filesystem holding the pod store is read-only; the records already \
+             stored are intact; remount it read-write and retry)"
+        }
+        _ => "",
+    }
+}
+
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
     move |source| StoreError::Io {
         action,
@@ -715,6 +753,34 @@ mod tests {
         let weird = file_name_for(&PodKey::new("../../etc/passwd\0x/", "eth0/.."));
         assert!(weird.starts_with("pod-") && weird.ends_with(".json"));
         assert!(!weird[4..weird.len() - 5].contains(|c: char| !c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn a_full_or_read_only_filesystem_is_named_with_the_path_and_what_to_do() {
+        let err = |errno: nix::errno::Errno| StoreError::Io {
+            action: "write",
+            path: PathBuf::from("/var/lib/flock/pods/pod-1.json.tmp-1-2-3"),
+            source: io::Error::from_raw_os_error(errno as i32),
+        };
+        let full = err(nix::errno::Errno::ENOSPC).to_string();
+        for needle in [
+            "/var/lib/flock/pods/",
+            "No space left on device",
+            "full",
+            "free space",
+        ] {
+            assert!(full.contains(needle), "{needle:?} not in {full:?}");
+        }
+        let ro = err(nix::errno::Errno::EROFS).to_string();
+        for needle in [
+            "/var/lib/flock/pods/",
+            "Read-only file system",
+            "remount it read-write",
+        ] {
+            assert!(ro.contains(needle), "{needle:?} not in {ro:?}");
+        }
+        let other = err(nix::errno::Errno::EIO).to_string();
+        assert!(other.ends_with("(os error 5)"), "{other}");
     }
 
     #[test]

@@ -90,7 +90,7 @@ async fn add_then_remove_runs_every_step_and_leaves_nothing() {
     assert!(names(&agent, CLUSTER).contains(&"outbound|8080|web.default".to_string()));
 
     let out = agent.remove_pod(&PodKey::new("c1", "eth0")).await;
-    assert!(matches!(out, PodOutcome::Done(_)), "{out:?}");
+    assert!(matches!(out, Ok(PodOutcome::Done(_))), "{out:?}");
     assert!(
         PodStore::open(dir.path())
             .unwrap()
@@ -110,7 +110,7 @@ async fn add_then_remove_runs_every_step_and_leaves_nothing() {
 
     // DEL is idempotent: a repeat is IGNORED.
     let again = agent.remove_pod(&PodKey::new("c1", "eth0")).await;
-    assert!(matches!(again, PodOutcome::Ignored(_)), "{again:?}");
+    assert!(matches!(again, Ok(PodOutcome::Ignored(_))), "{again:?}");
 }
 
 #[tokio::test]
@@ -286,7 +286,7 @@ async fn r4_a_reregistration_racing_remove_pod_leaves_no_ghost() {
     let liveness = tokio::spawn(async move { a.reregister(&k).await });
     gated.arrived.notified().await; // the re-registration's put is in flight
     let removed = agent.remove_pod(&key).await;
-    assert!(matches!(removed, PodOutcome::Done(_)));
+    assert!(matches!(removed, Ok(PodOutcome::Done(_))));
     assert!(
         agent.registry().view().borrow().endpoints.is_empty(),
         "RemovePod unregistered"
@@ -528,7 +528,10 @@ async fn r6_a_resubscription_racing_remove_pod_leaks_nothing() {
     let loading = tokio::spawn(async move { a.load().await });
     gated.arrived.notified().await; // the resubscription is in flight
     let key = PodKey::new("c1", "eth0");
-    assert!(matches!(agent.remove_pod(&key).await, PodOutcome::Done(_)));
+    assert!(matches!(
+        agent.remove_pod(&key).await,
+        Ok(PodOutcome::Done(_))
+    ));
     gated.release.notify_one();
     loading.await.unwrap().unwrap();
     let view = flock_bird::identity::IdentityProvider::view(&*gated)

@@ -259,7 +259,7 @@ async fn identity_from_the_api_and_memberships_follow_services_and_labels() {
     let rec_key = agent.pods().into_keys().next().unwrap();
     assert!(matches!(
         agent.remove_pod(&rec_key).await,
-        PodOutcome::Done(_)
+        Ok(PodOutcome::Done(_))
     ));
     assert!(endpoint_keys(agent).is_empty());
     assert!(agent.pods().is_empty());
@@ -587,7 +587,7 @@ async fn r4_a_membership_put_racing_remove_pod_leaves_no_ghost() {
         Some(done) => done.unwrap(),
         None => remove.await.unwrap(),
     };
-    assert!(matches!(removed, PodOutcome::Done(_)), "{removed:?}");
+    assert!(matches!(removed, Ok(PodOutcome::Done(_))), "{removed:?}");
     resync.await.unwrap();
     assert!(agent.pods().is_empty());
     let ghosts = endpoint_keys(agent);

@@ -60,12 +60,17 @@ impl Agent {
         }
         let mut removed = 0;
         for key in &plan.store {
-            if let PodOutcome::Done(_) = self.remove_pod(key).await {
-                removed += 1;
-                self.metrics
-                    .gc_removed_store
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%key, "GC removed a pod the runtime no longer knows");
+            match self.remove_pod(key).await {
+                Ok(PodOutcome::Done(_)) => {
+                    removed += 1;
+                    self.metrics
+                        .gc_removed_store
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%key, "GC removed a pod the runtime no longer knows");
+                }
+                Ok(PodOutcome::Ignored(_)) => {}
+                // Kept whole (stored and served); the next sweep tries again.
+                Err(e) => tracing::warn!(%key, "GC could not remove a pod: {e}"),
             }
         }
         for ep in &plan.endpoints {

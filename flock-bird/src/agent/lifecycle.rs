@@ -193,9 +193,13 @@ impl Agent {
                 Step::RegistryRegister => self.register(rec, Health::Healthy).await,
                 other => unreachable!("{other} is not an AddPod step"),
             };
-            if let Err(message) = done {
+            if let Err(mut message) = done {
                 tracing::warn!(pod = %rec.pod_ref(), key = %rec.key, %step, %message, "AddPod step failed; rolling back");
-                self.remove_locked(&rec.key).await;
+                if let Err(undo) = self.remove_locked(&rec.key).await {
+                    // The record stays stored and the pod held: the runtime's DEL for
+                    // the failed ADD removes it once the store can delete again.
+                    message = format!("{message}; rollback stopped: {undo}");
+                }
                 return Err(PodError::Step {
                     step: *step,
                     message,
@@ -243,23 +247,56 @@ impl Agent {
 
     /// CNI DEL: runs `flock_core::lifecycle::REMOVE_POD` in order (store first: R4).
     /// Unknown pods are IGNORED; every step is idempotent.
-    pub async fn remove_pod(self: &Arc<Self>, key: &PodKey) -> PodOutcome {
-        let existed = self.locks.run(key, self.remove_locked(key)).await;
-        if existed {
-            self.metrics.pods_removed.fetch_add(1, Ordering::Relaxed);
-            PodOutcome::Done(format!("pod {key} removed"))
-        } else {
-            self.metrics.pods_ignored.fetch_add(1, Ordering::Relaxed);
-            PodOutcome::Ignored(format!("pod {key} is not known to this agent"))
+    ///
+    /// Fails, changing nothing, when the pod's stored record cannot be deleted (a
+    /// read-only or failing disk): the pod stays stored *and* served, and the runtime
+    /// retries the DEL. Answering success instead would bring the pod back at the next
+    /// start (a ghost), and no tombstone can be written to a disk that refuses the
+    /// delete.
+    pub async fn remove_pod(self: &Arc<Self>, key: &PodKey) -> Result<PodOutcome, PodError> {
+        match self.locks.run(key, self.remove_locked(key)).await {
+            Ok(true) => {
+                self.metrics.pods_removed.fetch_add(1, Ordering::Relaxed);
+                Ok(PodOutcome::Done(format!("pod {key} removed")))
+            }
+            Ok(false) => {
+                self.metrics.pods_ignored.fetch_add(1, Ordering::Relaxed);
+                Ok(PodOutcome::Ignored(format!(
+                    "pod {key} is not known to this agent"
+                )))
+            }
+            Err(message) => {
+                self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%key, %message, "RemovePod failed; the pod is kept");
+                Err(PodError::Step {
+                    step: Step::StoreDelete,
+                    message: format!(
+                        "{message}; pod {key} is kept (still meshed) until a DEL succeeds"
+                    ),
+                })
+            }
         }
     }
 
-    /// Returns whether the pod was known (in the table or the store).
-    async fn remove_locked(&self, key: &PodKey) -> bool {
+    /// Returns whether the pod was known (in the table or the store); an error (and
+    /// no change) if its stored record could not be deleted.
+    async fn remove_locked(&self, key: &PodKey) -> Result<bool, String> {
         let mut existed = false;
         for step in REMOVE_POD {
             match step {
                 Step::StoreDelete => {
+                    // The disk first: a record that cannot be deleted stops the removal
+                    // before anything is torn down, so the pod is either fully kept or
+                    // gone for good (no record left to resurrect it at the next start).
+                    // R4 needs only that the pod leaves the table before the teardown
+                    // steps below, which the next lines still do.
+                    let store = Arc::clone(&self.store);
+                    let k = key.clone();
+                    match tokio::task::spawn_blocking(move || store.remove(&k)).await {
+                        Ok(Ok(was)) => existed |= was,
+                        Ok(Err(e)) => return Err(e.to_string()),
+                        Err(e) => return Err(format!("store delete task: {e}")),
+                    }
                     // Invisible first: from here no background loop sees the pod.
                     existed |= self.pods.remove(key).is_some();
                     lock(&self.liveness).remove(key);
@@ -267,13 +304,6 @@ impl Agent {
                         kube.forget(key);
                     }
                     lock(&self.netns_missing).remove(key);
-                    let store = Arc::clone(&self.store);
-                    let k = key.clone();
-                    match tokio::task::spawn_blocking(move || store.remove(&k)).await {
-                        Ok(Ok(was)) => existed |= was,
-                        Ok(Err(e)) => tracing::warn!(%key, "store delete failed (GC retries): {e}"),
-                        Err(e) => tracing::warn!(%key, "store delete failed (GC retries): {e}"),
-                    }
                 }
                 Step::XdsWithdraw => {
                     self.publish();
@@ -320,7 +350,7 @@ impl Agent {
         if existed {
             tracing::info!(%key, "pod removed");
         }
-        existed
+        Ok(existed)
     }
 
     /// CNI CHECK: the pod is held as added.
