@@ -129,12 +129,17 @@ impl Shared {
 
     fn record(&self, req: ApiRequest) {
         if let Some(path) = &self.audit_file {
-            let line = serde_json::to_string(&req).unwrap_or_default();
+            // One write(2) per record: `writeln!` on an unbuffered file issues the
+            // line and its newline as separate writes, and two connections' records
+            // then interleave into one unparseable line (O_APPEND makes each single
+            // write atomic, not a pair of them).
+            let mut line = serde_json::to_string(&req).unwrap_or_default();
+            line.push('\n');
             let written = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)
-                .and_then(|mut f| writeln!(f, "{line}"));
+                .and_then(|mut f| f.write_all(line.as_bytes()));
             if let Err(e) = written {
                 tracing::warn!(path = %path.display(), error = %e, "API double: audit line not written");
             }
