@@ -143,15 +143,19 @@ impl CniService for CniServer {
             name: pod_ref.name,
             namespace: pod_ref.namespace,
             uid: pod_ref.uid,
+            gateways: req.ips.iter().map(|ip| ip.gateway.clone()).collect(),
             ips: req.ips.into_iter().map(|ip| ip.address).collect(),
             annotations: req.annotations.into_iter().collect(),
             network_name: req.network_name,
         };
-        Ok(match self.agent.add_pod(&input).await {
+        let container = input.container_id.chars().take(64).collect::<String>();
+        // Run to completion even if the plugin goes away meanwhile (undone then: the
+        // runtime saw the ADD fail).
+        Ok(match self.agent.add_pod_to_completion(input).await {
             Ok(PodOutcome::Done(m)) => pod(Outcome::Success, m),
             Ok(PodOutcome::Ignored(m)) => pod(Outcome::Ignored, m),
             Err(e @ PodError::Invalid(_)) => {
-                tracing::warn!(container = %input.container_id.chars().take(64).collect::<String>(), "AddPod refused: {e}");
+                tracing::warn!(%container, "AddPod refused: {e}");
                 invalid_pod(e.to_string())
             }
             Err(e) => pod(Outcome::Error, e.to_string()),
@@ -164,7 +168,8 @@ impl CniService for CniServer {
     ) -> Result<Response<PodResponse>, Status> {
         let req = req.into_inner();
         let key = key_of(&req.container_id, &req.ifname)?;
-        Ok(match self.agent.remove_pod(&key).await {
+        // A DEL always completes, even if the plugin goes away meanwhile.
+        Ok(match self.agent.remove_pod_to_completion(key).await {
             Ok(PodOutcome::Done(m)) => pod(Outcome::Success, m),
             Ok(PodOutcome::Ignored(m)) => pod(Outcome::Ignored, m),
             // The plugin reports it as a CNI error: the runtime retries the DEL.
@@ -175,7 +180,7 @@ impl CniService for CniServer {
     async fn check(&self, req: Request<CheckRequest>) -> Result<Response<PodResponse>, Status> {
         let req = req.into_inner();
         let key = key_of(&req.container_id, &req.ifname)?;
-        Ok(match self.agent.check_pod(&key) {
+        Ok(match self.agent.check_pod(&key).await {
             Ok(()) => pod(Outcome::Success, format!("pod {key} is meshed")),
             Err(m) => pod(Outcome::Error, m),
         })

@@ -185,9 +185,11 @@ pub fn decide<'a>(
     if let Some(why) = facts.refusal(node) {
         return Err(PodError::Invalid(format!("{why}: not meshed on this node")));
     }
-    let admitted =
+    let mut admitted =
         flock_core::pod::admit_api(input, facts.service_account.clone(), facts.ports.clone())
             .map_err(|e| PodError::Invalid(format!("pod {pod_ref} cannot be meshed: {e}")))?;
+    // Capture from the API's annotations, like every other fact in kube mode.
+    admitted.capture = facts.capture.clone();
     let members = Members {
         ports: member_ports(&map::memberships(&facts, services), &admitted.ports),
         terminating: facts.terminating,
@@ -446,6 +448,7 @@ mod tests {
             namespace: "shop".into(),
             uid: UID.into(),
             ips: vec!["10.0.0.5/24".into()],
+            gateways: vec!["10.0.0.1".into()],
             annotations: BTreeMap::new(),
             network_name: "k8s-pod-network".into(),
         }
@@ -486,6 +489,39 @@ mod tests {
         );
         // No Service selects it yet: a member of nothing.
         assert_eq!(members, Members::default());
+    }
+
+    #[test]
+    fn capture_comes_from_the_api_pods_annotations_not_the_cni_requests() {
+        use flock_core::capture::policy::{
+            CAPTURE_ANNOTATION, EXCLUDE_OUTBOUND_PORTS_ANNOTATION, Setting,
+        };
+        let mut req = input();
+        req.annotations = [(CAPTURE_ANNOTATION.to_string(), "off".to_string())].into();
+        let p = pod(json!({"metadata": {"annotations": {
+            "flock.io/capture": "permissive",
+            "flock.io/capture-exclude-outbound-ports": "5432",
+        }}}));
+        let (rec, _) = admitted(decide(&req, &p, Some(&meshed_ns()), [], "n1"));
+        assert_eq!(rec.capture.setting, Some(Setting::Permissive));
+        assert_eq!(rec.capture.exclude_outbound_ports, vec![5432]);
+        // A bad value refuses the meshed pod, naming the API field.
+        let p = pod(json!({"metadata": {"annotations": {
+            "flock.io/capture-exclude-outbound-ports": "postgres",
+        }}}));
+        match decide(&input(), &p, Some(&meshed_ns()), [], "n1") {
+            Err(PodError::Invalid(m)) => assert!(
+                m.contains(&format!("metadata.annotations[{EXCLUDE_OUTBOUND_PORTS_ANNOTATION}]"))
+                    && m.contains("\"postgres\" is not a port"),
+                "{m}"
+            ),
+            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+        }
+        // Not meshed: its capture annotations are not judged.
+        assert!(matches!(
+            decide(&input(), &p, Some(&BTreeMap::new()), [], "n1"),
+            Ok(KubeAdmission::Ignored(_))
+        ));
     }
 
     #[test]

@@ -17,3 +17,7 @@ pub mod registry;
 pub mod runtime;
 pub mod store;
 pub mod xds_auth;
+
+/// Transparent capture's nftables I/O (`Nft::probe`, `apply`, `check`, `remove`),
+/// re-exported for the agent binary's start-up probe.
+pub use flock_capture;

@@ -2,6 +2,7 @@
 //! ([`Endpoint`]), shared by the store, the registry backends and the agent.
 
 use flock_core::UnixMs;
+use flock_core::capture::policy::PodCapture;
 use flock_core::pod::{AdmittedPod, PodFields, PodKey};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -37,6 +38,13 @@ pub struct PodRecord {
     pub network_name: String,
     /// When the agent added it (ms since the Unix epoch).
     pub added_at_ms: UnixMs,
+    /// The pod's transparent capture, as resolved at ADD (node flags, the pod's
+    /// annotations, the CNI result's gateways): what CHECK and start-up repair verify
+    /// its netns against. Absent: not captured — and absent in records written before
+    /// capture existed, which load unchanged; an uncaptured record is written without
+    /// the field, as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<PodCapture>,
 }
 
 impl PodRecord {
@@ -61,7 +69,9 @@ impl PodRecord {
         }
     }
 
-    /// The record of a pod the validator admitted, added at `added_at`.
+    /// The record of a pod the validator admitted, added at `added_at`, without
+    /// capture (the agent resolves the pod's capture against its node's settings and
+    /// sets [`capture`](Self::capture)).
     pub fn admitted(pod: AdmittedPod, added_at: UnixMs) -> Self {
         Self {
             key: pod.key,
@@ -75,6 +85,7 @@ impl PodRecord {
             ports: pod.ports,
             network_name: pod.network_name,
             added_at_ms: added_at,
+            capture: None,
         }
     }
 

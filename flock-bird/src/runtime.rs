@@ -247,6 +247,11 @@ pub async fn run(
             RegistryOptions {
                 node: opts.agent.node_name.clone(),
                 lease_ttl_secs: opts.registry_ttl_secs,
+                // Reconnect attempts at most 2 s apart (1–2 s with equal jitter): the
+                // registry sync re-registers this node's pods as soon as the view is
+                // back, so this is what bounds how long after an etcd outage remote
+                // nodes miss them.
+                reconnect_max: Duration::from_secs(2),
                 tls: opts.registry_tls.clone(),
                 auth: opts.registry_auth.clone(),
                 // Remote endpoints' SPIFFE IDs must be in our trust domain: --trust-domain,
@@ -666,10 +671,10 @@ async fn gc_loop(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
                 let g = view.borrow_and_update().generation;
                 if g == generation { continue }
                 generation = g;
-                // A reconnect: endpoints may have expired with an old lease.
-                for key in agent.pods().into_keys() {
-                    agent.reregister(&key).await;
-                }
+                // A reconnect: endpoints may have expired with an old lease. The
+                // registry sync wakes on the reconnect by itself and puts back what
+                // is missing (each call bounded); the sweep below runs after it.
+                agent.request_registry_sync();
             }
         }
         let removed = agent.gc_sweep(None).await;

@@ -492,9 +492,15 @@ pub fn file_name_for(key: &PodKey) -> String {
 /// share ([`flock_core::pod::validate`]): a record that parses but could not be
 /// served (no IP, a service name the translation refuses, a port list whose listener
 /// ports do not follow the rule) is refused here, so it is quarantined at load
-/// instead of reaching the publisher. The error names the field.
+/// instead of reaching the publisher. The error names the field. A captured record's
+/// capture must give rules for its ports (lists within the capture limits, a nonzero
+/// mark), or start-up repair could not re-apply them.
 pub fn validate_record(rec: &PodRecord) -> Result<(), String> {
-    flock_core::pod::validate(&rec.fields()).map_err(|e| e.to_string())
+    flock_core::pod::validate(&rec.fields()).map_err(|e| e.to_string())?;
+    match &rec.capture {
+        Some(c) => c.check(&rec.ports).map_err(|e| format!("capture: {e}")),
+        None => Ok(()),
+    }
 }
 
 /// Encodes `rec` as the bytes of its pod file: `{"schema":1,"pod":{...}}`.

@@ -362,6 +362,7 @@ fn names_and_selectors() {
         ports: vec![],
         network_name: "net".into(),
         added_at_ms: UnixMs::ZERO,
+        capture: None,
     };
     let id = PodIdentity::from(&record);
     assert_eq!(id.service_account, "default");

@@ -83,6 +83,7 @@ fn input(ns: &str, name: &str, uid: &str) -> AddPodInput {
         namespace: ns.into(),
         uid: uid.into(),
         ips: vec!["10.1.0.5/24".into()],
+        gateways: Vec::new(),
         annotations: BTreeMap::new(),
         network_name: "net".into(),
     }

@@ -89,6 +89,7 @@ fn request() -> impl Strategy<Value = AddRequest> {
                     namespace,
                     uid,
                     ips,
+                    gateways: Vec::new(),
                     annotations,
                     network_name: "k8s-pod-network".into(),
                 }

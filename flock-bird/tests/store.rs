@@ -13,6 +13,8 @@ use flock_bird::store::{
     self, LoadReport, MAX_FILE_BYTES, PodStore, QUARANTINE_DIR, StoreError, file_name_for,
 };
 use flock_core::UnixMs;
+use flock_core::capture::policy::PodCapture;
+use flock_core::capture::{Cidr, MAX_SPEC_ENTRIES};
 use flock_core::pod::{self, PodKey};
 use proptest::prelude::*;
 
@@ -40,6 +42,7 @@ fn rec(id: &str, ifname: &str) -> PodRecord {
         ],
         network_name: "k8s-pod-network".into(),
         added_at_ms: UnixMs(1_700_000_000_000),
+        capture: None,
     }
 }
 
@@ -507,6 +510,19 @@ fn put_refuses_invalid_and_oversized_records() {
             })
             .collect(),
         added_at_ms: UnixMs(u64::MAX),
+        // Every capture list at its limit, with the longest entries.
+        capture: Some(PodCapture {
+            mode: flock_core::capture::Mode::Permissive,
+            mark: u32::MAX,
+            probe_sources: (0..MAX_SPEC_ENTRIES as u128)
+                .map(|i| Cidr::host(std::net::Ipv6Addr::from(u128::MAX - i).into()))
+                .collect(),
+            exclude_outbound_ports: (0..MAX_SPEC_ENTRIES as u16).map(|i| 65535 - i).collect(),
+            exclude_outbound_cidrs: (0..MAX_SPEC_ENTRIES as u128)
+                .map(|i| Cidr::new(std::net::Ipv6Addr::from(u128::MAX - (i << 8)).into(), 120).unwrap())
+                .collect(),
+            exclude_inbound_ports: (0..MAX_SPEC_ENTRIES as u16).map(|i| 65535 - i).collect(),
+        }),
         ..rec(
             &label(pod::MAX_CONTAINER_ID_LEN),
             &label(pod::MAX_IFNAME_LEN),
@@ -662,6 +678,7 @@ fn arb_record() -> impl Strategy<Value = PodRecord> {
                 ports,
                 network_name,
                 added_at_ms: UnixMs(added_at_ms),
+                capture: None,
             },
         )
         // A regex can still give `a..b` or a `/../` path: keep the valid ones.

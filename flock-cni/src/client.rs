@@ -16,7 +16,11 @@ use crate::proto::v1::cni_service_client::CniServiceClient;
 pub enum AgentError {
     /// Nothing listens on the socket (missing, refused, connection dropped).
     Unreachable(String),
-    /// No answer within the timeout.
+    /// No connection to the socket within the timeout (nothing accepts it).
+    ConnectTimeout(Duration),
+    /// Connected and sent, but no answer within the timeout: the agent is up and has
+    /// the request (it completes the operation on its own; an ADD whose answer nobody
+    /// received is undone).
     Timeout(Duration),
     /// The agent answered with a gRPC error status.
     Status(tonic::Status),
@@ -26,7 +30,16 @@ impl std::fmt::Display for AgentError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Unreachable(why) => write!(f, "agent unreachable: {why}"),
-            Self::Timeout(d) => write!(f, "agent did not answer within {} ms", d.as_millis()),
+            Self::ConnectTimeout(d) => write!(
+                f,
+                "agent unreachable: no connection within {} ms",
+                d.as_millis()
+            ),
+            Self::Timeout(d) => write!(
+                f,
+                "the flock agent got the request but did not answer within {} ms",
+                d.as_millis()
+            ),
             Self::Status(s) => write!(f, "agent returned gRPC {:?}: {}", s.code(), s.message()),
         }
     }
@@ -35,10 +48,12 @@ impl std::fmt::Display for AgentError {
 impl std::error::Error for AgentError {}
 
 impl AgentError {
-    /// True when the agent is not there at all (as opposed to answering badly).
+    /// True when the agent is not there at all (as opposed to answering badly, or
+    /// not answering in time: [`AgentError::Timeout`] is not unreachable).
     pub fn is_unreachable(&self) -> bool {
         match self {
-            Self::Unreachable(_) | Self::Timeout(_) => true,
+            Self::Unreachable(_) | Self::ConnectTimeout(_) => true,
+            Self::Timeout(_) => false,
             Self::Status(s) => s.code() == tonic::Code::Unavailable,
         }
     }
@@ -58,21 +73,23 @@ pub async fn connect(socket: &Path) -> Result<CniServiceClient<Channel>, AgentEr
     Ok(CniServiceClient::new(channel))
 }
 
-/// Runs `call` on a fresh connection to `socket`, all within `timeout`.
+/// Runs `call` on a fresh connection to `socket`, all within `timeout`. A timeout
+/// says whether the connection was made ([`AgentError::Timeout`]: the agent has the
+/// request) or not ([`AgentError::ConnectTimeout`]).
 pub async fn call<T, F, Fut>(socket: &Path, timeout: Duration, call: F) -> Result<T, AgentError>
 where
     F: FnOnce(CniServiceClient<Channel>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let work = async {
-        let client = connect(socket).await?;
-        call(client)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(AgentError::Status)
+    let deadline = tokio::time::Instant::now() + timeout;
+    let client = match tokio::time::timeout_at(deadline, connect(socket)).await {
+        Ok(client) => client?,
+        Err(_) => return Err(AgentError::ConnectTimeout(timeout)),
     };
-    match tokio::time::timeout(timeout, work).await {
-        Ok(result) => result,
+    match tokio::time::timeout_at(deadline, call(client)).await {
+        Ok(result) => result
+            .map(tonic::Response::into_inner)
+            .map_err(AgentError::Status),
         Err(_) => Err(AgentError::Timeout(timeout)),
     }
 }

@@ -182,6 +182,17 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
                     )],
                     exit_code: 0,
                 }),
+                // The agent has the DEL and completes it on its own (it does not
+                // abandon an operation whose caller went away): the pod is removed
+                // without the runtime having to wait for it.
+                Err(e @ AgentError::Timeout(_)) => Ok(Output {
+                    stdout: Vec::new(),
+                    stderr: vec![format!(
+                        "flock-cni: DEL of container {}: {e}; the agent completes the removal on its own",
+                        env.container_id
+                    )],
+                    exit_code: 0,
+                }),
                 Err(e) => Err(agent_failure(&e, "DEL", &e.to_string())),
             }
         }
@@ -313,6 +324,20 @@ fn agent_failure(e: &AgentError, verb: &str, text: &str) -> CniError {
         _ if e.is_unreachable() => CniError::new(
             ErrorCode::TryAgainLater,
             format!("{verb} could not reach the flock agent: {text}"),
+        ),
+        // Not "could not reach": the agent is up and has the request. It runs the
+        // operation to completion and undoes an ADD whose answer nobody received, so
+        // a retry starts from a clean state.
+        AgentError::Timeout(_) => CniError::new(
+            ErrorCode::TryAgainLater,
+            format!(
+                "{verb}: {e}; it finishes the operation on its own{}",
+                if verb == "ADD" {
+                    " and undoes this ADD, since its answer was not received: retry the ADD"
+                } else {
+                    ""
+                }
+            ),
         ),
         AgentError::Status(s) if s.code() == tonic::Code::Unimplemented => CniError::new(
             ErrorCode::AgentProtocol,

@@ -8,6 +8,8 @@
 //! [`MAX_SET_ELEMENTS`]); [`verify`] compares the two and names the first difference
 //! ([`Drift`]) — for CNI CHECK and start-up repair. The I/O (running `nft` inside the
 //! pod's netns) is the `flock-capture` crate's.
+//! Which pods are captured, and with what exclusions, is [`policy`]'s: the node's
+//! flags and the pod's annotations resolved into the settings stored with the pod.
 //!
 //! # The rules
 //!
@@ -80,6 +82,8 @@
 //! UDP (DNS included) leaves the pod unredirected: Envoy's outbound listener is a TCP
 //! listener, and redirecting UDP would need a UDP proxy (and for DNS, a resolver) in the
 //! pod's path. Neither exists, so UDP is neither redirected nor dropped.
+
+pub mod policy;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -19,12 +19,16 @@
 //!
 //! The annotations that mesh a pod are [`SERVICE_ANNOTATION`] (its service),
 //! [`PORTS_ANNOTATION`] (its application ports, [`parse_ports`]) and
-//! [`SERVICE_ACCOUNT_ANNOTATION`] ([`admit`]). In the agent's kube mode none of them is
-//! read: the service account and ports come from the Kubernetes API ([`admit_api`]),
-//! and the record's service is empty (membership comes from the Services that select
-//! the pod, recomputed live), which [`validate`] accepts; an empty
-//! [`SERVICE_ANNOTATION`] is still refused by [`admit`].
+//! [`SERVICE_ACCOUNT_ANNOTATION`] ([`admit`]); a meshed pod's capture annotations
+//! (`flock.io/capture*`, [`crate::capture::policy`]) are parsed by [`admit`] too. In
+//! the agent's kube mode none of them is read from the CNI request: the service
+//! account and ports come from the Kubernetes API ([`admit_api`]), and so do the
+//! capture annotations (the Pod's `metadata.annotations`); the record's service is
+//! empty (membership comes from the Services that select the pod, recomputed live),
+//! which [`validate`] accepts; an empty [`SERVICE_ANNOTATION`] is still refused by
+//! [`admit`].
 
+use crate::capture::policy::{PodOverrides, parse_annotations};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -251,6 +255,11 @@ pub struct AddRequest {
     pub uid: String,
     /// The primary CNI's IPs, CIDR (`10.0.0.5/24`) or plain.
     pub ips: Vec<String>,
+    /// The gateways of those IPs in the CNI result (empty strings where none): the
+    /// node's address on the pod network, the default probe sources of a captured pod
+    /// ([`crate::capture::policy::resolve`]). Not validated here: only capture reads
+    /// them.
+    pub gateways: Vec<String>,
     /// Pod annotations.
     pub annotations: BTreeMap<String, String>,
     /// The CNI network name.
@@ -282,6 +291,10 @@ pub struct AdmittedPod {
     pub ports: Vec<PodPort>,
     /// The CNI network name.
     pub network_name: String,
+    /// What the pod's capture annotations say
+    /// ([`crate::capture::policy::parse_annotations`]; from [`admit_api`] none: the
+    /// caller sets what the Kubernetes API's annotations say).
+    pub capture: PodOverrides,
 }
 
 impl AdmittedPod {
@@ -326,6 +339,7 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
             .map(String::as_str)
             .unwrap_or(""),
     )?;
+    let capture = parse_annotations(&req.annotations).map_err(|e| invalid(e.annotation, e.message))?;
     let pod = AdmittedPod {
         key: PodKey::new(&req.container_id, &req.ifname),
         name: req.name.clone(),
@@ -341,6 +355,7 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
             .unwrap_or_default(),
         ports,
         network_name: req.network_name.clone(),
+        capture,
     };
     validate(&pod.fields())?;
     Ok(Some(pod))
@@ -369,6 +384,7 @@ pub fn admit_api(
         service_account,
         ports,
         network_name: req.network_name.clone(),
+        capture: PodOverrides::default(),
     };
     // The same rules, but the message names where these values came from: an
     // operator reading "flock.io/ports" would look for an annotation the pod lacks.
@@ -651,6 +667,7 @@ mod tests {
             namespace: "default".into(),
             uid: "6f1c0b6e-0000-4000-8000-000000000001".into(),
             ips: vec!["10.0.0.5/24".into(), "fd00::5".into()],
+            gateways: vec!["10.0.0.1".into(), String::new()],
             annotations: [
                 (SERVICE_ANNOTATION.to_string(), "web".to_string()),
                 (PORTS_ANNOTATION.to_string(), "8080,9090/grpc".to_string()),
@@ -835,6 +852,42 @@ mod tests {
         // An empty service account is allowed, as with `admit` (the identity layer
         // runs such a pod as `default`).
         assert!(admit_api(&request(), String::new(), Vec::new()).is_ok());
+    }
+
+    #[test]
+    fn capture_annotations_are_parsed_for_a_meshed_pod_and_refused_precisely() {
+        use crate::capture::policy::{
+            CAPTURE_ANNOTATION, EXCLUDE_OUTBOUND_CIDRS_ANNOTATION, Setting,
+        };
+        let mut r = request();
+        r.annotations
+            .insert(CAPTURE_ANNOTATION.into(), "permissive".into());
+        r.annotations
+            .insert(EXCLUDE_OUTBOUND_CIDRS_ANNOTATION.into(), "10.96.0.0/12".into());
+        let pod = admit(&r).unwrap().unwrap();
+        assert_eq!(pod.capture.setting, Some(Setting::Permissive));
+        assert_eq!(
+            pod.capture.exclude_outbound_cidrs,
+            vec!["10.96.0.0/12".parse().unwrap()]
+        );
+        assert_eq!(admit(&request()).unwrap().unwrap().capture, PodOverrides::default());
+        let e = refused(|r| {
+            r.annotations.insert(CAPTURE_ANNOTATION.into(), "yes".into());
+        });
+        assert_eq!(e.field, CAPTURE_ANNOTATION);
+        assert!(e.to_string().starts_with("flock.io/capture: \"yes\" is not a capture mode"), "{e}");
+        // A pod that is not meshed is not judged on its capture annotations either.
+        let mut r = request();
+        r.annotations.remove(SERVICE_ANNOTATION);
+        r.annotations.insert(CAPTURE_ANNOTATION.into(), "yes".into());
+        assert_eq!(admit(&r), Ok(None));
+        // admit_api leaves them to its caller (the API's annotations, not the CNI's).
+        let mut r = request();
+        r.annotations.insert(CAPTURE_ANNOTATION.into(), "yes".into());
+        assert_eq!(
+            admit_api(&r, "web".into(), Vec::new()).unwrap().capture,
+            PodOverrides::default()
+        );
     }
 
     #[test]

@@ -69,6 +69,7 @@ impl World {
                     lock(&self.subscriptions).remove(&pod);
                 }
                 Step::XdsWithdraw => {} // not modelled: no background task writes xDS
+                Step::CaptureRemove => {} // not modelled: no background task writes rules
                 other => panic!("REMOVE_POD contains a non-removal step {other}"),
             }
         }

@@ -31,6 +31,11 @@
 //! have no `appProtocol`, so their name decides, else opaque TCP (never break a
 //! protocol the mesh cannot see).
 //!
+//! **Capture** of a meshed pod's traffic is chosen by its `flock.io/capture*`
+//! annotations ([`PodFacts::capture`]; the agent resolves them against its node's
+//! `--capture` flags): in kube mode these are read from the API's Pod, never from the
+//! CNI request. A bad value refuses a meshed pod, naming the annotation.
+//!
 //! **Membership** follows Kubernetes' Service rule: a Service of the pod's namespace
 //! whose non-empty `spec.selector` is a subset of the pod's labels ([`selects`]). An
 //! absent or empty selector selects nothing (such a Service's endpoints are managed by
@@ -62,6 +67,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
+use flock_core::capture::policy::{PodOverrides, parse_annotations};
 pub use flock_core::pod::Health;
 use flock_core::pod::{
     INBOUND_BASE_PORT, MAX_PORTS, PodPort, Protocol, check_ip, check_label, check_ports,
@@ -159,6 +165,10 @@ pub struct PodFacts {
     pub labels: BTreeMap<String, String>,
     /// `spec.hostNetwork`.
     pub host_network: bool,
+    /// What the pod's `flock.io/capture*` annotations (`metadata.annotations`) say
+    /// about its transparent capture (`flock_core::capture::policy::parse_annotations`);
+    /// empty for a pod that is not meshed.
+    pub capture: PodOverrides,
     /// `metadata.deletionTimestamp` is set.
     pub terminating: bool,
     /// Whether the pod is meshed.
@@ -482,15 +492,28 @@ pub fn pod_facts(
         if let Some((field, s)) = account {
             check_subdomain(s).map_err(|m| map_err(field, m))?;
         }
-        container_ports(
+        let ports = container_ports(
             &spec.containers,
             spec.init_containers.as_deref().unwrap_or_default(),
-        )
+        )?;
+        let capture = meta
+            .annotations
+            .as_ref()
+            .map(parse_annotations)
+            .transpose()
+            .map_err(|e| {
+                map_err(
+                    format!("metadata.annotations[{}]", e.annotation),
+                    e.message,
+                )
+            })?
+            .unwrap_or_default();
+        Ok((ports, capture))
     })();
-    let (ports, port_names) = match checked {
+    let ((ports, port_names), capture) = match checked {
         Ok(p) => p,
         Err(e) if mesh.is_meshed() => return Err(e),
-        Err(_) => (Vec::new(), BTreeMap::new()),
+        Err(_) => ((Vec::new(), BTreeMap::new()), PodOverrides::default()),
     };
     Ok(PodFacts {
         namespace,
@@ -502,6 +525,7 @@ pub fn pod_facts(
         port_names,
         labels,
         host_network,
+        capture,
         terminating: meta.deletion_timestamp.is_some(),
         mesh,
     })

@@ -42,6 +42,7 @@ fuzz_target!(|data: &[u8]| {
         } else {
             ips.split(',').map(str::to_string).collect()
         },
+        gateways: Vec::new(),
         annotations,
         network_name: next(),
     };

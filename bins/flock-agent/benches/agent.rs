@@ -238,6 +238,7 @@ async fn publish_cost() {
             namespace: "default".into(),
             uid: String::new(),
             ips: vec![ip_of(i)],
+            gateways: Vec::new(),
             annotations: BTreeMap::from([
                 ("flock.io/service".to_string(), format!("svc-{}", i % 16)),
                 ("flock.io/ports".to_string(), "8080".to_string()),
@@ -314,6 +315,7 @@ async fn rotation_cost() {
                 namespace: "default".into(),
                 uid: String::new(),
                 ips: vec![ip_of(i)],
+                gateways: Vec::new(),
                 annotations: BTreeMap::from([
                     ("flock.io/service".to_string(), format!("svc-{k}")),
                     ("flock.io/ports".to_string(), "8080".to_string()),

@@ -7,6 +7,7 @@ use flock_bird::runtime::{
     self, IdentitySource, KubeOptions, Options, XdsLimits, XdsSocket, XdsTls,
 };
 use flock_core::access::{AccessPolicy, check_listen_addr};
+use flock_core::capture::policy::{NodeCapture, Setting};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -243,6 +244,81 @@ struct Args {
     /// Log format.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// Transparent capture of meshed pods' TCP traffic: nftables rules in each pod's
+    /// network namespace (installed before the CNI ADD is answered) send the apps'
+    /// outbound connections to Envoy's listener (port 15001, routed by original
+    /// destination; destinations outside the mesh pass through) and inbound
+    /// connections to the app ports through Envoy's inbound listeners. `off` (the
+    /// default): no rules, apps call Envoy's outbound listener explicitly, and the xDS
+    /// output is the same as without this flag. `strict`: inbound listeners take mTLS
+    /// only, and a plaintext connection that escaped the redirect is dropped.
+    /// `permissive`: plaintext callers (not meshed yet) still reach the app, through
+    /// Envoy. A pod's `flock.io/capture: off|strict|permissive` annotation overrides
+    /// this (in kube mode the Pod's annotation), but no pod is captured while this is
+    /// `off`: a pod asking for capture then is refused. Not `off`: the agent checks at
+    /// start that `nft` and the kernel's nf_tables work (exits with the cause if not),
+    /// and keeps CAP_NET_ADMIN. UDP (DNS included) is never captured.
+    #[arg(long, default_value = "off", value_name = "MODE", value_parser = ["off", "strict", "permissive"], help_heading = "Transparent capture")]
+    capture: String,
+    /// A source address or prefix whose connections reach captured pods' apps directly,
+    /// not through Envoy: where kubelet's liveness and readiness probes come from
+    /// (repeatable; a comma list works too). Default: the gateway address(es) of each
+    /// pod's interfaces in the CNI result — the node's own address on the pod network,
+    /// which is where kubelet's probes come from. Set it when probes come from
+    /// elsewhere (e.g. the node's primary IP with a routed pod network).
+    #[arg(long = "capture-probe-source", value_name = "CIDR", help_heading = "Transparent capture")]
+    capture_probe_sources: Vec<String>,
+    /// Destination ports (comma list, e.g. `5432,6379`) captured pods' apps reach
+    /// directly, not through Envoy (node-wide; a pod's
+    /// `flock.io/capture-exclude-outbound-ports` adds to it). Repeatable.
+    #[arg(long, value_name = "PORTS", help_heading = "Transparent capture")]
+    capture_exclude_outbound_ports: Vec<String>,
+    /// Destination prefixes (comma list, e.g. `169.254.169.254/32,10.0.0.0/8`) captured
+    /// pods' apps reach directly (node-wide; a pod's
+    /// `flock.io/capture-exclude-outbound-cidrs` adds to it). Repeatable.
+    #[arg(long, value_name = "CIDRS", help_heading = "Transparent capture")]
+    capture_exclude_outbound_cidrs: Vec<String>,
+    /// App ports (comma list) whose inbound connections are not captured: callers
+    /// reach the app directly (node-wide; a pod's
+    /// `flock.io/capture-exclude-inbound-ports` adds to it). Repeatable.
+    #[arg(long, value_name = "PORTS", help_heading = "Transparent capture")]
+    capture_exclude_inbound_ports: Vec<String>,
+}
+
+/// The node's capture settings from the `--capture*` flags; an error names the flag
+/// and the value.
+fn node_capture(args: &Args) -> anyhow::Result<NodeCapture> {
+    use flock_core::capture::policy::{parse_cidr_list, parse_port_list};
+    let setting: Setting = args.capture.parse().map_err(|e| anyhow::anyhow!("--capture: {e}"))?;
+    let mut node = NodeCapture {
+        setting,
+        ..NodeCapture::default()
+    };
+    for v in &args.capture_probe_sources {
+        node.probe_sources.extend(
+            parse_cidr_list(v).map_err(|e| anyhow::anyhow!("--capture-probe-source: {e}"))?,
+        );
+    }
+    for v in &args.capture_exclude_outbound_ports {
+        node.exclude_outbound_ports.extend(
+            parse_port_list(v)
+                .map_err(|e| anyhow::anyhow!("--capture-exclude-outbound-ports: {e}"))?,
+        );
+    }
+    for v in &args.capture_exclude_outbound_cidrs {
+        node.exclude_outbound_cidrs.extend(
+            parse_cidr_list(v)
+                .map_err(|e| anyhow::anyhow!("--capture-exclude-outbound-cidrs: {e}"))?,
+        );
+    }
+    for v in &args.capture_exclude_inbound_ports {
+        node.exclude_inbound_ports.extend(
+            parse_port_list(v)
+                .map_err(|e| anyhow::anyhow!("--capture-exclude-inbound-ports: {e}"))?,
+        );
+    }
+    node.validate().map_err(|e| anyhow::anyhow!(e))?;
+    Ok(node)
 }
 
 /// `500ms`, `2s` or `2` (seconds).
@@ -335,8 +411,34 @@ fn main() -> std::process::ExitCode {
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         tracing::warn!("prctl(PR_SET_DUMPABLE, 0) failed: {e}");
     }
+    let capture = match node_capture(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("flock-agent: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    // Capture changes pods' nftables: `nft`, run in their network namespaces, needs
+    // CAP_NET_ADMIN (entering them needs CAP_SYS_ADMIN, always kept).
+    let mut keep = args.keep_capabilities.clone();
+    if capture.setting != Setting::Off {
+        keep.push(caps::Capability::CAP_NET_ADMIN);
+    }
     // Before the runtime starts any thread: every later thread inherits this.
-    harden::drop_early(&args.keep_capabilities, &bind_time_capabilities(&args));
+    harden::drop_early(&keep, &bind_time_capabilities(&args));
+    if capture.setting != Setting::Off {
+        // With the capabilities the agent will run with: a host that cannot install the
+        // rules must not start meshing pods whose ADD would then fail one by one.
+        if let Err(e) = flock_bird::flock_capture::probe() {
+            tracing::error!("--capture {}: {e}", capture.setting);
+            eprintln!(
+                "flock-agent: --capture {} needs nftables on this host: {e}",
+                capture.setting
+            );
+            return std::process::ExitCode::FAILURE;
+        }
+        tracing::info!(mode = %capture.setting, probe_sources = ?capture.probe_sources, "transparent capture on: nftables probe passed");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // Capabilities are per thread: each worker applies the drop requested after
@@ -492,6 +594,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     agent.region = args.region.clone();
     agent.liveness.interval_ms = args.probe_interval_ms.max(100);
     agent.gc_interval = Duration::from_secs(args.gc_interval.max(1));
+    agent.capture = node_capture(&args)?;
     check_listen_addr(
         "--admin-address",
         args.admin_address,

@@ -78,6 +78,13 @@ pub trait Views: Send + Sync + 'static {
     fn startup_taint(&self) -> Option<String> {
         None
     }
+    /// Another `/readyz` line: why the registry does not reflect this node's pods now,
+    /// if it does not. Not part of readiness either: pods are meshed and served
+    /// locally while the registry is out of sync, and the registry sync catches up
+    /// when it is back (docs/races.md, "The registry off the CNI path").
+    fn registry_sync(&self) -> Option<String> {
+        None
+    }
     /// `/debug/pods`.
     fn pods(&self) -> Pods;
     /// `/debug/snapshot`.
@@ -222,6 +229,10 @@ fn respond<V: Views + ?Sized>(views: &V, req: &Request<Incoming>) -> Response<Fu
             let mut body = s.readiness_line();
             if let Some(taint) = views.startup_taint() {
                 body.push_str(&taint);
+                body.push('\n');
+            }
+            if let Some(sync) = views.registry_sync() {
+                body.push_str(&sync);
                 body.push('\n');
             }
             text(status, body)
@@ -374,6 +385,26 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
     for (name, help, value) in counters {
         s.counter(name, help, value.load(Ordering::Relaxed));
     }
+    let capture: [(&'static str, &'static str, &AtomicU64); 3] = [
+        (
+            "flock_capture_applied",
+            "Capture tables installed in pods' network namespaces by ADD",
+            &m.capture.applied,
+        ),
+        (
+            "flock_capture_errors",
+            "Capture operations that failed (apply, remove, start-up repair) and CNI CHECKs that found a pod's capture table missing or drifted",
+            &m.capture.errors,
+        ),
+        (
+            "flock_capture_repairs",
+            "Capture tables re-applied at start-up because they were missing or drifted",
+            &m.capture.repairs,
+        ),
+    ];
+    for (name, help, value) in capture {
+        s.counter(name, help, value.load(Ordering::Relaxed));
+    }
     let view = agent.registry().view().borrow().clone();
     s.gauge(
         "flock_agent_registry_endpoints",
@@ -384,6 +415,26 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
         "flock_agent_registry_synced",
         "1 while the registry view is synced",
         u64::from(view.synced),
+    );
+    s.gauge(
+        "flock_registry_in_sync",
+        "1 while the registry holds exactly this node's wanted endpoints (the registry sync's last round succeeded and the view is connected)",
+        u64::from(agent.registry_out_of_sync().is_none()),
+    );
+    s.gauge(
+        "flock_registry_pending_ops",
+        "Registry writes the registry sync has left to do",
+        m.registry_pending_ops.load(Ordering::Relaxed),
+    );
+    s.counter(
+        "flock_registry_sync_errors",
+        "Registry sync rounds that failed (each is retried with backoff)",
+        m.registry_sync_errors.load(Ordering::Relaxed),
+    );
+    s.counter(
+        "flock_agent_adds_undone",
+        "ADDs undone because the plugin went away before their answer (the runtime saw them fail)",
+        m.adds_undone.load(Ordering::Relaxed),
     );
     if let Some(snap) = agent.cache().snapshot(ENVOY_GROUP) {
         s.gauge(
@@ -397,6 +448,10 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
 impl Views for AgentViews {
     fn startup_taint(&self) -> Option<String> {
         self.startup_taint.as_ref().and_then(|t| t.describe())
+    }
+
+    fn registry_sync(&self) -> Option<String> {
+        self.agent.registry_out_of_sync()
     }
 
     fn status(&self) -> Status {

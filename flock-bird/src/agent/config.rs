@@ -1,5 +1,6 @@
 //! The agent's settings that are not I/O endpoints.
 
+use flock_core::capture::policy::NodeCapture;
 use flock_core::gc::GcPolicy;
 use flock_core::lifecycle::liveness::LivenessPolicy;
 use std::time::Duration;
@@ -23,6 +24,15 @@ pub struct AgentConfig {
     pub gc_interval: Duration,
     /// The orphan GC's hysteresis and breaker.
     pub gc_policy: GcPolicy,
+    /// Transparent capture (`--capture*`): off by default, which leaves pods, their
+    /// netns and the xDS output exactly as without capture.
+    pub capture: NodeCapture,
+    /// The longest one registry call of the registry sync may take (an etcd that is
+    /// stopped or partitioned does not refuse, it never answers).
+    pub registry_op_timeout: Duration,
+    /// How long ADD and DEL wait for the registry sync before answering anyway (the
+    /// sync keeps retrying): bounds what a down registry adds to CNI latency.
+    pub register_wait: Duration,
 }
 
 impl AgentConfig {
@@ -37,6 +47,9 @@ impl AgentConfig {
             refresh_debounce: Duration::from_millis(100),
             gc_interval: Duration::from_secs(60),
             gc_policy: GcPolicy::default(),
+            capture: NodeCapture::default(),
+            registry_op_timeout: Duration::from_secs(5),
+            register_wait: Duration::from_secs(1),
         }
     }
 }

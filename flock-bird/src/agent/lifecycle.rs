@@ -11,6 +11,15 @@ use flock_core::sync::lock;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use tokio::sync::oneshot;
+
+/// Where an ADD's answer goes; a send fails when the caller is gone.
+type Answer = oneshot::Sender<Result<PodOutcome, PodError>>;
+
+/// The operation's task ended without answering (it panicked).
+fn answer_lost() -> PodError {
+    PodError::Invalid("the agent's task for this request ended without an answer".into())
+}
 
 impl Agent {
     /// Subscribes a pod's identity, guarded (R6): if the pod was removed while the
@@ -62,8 +71,20 @@ impl Agent {
                     .or_insert_with(|| Liveness::new(now, self.cfg.liveness));
             }
         }
+        // Captured pods' rules: a netns that outlived the agent may have lost or
+        // changed them meanwhile. Before the store counts as loaded, so no ADD or CHECK
+        // is answered against rules still being repaired.
+        let captured: Vec<PodRecord> = merge
+            .added
+            .iter()
+            .filter_map(|key| self.pods.get(key))
+            .filter(|rec| rec.capture.is_some())
+            .collect();
+        let repaired = self.capture_repair(&captured).await;
         self.store_loaded.store(true, Ordering::Release);
         tracing::info!(
+            captured = captured.len(),
+            capture_repaired = repaired,
             loaded = merge.added.len(),
             kept_newer = merge.kept.len(),
             quarantined,
@@ -77,8 +98,14 @@ impl Agent {
             }
         }
         self.publish();
+        // Their endpoints are registered again by the registry sync (they may have
+        // expired with a previous lease); the load does not wait for the registry.
         for key in &merge.added {
-            self.reregister(key).await;
+            self.announce(key);
+        }
+        // Bounded like an ADD: a registry that is down does not hold up the start.
+        if let Err(why) = self.sync_wait(self.sync_kick()).await {
+            tracing::warn!(%why, "stored pods served locally; their registration is pending (the registry sync retries)");
         }
         Ok((merge.added.len(), quarantined))
     }
@@ -107,12 +134,56 @@ impl Agent {
 
     /// CNI ADD: runs `flock_core::lifecycle::ADD_POD` in order; on a failed step,
     /// rolls back with `REMOVE_POD` in full. Answers once a snapshot with the pod is
-    /// published.
+    /// published. Dropping the returned future abandons the ADD midway; the CNI server
+    /// uses [`add_pod_to_completion`](Self::add_pod_to_completion) instead.
     pub async fn add_pod(self: &Arc<Self>, input: &AddPodInput) -> Result<PodOutcome, PodError> {
+        let (tx, rx) = oneshot::channel();
+        self.add_pod_answering(input, tx).await;
+        rx.await.unwrap_or_else(|_| Err(answer_lost()))
+    }
+
+    /// CNI ADD run to completion in a task of its own, whether or not the caller
+    /// waits: tonic drops a handler's future when the plugin disconnects or times out,
+    /// which would abandon the steps midway (a store record without xDS, a
+    /// registration without a record). If the caller is gone when the answer is ready
+    /// (the runtime saw the ADD fail, and will not DEL a pod it thinks was never
+    /// added), a successful ADD is undone by a RemovePod, under the same pod lock, so a
+    /// retried ADD queued behind it sees the pod removed and adds it again.
+    pub async fn add_pod_to_completion(
+        self: &Arc<Self>,
+        input: AddPodInput,
+    ) -> Result<PodOutcome, PodError> {
+        let (tx, rx) = oneshot::channel();
+        let agent = Arc::clone(self);
+        tokio::spawn(async move { agent.add_pod_answering(&input, tx).await });
+        rx.await.unwrap_or_else(|_| Err(answer_lost()))
+    }
+
+    /// CNI DEL run to completion in a task of its own, whether or not the caller waits
+    /// (see [`add_pod_to_completion`](Self::add_pod_to_completion)): a DEL always
+    /// completes.
+    pub async fn remove_pod_to_completion(
+        self: &Arc<Self>,
+        key: PodKey,
+    ) -> Result<PodOutcome, PodError> {
+        let agent = Arc::clone(self);
+        tokio::spawn(async move { agent.remove_pod(&key).await })
+            .await
+            .unwrap_or_else(|_| Err(answer_lost()))
+    }
+
+    async fn add_pod_answering(self: &Arc<Self>, input: &AddPodInput, answer: Answer) {
         if let Some(kube) = &self.kube {
             let rec = match kube.admit(input).await {
                 Ok(KubeAdmission::Meshed { pod, members }) => {
-                    let rec = PodRecord::admitted(*pod, flock_clock::unix_now());
+                    let rec = match self.admitted_record(*pod, input) {
+                        Ok(rec) => rec,
+                        Err(e) => {
+                            self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed);
+                            let _ = answer.send(Err(e));
+                            return;
+                        }
+                    };
                     // Registered by this ADD even if the reflector does not show the
                     // pod yet (its GET answered first).
                     kube.remember(&rec.key, members);
@@ -121,44 +192,68 @@ impl Agent {
                 Ok(KubeAdmission::Ignored(why)) => {
                     self.metrics.pods_ignored.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(pod = %format!("{}/{}", input.namespace, input.name), "{why}");
-                    return Ok(PodOutcome::Ignored(why));
+                    let _ = answer.send(Ok(PodOutcome::Ignored(why)));
+                    return;
                 }
                 Err(e) => {
                     self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(pod = %format!("{}/{}", input.namespace, input.name), "AddPod refused: {e}");
-                    return Err(e);
+                    let _ = answer.send(Err(e));
+                    return;
                 }
             };
-            return self.add_record(rec).await;
+            return self.add_record(rec, answer).await;
         }
         let rec = match self.record_for(input) {
             Ok(Some(rec)) => rec,
             Ok(None) => {
                 self.metrics.pods_ignored.fetch_add(1, Ordering::Relaxed);
-                return Ok(PodOutcome::Ignored(format!(
+                let _ = answer.send(Ok(PodOutcome::Ignored(format!(
                     "pod {}/{} has no {SERVICE_ANNOTATION} annotation: not meshed",
                     input.namespace, input.name
-                )));
+                ))));
+                return;
             }
             Err(e) => {
                 self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(e);
+                let _ = answer.send(Err(e));
+                return;
             }
         };
-        self.add_record(rec).await
+        self.add_record(rec, answer).await
     }
 
-    async fn add_record(self: &Arc<Self>, rec: PodRecord) -> Result<PodOutcome, PodError> {
-        let result = self.locks.run(&rec.key, self.add_locked(&rec)).await;
-        match &result {
-            Ok(_) => self.metrics.pods_added.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed),
-        };
-        result
+    async fn add_record(self: &Arc<Self>, rec: PodRecord, answer: Answer) {
+        let key = rec.key.clone();
+        self.locks
+            .run(&key, async {
+                let result = self.add_locked(&rec).await;
+                match &result {
+                    Ok(_) => self.metrics.pods_added.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed),
+                };
+                // Answered under the pod's lock: if the caller is gone, the undo runs
+                // before any later operation on the pod.
+                let Err(unanswered) = answer.send(result) else {
+                    return;
+                };
+                #[cfg(not(flock_reintroduce = "abandoned-add-kept"))]
+                if unanswered.is_ok() {
+                    tracing::warn!(pod = %rec.pod_ref(), key = %rec.key, "the ADD's caller went away before its answer (the runtime saw it fail); undoing it");
+                    self.metrics.adds_undone.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = self.remove_locked(&rec.key).await {
+                        tracing::warn!(pod = %rec.pod_ref(), key = %rec.key, "undoing the abandoned ADD stopped: {e}");
+                    }
+                }
+                #[cfg(flock_reintroduce = "abandoned-add-kept")]
+                let _ = unanswered;
+            })
+            .await
     }
 
     async fn add_locked(self: &Arc<Self>, rec: &PodRecord) -> Result<PodOutcome, PodError> {
         let mut version = 0;
+        let mut registry_note = String::new();
         for step in ADD_POD {
             let done = match step {
                 Step::StoreWrite => {
@@ -178,6 +273,7 @@ impl Agent {
                         Err(e) => Err(e.to_string()),
                     }
                 }
+                Step::CaptureApply => self.capture_apply(rec).await,
                 Step::IdentitySubscribe => match &self.identity {
                     Some(provider) => provider
                         .subscribe(&PodIdentity::from(rec))
@@ -190,7 +286,21 @@ impl Agent {
                     version = self.publish();
                     Ok(())
                 }
-                Step::RegistryRegister => self.register(rec, Health::Healthy).await,
+                Step::RegistryRegister => {
+                    // Handed to the registry sync: the pod is served locally now, and an
+                    // unreachable or hanging registry must not fail the ADD (the sync
+                    // retries until the registry has it). Waits a bounded time so that
+                    // in the normal case remote nodes know the pod when ADD answers.
+                    let seq = self.announce(&rec.key);
+                    registry_note = match self.sync_wait(seq).await {
+                        Ok(()) => "registered".to_string(),
+                        Err(why) => {
+                            tracing::warn!(pod = %rec.pod_ref(), key = %rec.key, %why, "pod served locally; its registration is pending (the registry sync retries)");
+                            format!("registration pending: {why}")
+                        }
+                    };
+                    Ok(())
+                }
                 other => unreachable!("{other} is not an AddPod step"),
             };
             if let Err(mut message) = done {
@@ -214,7 +324,7 @@ impl Agent {
                 .map(|e| format!("{}:{}", e.service, e.service_port))
                 .collect();
             return Ok(PodOutcome::Done(format!(
-                "pod {} meshed with service account {} ({} port(s)); member of [{}]; xDS version {version}",
+                "pod {} meshed with service account {} ({} port(s)); member of [{}]; xDS version {version}; {registry_note}",
                 rec.pod_ref(),
                 rec.service_account,
                 rec.ports.len(),
@@ -222,27 +332,12 @@ impl Agent {
             )));
         }
         Ok(PodOutcome::Done(format!(
-            "pod {} meshed as {}.{} ({} port(s)); xDS version {version}",
+            "pod {} meshed as {}.{} ({} port(s)); xDS version {version}; {registry_note}",
             rec.pod_ref(),
             rec.service,
             rec.namespace,
             rec.ports.len()
         )))
-    }
-
-    async fn register(&self, rec: &PodRecord, health: Health) -> Result<(), String> {
-        for ep in self.endpoints_of(rec, health) {
-            match self.registry.put(&ep).await {
-                Ok(rev) => {
-                    lock(&self.own).insert(ep.key(), rev);
-                }
-                Err(e) => {
-                    self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
-                    return Err(e.to_string());
-                }
-            }
-        }
-        Ok(())
     }
 
     /// CNI DEL: runs `flock_core::lifecycle::REMOVE_POD` in order (store first: R4).
@@ -280,8 +375,10 @@ impl Agent {
 
     /// Returns whether the pod was known (in the table or the store); an error (and
     /// no change) if its stored record could not be deleted.
-    async fn remove_locked(&self, key: &PodKey) -> Result<bool, String> {
+    async fn remove_locked(self: &Arc<Self>, key: &PodKey) -> Result<bool, String> {
         let mut existed = false;
+        // The removed record, for the capture removal at the end.
+        let mut removed: Option<PodRecord> = None;
         for step in REMOVE_POD {
             match step {
                 Step::StoreDelete => {
@@ -298,7 +395,8 @@ impl Agent {
                         Err(e) => return Err(format!("store delete task: {e}")),
                     }
                     // Invisible first: from here no background loop sees the pod.
-                    existed |= self.pods.remove(key).is_some();
+                    removed = self.pods.remove(key);
+                    existed |= removed.is_some();
                     lock(&self.liveness).remove(key);
                     if let Some(kube) = &self.kube {
                         kube.forget(key);
@@ -325,23 +423,25 @@ impl Agent {
                         );
                         keys.into_iter().collect()
                     };
-                    for k in keys {
-                        match self.registry.delete(&k).await {
-                            Ok(was) => {
-                                existed |= was;
-                                lock(&self.own).remove(&k);
-                            }
-                            Err(e) => {
-                                self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
-                                tracing::warn!(%key, endpoint = %k, "unregister failed (GC retries): {e}");
-                            }
-                        }
+                    // Handed to the registry sync, which deletes them (and retries
+                    // while the registry is down); the DEL does not fail on the
+                    // registry. The pod left the table above, so the sync's re-checks
+                    // keep a registration still in flight from outliving it (R4).
+                    existed |= !keys.is_empty();
+                    let seq = self.withdraw(key, keys);
+                    if let Err(why) = self.sync_wait(seq).await {
+                        tracing::warn!(%key, %why, "pod removed locally; its unregistration is pending (the registry sync retries)");
                     }
                 }
                 Step::IdentityUnsubscribe => {
                     if let Some(provider) = &self.identity {
                         existed |= provider.view().borrow().subscriptions.contains_key(key);
                         provider.unsubscribe(key).await;
+                    }
+                }
+                Step::CaptureRemove => {
+                    if let Some(rec) = &removed {
+                        self.capture_remove(rec).await;
                     }
                 }
                 other => unreachable!("{other} is not a RemovePod step"),
@@ -353,10 +453,11 @@ impl Agent {
         Ok(existed)
     }
 
-    /// CNI CHECK: the pod is held as added.
-    pub fn check_pod(&self, key: &PodKey) -> Result<(), String> {
+    /// CNI CHECK: the pod is held as added and, if it is captured, its netns holds
+    /// exactly its capture table (the error names the netns and the drift).
+    pub async fn check_pod(&self, key: &PodKey) -> Result<(), String> {
         match self.pods.get(key) {
-            Some(_) => Ok(()),
+            Some(rec) => self.capture_check(&rec).await,
             None => Err(format!("pod {key} is not known to this agent")),
         }
     }

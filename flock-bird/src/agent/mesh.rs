@@ -145,7 +145,9 @@ pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<tr
 }
 
 /// A live pod as the translation sees it: its listeners bind its first IP in its
-/// network namespace. `None` for a record without an IP (the validator refuses one).
+/// network namespace, and a captured record's mode and mark become its
+/// [`translate::Pod::capture`] (none: the output is the same as before capture
+/// existed). `None` for a record without an IP (the validator refuses one).
 pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate::Pod> {
     Some(translate::Pod {
         name: rec.name.clone(),
@@ -164,7 +166,13 @@ pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate:
             .collect(),
         outbound_port: OUTBOUND_PORT,
         identity,
-        capture: None,
+        capture: rec.capture.as_ref().map(|c| translate::Capture {
+            mode: match c.mode {
+                flock_core::capture::Mode::Strict => translate::CaptureMode::Strict,
+                flock_core::capture::Mode::Permissive => translate::CaptureMode::Permissive,
+            },
+            mark: c.mark,
+        }),
     })
 }
 

@@ -33,4 +33,13 @@ pub struct AgentMetrics {
     pub gc_breaker_trips: AtomicU64,
     /// Registry operations that failed.
     pub registry_errors: AtomicU64,
+    /// Transparent capture's counters.
+    pub capture: super::CaptureMetrics,
+    /// Registry writes the sync has left to do.
+    pub registry_pending_ops: AtomicU64,
+    /// Registry sync rounds that failed (each is retried with backoff).
+    pub registry_sync_errors: AtomicU64,
+    /// ADDs undone because their caller (the plugin) went away before the answer: the
+    /// runtime saw the ADD fail, so the pod must not stay meshed.
+    pub adds_undone: AtomicU64,
 }

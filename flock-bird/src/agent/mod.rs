@@ -36,6 +36,7 @@
 //! the pod's lock and with the same guards as the liveness re-registration (R4) and
 //! conditional deletes.
 
+mod capture;
 mod config;
 mod error;
 mod gc;
@@ -46,12 +47,15 @@ mod members;
 pub mod mesh;
 mod metrics;
 mod publish;
+mod regsync;
 mod request;
 
+pub use capture::CaptureMetrics;
 pub use config::AgentConfig;
 pub use error::{PodError, PodOutcome};
 pub use members::member_endpoints;
 pub use metrics::AgentMetrics;
+pub use regsync::{LINGER as REGISTRY_SYNC_LINGER, SyncStatus};
 pub use request::{AddPodInput, parse_ports};
 
 use crate::identity::{IdentityProvider, IdentityView};
@@ -114,6 +118,12 @@ pub struct Agent {
     /// pod (a `stat` of a netns link costs ~10 µs: 1,000 pods made it the dominant
     /// cost of a publish).
     netns_missing: Mutex<BTreeSet<PodKey>>,
+    /// The registry sync: the one path from the pod table to the registry
+    /// (`regsync`).
+    sync: Arc<regsync::RegSync>,
+    /// Set once the registry's view was first synced: later outages do not make the
+    /// agent unready (see [`Agent::not_ready`]).
+    registry_synced_once: AtomicBool,
     /// The metrics.
     pub metrics: AgentMetrics,
 }
@@ -145,6 +155,8 @@ impl Agent {
             envoy_memo: Mutex::new(Memo::new(Flavor::Envoy)),
             grpc_memo: Mutex::new(Memo::new(Flavor::Grpc)),
             netns_missing: Mutex::new(BTreeSet::new()),
+            sync: Arc::new(regsync::RegSync::new()),
+            registry_synced_once: AtomicBool::new(false),
             metrics: AgentMetrics::default(),
         }
     }
@@ -198,8 +210,15 @@ impl Agent {
     }
 
     /// Why the agent is not ready, or `None` when it is: the store is loaded, in kube
-    /// mode the Kubernetes reflectors have listed everything, the registry is synced
-    /// and the first snapshot is published.
+    /// mode the Kubernetes reflectors have listed everything, the registry's view was
+    /// synced once, and the first snapshot is published.
+    ///
+    /// Ready means "this node can mesh pods" (CNI `STATUS` answers from it, and so does
+    /// `/readyz`). A registry that goes down *after* its first sync does not make the
+    /// agent unready: pods are still meshed and served locally, and the registry sync
+    /// registers them once the registry is back ([`Agent::registry_out_of_sync`] says
+    /// so meanwhile, on `/readyz` and in the metrics). Failing readiness then would
+    /// make the runtime stop creating pods on every node during a registry outage.
     pub fn not_ready(&self) -> Option<String> {
         if !self.store_loaded.load(Ordering::Acquire) {
             return Some("pod store not loaded yet".into());
@@ -207,9 +226,11 @@ impl Agent {
         if let Some(why) = self.kube.as_ref().and_then(|k| k.not_ready()) {
             return Some(why);
         }
-        let view = self.registry.view().borrow().clone();
-        if !view.synced {
-            return Some(format!("registry {} not synced", self.registry.describe()));
+        if !self.registry_synced_once.load(Ordering::Acquire) {
+            if !self.registry.view().borrow().synced {
+                return Some(format!("registry {} not synced", self.registry.describe()));
+            }
+            self.registry_synced_once.store(true, Ordering::Release);
         }
         if !self.first_published.load(Ordering::Acquire) {
             return Some("first xDS snapshot not published yet".into());

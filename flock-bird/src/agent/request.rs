@@ -5,6 +5,8 @@
 
 use super::{Agent, PodError};
 use crate::model::PodRecord;
+use flock_core::capture::policy::resolve;
+use flock_core::pod::AdmittedPod;
 
 /// What AddPod needs from the CNI request, decoupled from the proto.
 pub use flock_core::pod::AddRequest as AddPodInput;
@@ -17,7 +19,7 @@ impl Agent {
     /// the translation would refuse is in it.
     pub fn record_for(&self, input: &AddPodInput) -> Result<Option<PodRecord>, PodError> {
         match flock_core::pod::admit(input) {
-            Ok(Some(pod)) => Ok(Some(PodRecord::admitted(pod, flock_clock::unix_now()))),
+            Ok(Some(pod)) => self.admitted_record(pod, input).map(Some),
             Ok(None) => Ok(None),
             // The pod's name as the runtime sees it, so the refusal (CNI error 102 at
             // the plugin) says which pod and which field. Bounded: the name itself may
@@ -28,6 +30,37 @@ impl Agent {
                 bounded(&input.name)
             ))),
         }
+    }
+}
+
+impl Agent {
+    /// The record of an admitted pod (from its annotations or, in kube mode, from the
+    /// API), with its capture resolved against this node's settings and the CNI
+    /// result's gateways ([`flock_core::capture::policy::resolve`]). A pod asking for
+    /// what this node cannot give is refused, naming the annotation.
+    pub(super) fn admitted_record(
+        &self,
+        pod: AdmittedPod,
+        input: &AddPodInput,
+    ) -> Result<PodRecord, PodError> {
+        let capture = resolve(&self.cfg.capture, &pod.capture, &input.gateways, &pod.ports)
+            .map_err(|e| {
+                PodError::Invalid(format!(
+                    "pod {}/{} cannot be meshed: {e}",
+                    bounded(&input.namespace),
+                    bounded(&input.name)
+                ))
+            })?;
+        if let Some(c) = &capture
+            && c.probe_sources.is_empty()
+        {
+            // Kubelet's probes then go through Envoy like any caller: in strict mode
+            // an mTLS-only listener refuses them and the pod never becomes ready.
+            tracing::warn!(pod = %format!("{}/{}", input.namespace, input.name), "captured pod without probe sources: no --capture-probe-source and no gateway in the CNI result; kubelet's probes are captured too");
+        }
+        let mut rec = PodRecord::admitted(pod, flock_clock::unix_now());
+        rec.capture = capture;
+        Ok(rec)
     }
 }
 

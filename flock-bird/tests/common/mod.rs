@@ -26,6 +26,7 @@ pub fn input(id: &str, service: Option<&str>, ports: &str) -> AddPodInput {
         namespace: "default".into(),
         uid: "u-1".into(),
         ips: vec!["10.1.0.5/24".into()],
+        gateways: Vec::new(),
         annotations,
         network_name: "net".into(),
     }

@@ -8,8 +8,8 @@
 //!
 //! | rule | module | race it prevents |
 //! |---|---|---|
-//! | `RemovePod` deletes the store record **first**, then tears down xDS, registry and identity | [`steps`] | R4 ghost endpoint, R6 leaked subscription (with the guard) |
-//! | `AddPod` writes the store record first and registers in the registry last | [`steps`] | crash leaves a repairable record; no remote traffic before local config |
+//! | `RemovePod` deletes the store record **first**, then tears down xDS, registry, identity and capture rules | [`steps`] | R4 ghost endpoint, R6 leaked subscription (with the guard) |
+//! | `AddPod` writes the store record first, then a captured pod's rules, and registers in the registry last | [`steps`] | crash leaves a repairable record; no connection around Envoy; no remote traffic before local config |
 //! | loading stored pods **merges** (adds absent keys only), never replaces | [`merge`] | R3 startup load wipes a concurrent `AddPod` |
 //! | register, then **re-check** store membership, undo if the pod is gone | [`guard`] | R4 (liveness re-register) and R6 (resubscribe) |
 //! | health changes only after thresholds, not during warm-up, reported once | [`liveness`] | flapping re-registrations that widen the R4 window |

@@ -13,9 +13,14 @@
 //! 1. [`Step::StoreWrite`]: nothing exists before the pod's durable record, so any
 //!    crash leaves a record the GC can compare with the runtime and repair, and the
 //!    liveness loop / resubscriber (which iterate the store) can see the pod.
-//! 2. [`Step::IdentitySubscribe`]: the SVID is needed by the xDS config (SDS).
-//! 3. [`Step::XdsPublish`]: the local proxy gets the pod's listeners and secret.
-//! 4. [`Step::RegistryRegister`]: only now may remote agents send traffic; it lands
+//! 2. [`Step::CaptureApply`]: a captured pod's nftables rules are in its netns before
+//!    ADD is answered (the pod's containers start after ADD, so no connection is
+//!    ever made around Envoy); right after the store write because the stored record
+//!    is what CNI CHECK and start-up repair verify the rules against. A no-op for a
+//!    pod without capture.
+//! 3. [`Step::IdentitySubscribe`]: the SVID is needed by the xDS config (SDS).
+//! 4. [`Step::XdsPublish`]: the local proxy gets the pod's listeners and secret.
+//! 5. [`Step::RegistryRegister`]: only now may remote agents send traffic; it lands
 //!    on a proxy that already has config.
 //!
 //! `RemovePod`: invisible first (R4, R6).
@@ -24,8 +29,11 @@
 //!    registering ([`super::guard`]), cannot resurrect its endpoint or subscription.
 //! 2. [`Step::XdsWithdraw`]: the local proxy stops serving the pod.
 //! 3. [`Step::RegistryUnregister`]: remote agents stop sending traffic.
-//! 4. [`Step::IdentityUnsubscribe`]: last, so the proxy never holds config that
-//!    references a withdrawn secret.
+//! 4. [`Step::IdentityUnsubscribe`]: after the withdraw, so the proxy never holds
+//!    config that references a withdrawn secret.
+//! 5. [`Step::CaptureRemove`]: last, so until the pod's proxy config is gone its
+//!    traffic goes through Envoy or nowhere, never around it. Idempotent, and done
+//!    when the netns is gone (its rules went with it).
 //!
 //! # Example
 //!
@@ -50,6 +58,9 @@ use serde::{Deserialize, Serialize};
 pub enum Step {
     /// Write the pod's record to the durable (fsync'd) pod store.
     StoreWrite,
+    /// Install a captured pod's nftables rules in its network namespace (nothing for
+    /// a pod without capture).
+    CaptureApply,
     /// Subscribe to the pod's workload identity (SVID).
     IdentitySubscribe,
     /// Publish the pod's xDS resources to the local proxy.
@@ -65,6 +76,9 @@ pub enum Step {
     /// Cancel the pod's identity subscription (or drop its reference to a shared
     /// one).
     IdentityUnsubscribe,
+    /// Delete a captured pod's nftables table from its network namespace (nothing if
+    /// the netns or the table is gone).
+    CaptureRemove,
 }
 
 impl Step {
@@ -72,6 +86,7 @@ impl Step {
     pub fn undo(self) -> Step {
         match self {
             Step::StoreWrite => Step::StoreDelete,
+            Step::CaptureApply => Step::CaptureRemove,
             Step::IdentitySubscribe => Step::IdentityUnsubscribe,
             Step::XdsPublish => Step::XdsWithdraw,
             Step::RegistryRegister => Step::RegistryUnregister,
@@ -79,6 +94,7 @@ impl Step {
             Step::IdentityUnsubscribe => Step::IdentitySubscribe,
             Step::XdsWithdraw => Step::XdsPublish,
             Step::RegistryUnregister => Step::RegistryRegister,
+            Step::CaptureRemove => Step::CaptureApply,
         }
     }
 
@@ -88,6 +104,10 @@ impl Step {
             Step::StoreWrite => {
                 "durable record first: a crash leaves a record the GC can repair, and \
                  background loops see the pod before anything else exists"
+            }
+            Step::CaptureApply => {
+                "rules in the netns before ADD is answered, after the record they are \
+                 verified against"
             }
             Step::IdentitySubscribe => "the SVID must exist before xDS config references it",
             Step::XdsPublish => "the local proxy has config before remote traffic can arrive",
@@ -99,7 +119,12 @@ impl Step {
             Step::XdsWithdraw => "the local proxy stops serving the pod",
             Step::RegistryUnregister => "remote agents stop routing to the pod",
             Step::IdentityUnsubscribe => {
-                "last: the proxy never holds config referencing a withdrawn secret"
+                "after the withdraw: the proxy never holds config referencing a withdrawn \
+                 secret"
+            }
+            Step::CaptureRemove => {
+                "last: until the proxy config is gone, traffic goes through Envoy or \
+                 nowhere, never around it"
             }
         }
     }
@@ -111,22 +136,25 @@ impl fmt::Display for Step {
     }
 }
 
-/// `AddPod`: store write → identity subscribe → xDS publish → registry register.
+/// `AddPod`: store write → capture apply → identity subscribe → xDS publish →
+/// registry register.
 pub const ADD_POD: &[Step] = &[
     Step::StoreWrite,
+    Step::CaptureApply,
     Step::IdentitySubscribe,
     Step::XdsPublish,
     Step::RegistryRegister,
 ];
 
 /// `RemovePod`: store delete → xDS withdraw → registry unregister → identity
-/// unsubscribe. The store delete comes first (R4).
+/// unsubscribe → capture remove. The store delete comes first (R4).
 #[cfg(not(flock_reintroduce = "r4"))]
 pub const REMOVE_POD: &[Step] = &[
     Step::StoreDelete,
     Step::XdsWithdraw,
     Step::RegistryUnregister,
     Step::IdentityUnsubscribe,
+    Step::CaptureRemove,
 ];
 
 /// Re-introduces R4 so the loom test can show it catches it; never enabled in
@@ -136,6 +164,7 @@ pub const REMOVE_POD: &[Step] = &[
     Step::RegistryUnregister,
     Step::XdsWithdraw,
     Step::IdentityUnsubscribe,
+    Step::CaptureRemove,
     Step::StoreDelete,
 ];
 
@@ -172,11 +201,21 @@ mod tests {
             ADD_POD,
             &[
                 Step::StoreWrite,
+                Step::CaptureApply,
                 Step::IdentitySubscribe,
                 Step::XdsPublish,
                 Step::RegistryRegister
             ]
         );
+    }
+
+    #[test]
+    fn capture_rules_follow_the_record_and_precede_everything_that_serves_the_pod() {
+        assert_eq!(
+            position(ADD_POD, Step::CaptureApply),
+            position(ADD_POD, Step::StoreWrite) + 1
+        );
+        assert_eq!(REMOVE_POD.last(), Some(&Step::CaptureRemove));
     }
 
     #[test]
@@ -191,6 +230,7 @@ mod tests {
             Step::RegistryUnregister,
             Step::IdentityUnsubscribe,
             Step::XdsWithdraw,
+            Step::CaptureRemove,
         ] {
             assert!(position(REMOVE_POD, Step::StoreDelete) < position(REMOVE_POD, step));
         }

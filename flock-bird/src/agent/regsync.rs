@@ -1,0 +1,501 @@
+//! The registry sync: the one path by which CNI `ADD`/`DEL` reach the registry.
+//!
+//! The pod table is the source of truth; the registry is a replica that may be down
+//! or hang (an etcd that is partitioned or stopped answers nothing, it does not
+//! refuse). So AddPod's `RegistryRegister` step *announces* the pod (it may now be
+//! reachable from other nodes: its xDS is published) and RemovePod's
+//! `RegistryUnregister` hands the pod's registry keys over for removal; both wake the
+//! sync and wait for it a bounded time ([`crate::agent::AgentConfig::register_wait`]),
+//! then answer the runtime whatever the registry did.
+//!
+//! The sync task plans with [`flock_core::regsync::plan`]: desired = the endpoints of
+//! the announced pods still in the table; held = what the registry view shows of the
+//! keys this agent process wrote, tried to write or was asked to remove, plus writes
+//! whose outcome is unknown. It applies the plan in order, every call bounded by
+//! [`crate::agent::AgentConfig::registry_op_timeout`], and plans again until nothing is
+//! left. A failed or timed-out call ends the round; the next one comes after a backoff
+//! ([`flock_core::backoff`]), at once when the registry reconnects (a new view
+//! generation, or the view synced again), or on any view change while in sync.
+//!
+//! Ghosts (R4 in its registry form) are ruled out in three ways:
+//! * a key is *tracked before its put is sent*, so a put that timed out and lands
+//!   later (the request was abandoned, not undone) is seen in the view and deleted if
+//!   no pod wants it; tracked keys are forgotten only a while after they were last
+//!   written and seen gone ([`LINGER`]);
+//! * the put re-checks the pod after it lands and undoes itself (at the revision it
+//!   wrote) if the pod left meanwhile, as `flock_core::lifecycle::guard` requires;
+//! * every change of the table wakes the sync, which plans from the table as it is
+//!   then, never from a list taken before.
+//!
+//! Anything this process never knew about (a crash between two steps) is still the
+//! orphan GC's job.
+
+use super::Agent;
+use flock_core::backoff::Backoff;
+use flock_core::pod::PodKey;
+use flock_core::regsync::{Held, SyncOp, plan};
+use flock_core::sync::{Mutex, lock};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+/// How long a key the sync wrote or removed stays tracked after it was last written
+/// and is gone from the view: a write abandoned on a timeout that lands later than
+/// this is left to the orphan GC.
+pub const LINGER: Duration = Duration::from_secs(60);
+
+/// Rounds of planning in one go before a pause: the plan converges in one or two
+/// unless the table keeps changing under it.
+const MAX_PLANS_PER_ROUND: usize = 8;
+
+/// Where the registry sync stands (for `/readyz`, `/metrics` and waiters).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncStatus {
+    /// The highest request the registry fully reflects.
+    pub applied: u64,
+    /// The highest request whose round failed (it is retried).
+    pub failed: u64,
+    /// True when the last round left the registry matching the live pods.
+    pub in_sync: bool,
+    /// Writes the last plan had left when the round ended.
+    pub pending: usize,
+    /// Why the last round failed, while out of sync.
+    pub last_error: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Pods whose `RegistryRegister` step ran: the only ones that may be registered
+    /// (remote traffic only once the local proxy has the pod's config).
+    announced: BTreeSet<PodKey>,
+    /// Keys this process wrote, tried to write or was asked to remove → when last
+    /// touched.
+    tracked: BTreeMap<String, Instant>,
+    /// Keys whose last write failed without an answer: it may land later.
+    unknown: BTreeSet<String>,
+    /// Requests made so far (each ADD/DEL hand-over is one).
+    requested: u64,
+}
+
+/// The sync's shared state (see the module docs).
+pub(super) struct RegSync {
+    state: Mutex<State>,
+    wake: Notify,
+    status: watch::Sender<SyncStatus>,
+    started: AtomicBool,
+}
+
+impl RegSync {
+    pub(super) fn new() -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            status: watch::channel(SyncStatus {
+                in_sync: true,
+                ..SyncStatus::default()
+            })
+            .0,
+            started: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A put of an endpoint of unknown outcome, or a failed delete.
+struct RoundError(String);
+
+impl Agent {
+    /// Where the registry sync stands.
+    pub fn registry_sync_status(&self) -> SyncStatus {
+        self.sync.status.borrow().clone()
+    }
+
+    /// Why the registry does not reflect this node's pods now, if it does not: the
+    /// view is disconnected or the sync has writes left. `None` when in sync.
+    pub fn registry_out_of_sync(&self) -> Option<String> {
+        if self.registry.read_only() {
+            return None;
+        }
+        let view_synced = self.registry.view().borrow().synced;
+        let s = self.registry_sync_status();
+        if view_synced && s.in_sync {
+            return None;
+        }
+        let mut why = format!("registry {} out of sync", self.registry.describe());
+        if !view_synced {
+            why.push_str(" (disconnected; reconnecting)");
+        }
+        if s.pending > 0 {
+            why.push_str(&format!("; {} write(s) pending", s.pending));
+        }
+        if let Some(e) = &s.last_error {
+            why.push_str(&format!("; last error: {e}"));
+        }
+        Some(why)
+    }
+
+    /// AddPod's `RegistryRegister`: the pod may be registered from now on.
+    pub(super) fn announce(self: &Arc<Self>, key: &PodKey) -> u64 {
+        lock(&self.sync.state).announced.insert(key.clone());
+        self.sync_kick()
+    }
+
+    /// RemovePod's `RegistryUnregister`: the pod is no longer wanted (it left the
+    /// table); `keys` are its registry keys, to remove.
+    pub(super) fn withdraw(self: &Arc<Self>, key: &PodKey, keys: Vec<String>) -> u64 {
+        let now = Instant::now();
+        {
+            let mut st = lock(&self.sync.state);
+            st.announced.remove(key);
+            for k in keys {
+                st.tracked.insert(k, now);
+            }
+        }
+        self.sync_kick()
+    }
+
+    /// Wakes the registry sync: it plans again from the pod table and the view.
+    pub fn request_registry_sync(self: &Arc<Self>) {
+        self.sync_kick();
+    }
+
+    /// Wakes the sync (starting it on first use); returns the request's number.
+    pub(super) fn sync_kick(self: &Arc<Self>) -> u64 {
+        let seq = {
+            let mut st = lock(&self.sync.state);
+            st.requested += 1;
+            st.requested
+        };
+        if !self.sync.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(run(Arc::downgrade(self), self.registry.view()));
+        }
+        self.sync.wake.notify_one();
+        seq
+    }
+
+    /// Waits until request `seq` is in the registry, the sync failed on it, or
+    /// [`super::AgentConfig::register_wait`] passed. `Err` says why it is not (yet).
+    pub(super) async fn sync_wait(&self, seq: u64) -> Result<(), String> {
+        if self.registry.read_only() {
+            return Ok(());
+        }
+        let mut rx = self.sync.status.subscribe();
+        {
+            // Failing now (in backoff): answer at once with why; the sync retries on
+            // its own schedule.
+            let s = rx.borrow_and_update();
+            if !s.in_sync
+                && let Some(e) = &s.last_error
+            {
+                return Err(e.clone());
+            }
+        }
+        let waited = tokio::time::timeout(
+            self.cfg.register_wait,
+            rx.wait_for(|s| s.applied >= seq || s.failed >= seq),
+        )
+        .await;
+        match waited {
+            Ok(Ok(s)) if s.applied >= seq => Ok(()),
+            Ok(Ok(s)) => Err(s
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "registry write failed".into())),
+            Ok(Err(_)) => Err("the registry sync stopped".into()),
+            Err(_) => Err(format!(
+                "the registry did not confirm within {:?}",
+                self.cfg.register_wait
+            )),
+        }
+    }
+
+    /// The endpoints of every announced pod still in the table, by key.
+    fn desired(&self) -> BTreeMap<String, crate::model::Endpoint> {
+        let announced: Vec<PodKey> = lock(&self.sync.state).announced.iter().cloned().collect();
+        let mut out = BTreeMap::new();
+        for key in announced {
+            if let Some(rec) = self.pods.get(&key) {
+                for ep in self.endpoints_of(&rec, self.registered_health(&key)) {
+                    out.insert(ep.key(), ep);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether `key`'s pod is still wanted in the registry now (R4's re-check): in
+    /// the table (which RemovePod leaves first) and announced.
+    fn still_wanted(&self, pod: &PodKey) -> bool {
+        self.pods.contains(pod) && lock(&self.sync.state).announced.contains(pod)
+    }
+
+    /// What the registry holds of the keys the sync knows about.
+    fn held(&self, view: &crate::registry::View) -> BTreeMap<String, Held<crate::model::Endpoint>> {
+        let st = lock(&self.sync.state);
+        let own = lock(&self.own);
+        let mut held = BTreeMap::new();
+        let keys = st.tracked.keys().chain(own.keys()).chain(st.unknown.iter());
+        for key in keys {
+            match view.endpoints.get(key) {
+                Some(ep) if ep.node == self.cfg.node_name => {
+                    let revision = view.revisions.get(key).copied().unwrap_or(0);
+                    held.insert(
+                        key.clone(),
+                        Held::Known {
+                            value: ep.clone(),
+                            revision,
+                        },
+                    );
+                }
+                _ if st.unknown.contains(key) => {
+                    held.insert(key.clone(), Held::Unknown);
+                }
+                _ => {}
+            }
+        }
+        held
+    }
+
+    /// Applies one bounded registry call; a timeout is an error.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        key: &str,
+        fut: impl Future<Output = Result<T, crate::registry::RegistryError>>,
+    ) -> Result<T, RoundError> {
+        match tokio::time::timeout(self.cfg.registry_op_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(RoundError(e.to_string())),
+            Err(_) => Err(RoundError(format!(
+                "{what} {key:?}: the registry did not answer within {:?}",
+                self.cfg.registry_op_timeout
+            ))),
+        }
+    }
+
+    /// Plans and applies until the registry matches (see the module docs).
+    async fn sync_round(&self) -> Result<(), RoundError> {
+        for _ in 0..MAX_PLANS_PER_ROUND {
+            let view = self.registry.view().borrow().clone();
+            if !view.synced {
+                return Err(RoundError(format!(
+                    "registry {} disconnected (reconnecting)",
+                    self.registry.describe()
+                )));
+            }
+            let desired = self.desired();
+            let held = self.held(&view);
+            let ops = plan(&desired, &held);
+            self.set_pending(ops.len());
+            if ops.is_empty() {
+                self.prune(&view, &desired);
+                return Ok(());
+            }
+            let total = ops.len();
+            for (done, op) in ops.into_iter().enumerate() {
+                self.set_pending(total - done);
+                self.apply(op).await?;
+            }
+            self.set_pending(0);
+        }
+        Err(RoundError(
+            "the pods kept changing while the registry was written; planning again".into(),
+        ))
+    }
+
+    fn set_pending(&self, pending: usize) {
+        self.metrics
+            .registry_pending_ops
+            .store(pending as u64, Ordering::Relaxed);
+        self.sync.status.send_if_modified(|s| {
+            let changed = s.pending != pending;
+            s.pending = pending;
+            changed
+        });
+    }
+
+    async fn apply(&self, op: SyncOp<crate::model::Endpoint>) -> Result<(), RoundError> {
+        match op {
+            SyncOp::Put { key, value } => {
+                // R4's first check: only a pod still wanted is registered.
+                #[cfg(not(flock_reintroduce = "regsync-unguarded"))]
+                if !self.still_wanted(&value.pod_key) {
+                    return Ok(());
+                }
+                // Tracked before the put is sent: if it times out and lands later, the
+                // view shows a key the sync knows, and a pod gone by then gets it
+                // deleted instead of leaving a ghost.
+                #[cfg(not(flock_reintroduce = "regsync-unguarded"))]
+                lock(&self.sync.state)
+                    .tracked
+                    .insert(key.clone(), Instant::now());
+                let put = self.bounded("put", &key, self.registry.put(&value)).await;
+                let rev = match put {
+                    Ok(rev) => rev,
+                    Err(e) => {
+                        #[cfg(not(flock_reintroduce = "regsync-unguarded"))]
+                        lock(&self.sync.state).unknown.insert(key.clone());
+                        self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                };
+                {
+                    let mut st = lock(&self.sync.state);
+                    st.unknown.remove(&key);
+                    st.tracked.insert(key.clone(), Instant::now());
+                }
+                lock(&self.own).insert(key.clone(), rev);
+                // R4's re-check: RemovePod leaves the table before it hands the pod's
+                // keys over, so a pod gone now may have been withdrawn before this put
+                // landed. Undo exactly this write.
+                #[cfg(not(flock_reintroduce = "regsync-unguarded"))]
+                if !self.still_wanted(&value.pod_key) {
+                    self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
+                    let undo = self.registry.delete_if_revision(&key, rev);
+                    if self.bounded("undo put", &key, undo).await.is_ok() {
+                        lock(&self.own).remove(&key);
+                    }
+                }
+                Ok(())
+            }
+            SyncOp::Delete { key, revision } => {
+                let deleted = match revision {
+                    Some(rev) => {
+                        let del = self.registry.delete_if_revision(&key, rev);
+                        self.bounded("delete", &key, del).await
+                    }
+                    None => {
+                        let del = self.registry.delete(&key);
+                        self.bounded("delete", &key, del).await
+                    }
+                };
+                match deleted {
+                    Ok(_) => {
+                        lock(&self.sync.state).unknown.remove(&key);
+                        lock(&self.own).remove(&key);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets tracked keys nobody wants that are gone from the view and were last
+    /// touched more than [`LINGER`] ago.
+    fn prune(
+        &self,
+        view: &crate::registry::View,
+        desired: &BTreeMap<String, crate::model::Endpoint>,
+    ) {
+        let now = Instant::now();
+        let mut st = lock(&self.sync.state);
+        let State {
+            tracked, unknown, ..
+        } = &mut *st;
+        tracked.retain(|k, touched| {
+            desired.contains_key(k)
+                || view.endpoints.contains_key(k)
+                || unknown.contains(k)
+                || now.duration_since(*touched) < LINGER
+        });
+        let pods = self.pods.snapshot();
+        st.announced.retain(|k| pods.contains_key(k));
+    }
+
+    fn sync_ready(&self) -> bool {
+        self.store_loaded.load(Ordering::Acquire)
+            && self.kube.as_ref().is_none_or(|k| k.not_ready().is_none())
+    }
+}
+
+/// The sync task: rounds on every wake, backoff while failing, at once on reconnect.
+/// Holds the agent only weakly between rounds, so dropping the agent ends it (its
+/// registry's view channel closes).
+async fn run(agent: Weak<Agent>, mut view: watch::Receiver<Arc<crate::registry::View>>) {
+    let (mut generation, mut synced) = {
+        let v = view.borrow_and_update();
+        (v.generation, v.synced)
+    };
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    loop {
+        let Some(a) = agent.upgrade() else { return };
+        let sync = Arc::clone(&a.sync);
+        let mut delay = None;
+        let mut failing = false;
+        if a.registry.read_only() {
+            // Someone else writes this registry (EndpointSlices): nothing to sync.
+            let requested = lock(&sync.state).requested;
+            sync.status.send_modify(|s| {
+                s.applied = requested;
+                s.in_sync = true;
+            });
+        } else if !a.sync_ready() {
+            // The table is not complete yet (store loading, reflectors listing): a
+            // plan now would miss pods. Look again shortly.
+            delay = Some(Duration::from_millis(200));
+        } else {
+            let seq = lock(&sync.state).requested;
+            match a.sync_round().await {
+                Ok(()) => {
+                    backoff.reset();
+                    sync.status.send_modify(|s| {
+                        s.applied = s.applied.max(seq);
+                        s.in_sync = true;
+                        s.pending = 0;
+                        s.last_error = None;
+                    });
+                }
+                Err(RoundError(why)) => {
+                    let d = backoff.next_delay(flock_clock::jitter());
+                    a.metrics
+                        .registry_sync_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(registry = %a.registry.describe(), error = %why, retry_in = ?d, "registry sync: the registry does not reflect this node's pods yet; retrying");
+                    // Every request made so far is answered "failed": waiting ADDs and
+                    // DELs answer the runtime now instead of waiting out the bound.
+                    let requested = lock(&sync.state).requested;
+                    sync.status.send_modify(|s| {
+                        s.failed = requested;
+                        s.in_sync = false;
+                        s.last_error = Some(why);
+                    });
+                    delay = Some(d);
+                    failing = true;
+                }
+            }
+        }
+        drop(a);
+        let sleep = tokio::time::sleep(delay.unwrap_or(Duration::from_secs(3600)));
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep, if delay.is_some() => break,
+                // A request made during the round left a permit: the loop runs again.
+                // While failing, a request does not cut the backoff short (a down
+                // registry is not hammered by every ADD); its waiter is answered at
+                // once from the status instead.
+                _ = sync.wake.notified(), if !failing => break,
+                changed = view.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let v = view.borrow_and_update();
+                    let reconnected = v.generation != generation || (v.synced && !synced);
+                    generation = v.generation;
+                    synced = v.synced;
+                    // In sync, any change may show a late write of a tracked key; while
+                    // failing, only a reconnect ends the backoff early.
+                    if !failing || reconnected {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
