@@ -14,8 +14,12 @@
 //! where any growth with the set size comes from.
 //!
 //! Run: `cargo bench -p flock-xds --bench publish -- --warm-up-time 1 --measurement-time 3`.
+//!
+//! Instruction counts (repeatable on a busy machine), per 1,000 changes at n resources:
+//! `FLOCK_PUBLISH_COUNT=<n> valgrind --tool=callgrind --toggle-collect='*counted_changes*'
+//! target/release/deps/publish-<hash>` (see `count_mode`).
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use envoy_types::pb::envoy::config::core::v3::{
     Address, Locality, SocketAddress, address, socket_address,
 };
@@ -270,5 +274,42 @@ fn breakdown(c: &mut Criterion) {
     g.finish();
 }
 
+/// `changes` whole changes, not inlined, so `callgrind --toggle-collect=*counted_changes*`
+/// counts exactly them (set-up, warm-up and criterion excluded).
+#[inline(never)]
+fn counted_changes(flock: &mut Flock, changes: usize) {
+    for _ in 0..changes {
+        flock.change();
+    }
+}
+
+/// Instruction-count mode, for callgrind: `FLOCK_PUBLISH_COUNT=<resources>` builds the
+/// set and stream, warms up with as many changes as are counted (so every name has
+/// been changed before), then runs `FLOCK_PUBLISH_CHANGES` (default 1,000) changes in
+/// [`counted_changes`]. `FLOCK_PUBLISH_NAMED=1` subscribes by name instead of `*`.
+fn count_mode(resources: &str) {
+    let n: usize = resources
+        .parse()
+        .unwrap_or_else(|_| panic!("FLOCK_PUBLISH_COUNT={resources:?} is not a number"));
+    let changes: usize = std::env::var("FLOCK_PUBLISH_CHANGES")
+        .map(|v| v.parse().expect("FLOCK_PUBLISH_CHANGES is a number"))
+        .unwrap_or(1_000);
+    let named = std::env::var("FLOCK_PUBLISH_NAMED").is_ok_and(|v| v == "1");
+    let mut flock = Flock::subscribed(n, named);
+    for _ in 0..changes.max(n) {
+        flock.change();
+    }
+    counted_changes(&mut flock, changes);
+    println!("{changes} changes at {n} resources (named: {named})");
+}
+
 criterion_group!(benches, publish, breakdown);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(n) = std::env::var("FLOCK_PUBLISH_COUNT") {
+        count_mode(&n);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
