@@ -36,14 +36,14 @@
 //! watch events for the same or older revisions of a key are then ignored, so the view
 //! never moves backwards.
 
-use super::{Registry, RegistryError, RegistryOptions, Rejections, View};
+use super::{Delta, Registry, RegistryError, RegistryOptions, Rejections, View};
 use crate::model::Endpoint;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
     LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use flock_core::backoff::Backoff;
-use flock_core::registry::{Rejected, Trust};
+use flock_core::registry::{MAX_ENTRY_BYTES, Reject, Rejected, Trust};
 use flock_core::sync::Mutex as SyncMutex;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -51,6 +51,89 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
+
+/// Most entries in one page of a list (a ~500-byte entry makes a page of ~250 KB).
+const LIST_PAGE_ENTRIES: i64 = 500;
+
+/// Largest list answer the backend decodes (2 MiB): half the client's default limit of
+/// 4 MiB, so a page of valid entries (at most [`LIST_PAGE_ENTRIES`] ×
+/// [`MAX_ENTRY_BYTES`] is 8 MiB in theory) that does not fit is split, and one oversized
+/// value never costs more than this much memory at once.
+const LIST_MAX_MESSAGE: usize = 2 << 20;
+
+/// Largest answer of the one-key, keys-only read that skips an entry too large for a
+/// page (16 MiB: etcd refuses requests over `--max-request-bytes`, 1.5 MiB by default,
+/// and advises against more than 10 MiB, so no key it holds comes near).
+const MAX_SKIPPED_KEY_MESSAGE: usize = 16 << 20;
+
+/// How many times a list starts over because etcd compacted its revision between
+/// pages before the list fails (and the session retries after a backoff).
+const LIST_ATTEMPTS: u32 = 3;
+
+/// What one paged pass over the prefix gave.
+enum ListOutcome {
+    /// Every valid entry (relative key → endpoint and mod revision), the revision the
+    /// pages were read at, and the refused keys.
+    Done(
+        BTreeMap<String, (Endpoint, i64)>,
+        i64,
+        std::collections::BTreeSet<String>,
+    ),
+    /// The list revision was compacted before the last page (the revision).
+    Compacted(i64),
+}
+
+/// The end of the key range of every key starting with `prefix` (etcd's range end of
+/// a prefix: the last byte below 0xff incremented, the rest dropped; all 0xff: every
+/// key after it, `"\0"`).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|b| *b < 0xff) {
+        Some(i) => {
+            let mut end = prefix[..=i].to_vec();
+            end[i] += 1;
+            end
+        }
+        None => vec![0],
+    }
+}
+
+/// The smallest key after `key`: where the next page starts.
+fn key_after(mut key: Vec<u8>) -> Vec<u8> {
+    key.push(0);
+    key
+}
+
+fn grpc_status(e: &RegistryError) -> Option<&tonic::Status> {
+    match e {
+        RegistryError::Etcd {
+            source: etcd_client::Error::GRpcStatus(status),
+            ..
+        } => Some(status),
+        _ => None,
+    }
+}
+
+/// The answer was larger than the client decodes (tonic: `OutOfRange`, "decoded
+/// message length too large").
+fn is_too_large(e: &RegistryError) -> bool {
+    grpc_status(e)
+        .is_some_and(|s| s.code() == tonic::Code::OutOfRange && s.message().contains("too large"))
+}
+
+/// etcd does not have the revision asked for yet (`OutOfRange`, "required revision is
+/// a future revision"): it lost revisions this backend saw (restored from an older
+/// snapshot).
+fn is_future(e: &RegistryError) -> bool {
+    grpc_status(e)
+        .is_some_and(|s| s.code() == tonic::Code::OutOfRange && s.message().contains("future"))
+}
+
+/// etcd compacted the revision asked for (`OutOfRange`, "required revision has been
+/// compacted").
+fn is_compacted(e: &RegistryError) -> bool {
+    grpc_status(e)
+        .is_some_and(|s| s.code() == tonic::Code::OutOfRange && s.message().contains("compacted"))
+}
 
 /// The etcd backend (see the module docs).
 pub struct EtcdRegistry {
@@ -95,8 +178,10 @@ struct Ops {
 
 #[derive(Default)]
 struct ViewState {
-    /// Endpoints by key, with their mod revision.
-    entries: BTreeMap<String, (Endpoint, i64)>,
+    /// Endpoints by key.
+    entries: BTreeMap<String, Endpoint>,
+    /// The mod revision of each entry in `entries`, by key.
+    revs: BTreeMap<String, i64>,
     /// Own deletes applied before the watch reported them: key → delete revision, so an
     /// older put event replayed by the watch does not resurrect the key.
     tombstones: BTreeMap<String, i64>,
@@ -106,46 +191,148 @@ struct ViewState {
     generation: u64,
     /// The resume revision was compacted: the next session lists instead of resuming.
     needs_list: bool,
+    /// Counts the published views whose endpoints differ from the one before.
+    seq: u64,
+    /// The change of the last published endpoint change ([`View::delta`]).
+    delta: Arc<Delta>,
+    /// Keys changed since the last publish, folded per key.
+    pending: BTreeMap<String, Change>,
+}
+
+/// How one key's endpoint changed since the last published view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Added,
+    Changed,
+    Removed,
 }
 
 impl ViewState {
+    /// Folds one more change of `key` into the pending delta: the delta says how the
+    /// key differs between the last published view and now, whatever happened in
+    /// between (added then removed is nothing, removed then added is a change).
+    fn note(&mut self, key: &str, change: Change) {
+        use Change::*;
+        let folded = match (self.pending.get(key).copied(), change) {
+            (None, c) => Some(c),
+            (Some(Added), Removed) => None,
+            (Some(Added), _) => Some(Added),
+            (Some(Removed), Added | Changed) => Some(Changed),
+            (Some(Changed), Removed) => Some(Removed),
+            (Some(prev), _) => Some(prev),
+        };
+        match folded {
+            Some(c) => {
+                self.pending.insert(key.to_string(), c);
+            }
+            None => {
+                self.pending.remove(key);
+            }
+        }
+    }
+
+    /// Puts `ep` at `rev` unless the view holds a newer write of `key` (or a newer own
+    /// delete). Returns true if the view changed.
     fn apply_put(&mut self, key: String, ep: Endpoint, rev: i64) -> bool {
-        if self.entries.get(&key).is_some_and(|(_, r)| *r >= rev)
+        if self.revs.get(&key).is_some_and(|r| *r >= rev)
             || self.tombstones.get(&key).is_some_and(|r| *r >= rev)
         {
             return false;
         }
         self.tombstones.remove(&key);
-        self.entries.insert(key, (ep, rev));
+        self.revs.insert(key.clone(), rev);
+        match self.entries.get_mut(&key) {
+            Some(old) if *old == ep => {}
+            Some(old) => {
+                *old = ep;
+                self.note(&key, Change::Changed);
+            }
+            None => {
+                self.note(&key, Change::Added);
+                self.entries.insert(key, ep);
+            }
+        }
         true
     }
 
     fn apply_delete(&mut self, key: String, rev: i64) -> bool {
-        if self.entries.get(&key).is_some_and(|(_, r)| *r > rev) {
+        if self.revs.get(&key).is_some_and(|r| *r > rev) {
             return false;
         }
         let removed = self.entries.remove(&key).is_some();
+        self.revs.remove(&key);
+        if removed {
+            self.note(&key, Change::Removed);
+        }
         if rev > self.revision {
             self.tombstones.insert(key, rev);
         }
         removed
     }
 
-    fn snapshot(&self) -> View {
+    /// Merges a complete list of the prefix at revision `at` into the view: keys the
+    /// list lacks are removed, keys whose value differs are changed, new keys are
+    /// added, and nothing else moves, so a subscriber sees only what changed while the
+    /// watch was down. A key the view holds at a revision newer than the list (an own
+    /// write or delete applied after the list's revision) keeps its newer state: the
+    /// watch, restarted at `at + 1`, delivers it again.
+    fn relist(&mut self, listed: BTreeMap<String, (Endpoint, i64)>, at: i64) {
+        // The mutant replaces the view with the list, as the backend did before: every
+        // listed key is news to the subscribers.
+        #[cfg(flock_reintroduce = "etcd-relist-replace")]
+        {
+            self.entries.clear();
+            self.revs.clear();
+        }
+        let gone: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|k| !listed.contains_key(*k))
+            .filter(|k| self.revs.get(*k).is_none_or(|r| *r <= at))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.entries.remove(&key);
+            self.revs.remove(&key);
+            self.note(&key, Change::Removed);
+        }
+        for (key, (ep, rev)) in listed {
+            if self.tombstones.get(&key).is_some_and(|t| *t > at) {
+                continue;
+            }
+            self.apply_put(key, ep, rev);
+        }
+        self.tombstones.retain(|_, t| *t > at);
+        self.revision = at;
+        self.needs_list = false;
+    }
+
+    /// The view to publish: takes the pending changes as the next [`View::delta`].
+    fn snapshot(&mut self) -> View {
+        if !self.pending.is_empty() {
+            let mut delta = Delta::default();
+            for (key, change) in std::mem::take(&mut self.pending) {
+                match change {
+                    Change::Added => delta.added.push(key),
+                    Change::Changed => delta.changed.push(key),
+                    Change::Removed => delta.removed.push(key),
+                }
+            }
+            self.seq += 1;
+            self.delta = Arc::new(delta);
+        }
         View {
-            endpoints: self
-                .entries
-                .iter()
-                .map(|(k, (e, _))| (k.clone(), e.clone()))
-                .collect(),
+            endpoints: self.entries.clone(),
             revisions: self
-                .entries
+                .revs
                 .iter()
-                .map(|(k, (_, rev))| (k.clone(), u64::try_from(*rev).unwrap_or(0)))
+                .map(|(k, rev)| (k.clone(), u64::try_from(*rev).unwrap_or(0)))
                 .collect(),
             revision: u64::try_from(self.revision).unwrap_or(0),
             synced: self.synced,
             generation: self.generation,
+            seq: self.seq,
+            delta: Arc::clone(&self.delta),
         }
     }
 }
@@ -161,7 +348,7 @@ impl Shared {
         format!("{}{}", self.prefix, key)
     }
 
-    fn publish(&self, state: &ViewState) {
+    fn publish(&self, state: &mut ViewState) {
         self.view_tx.send_replace(Arc::new(state.snapshot()));
     }
 
@@ -279,7 +466,7 @@ impl Shared {
             let rev = self.put_raw(key, ep, lease).await?;
             let mut view = self.view.lock();
             if view.apply_put(key.clone(), ep.clone(), rev) {
-                self.publish(&view);
+                self.publish(&mut view);
             }
         }
         tracing::info!(registry = %self.describe, node = %self.node, lease, endpoints = ops.own.len(), "own endpoints re-put under the new lease");
@@ -308,38 +495,200 @@ impl Shared {
         Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
     }
 
-    /// Lists the prefix and replaces the view's entries; returns the list revision.
+    /// Lists the whole prefix in pages, all at the revision of the first page, and
+    /// merges the result into the view ([`ViewState::relist`]: a diff, not a
+    /// replacement); returns the list revision, from which the watch continues.
+    ///
+    /// One answer of the whole prefix can be larger than a gRPC message may be (the
+    /// client refuses to decode more than 4 MiB: a registry of ~10,000 endpoints), so
+    /// every list is paged: at most [`LIST_PAGE_ENTRIES`] entries and at most
+    /// [`LIST_MAX_MESSAGE`] bytes per answer, the next page starting after the last
+    /// key of the one before. A page over the byte bound is asked again with half the
+    /// entries; an entry over the bound on its own is skipped alone (its key read
+    /// without its value), counted and warned about as [`Reject::Oversized`]. If etcd
+    /// compacts the first page's revision before the last page is read, the list
+    /// starts over at a new revision, a bounded number of times.
     async fn list(&self) -> Result<i64, RegistryError> {
-        let mut kv = self.client.kv_client();
-        let resp = self
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.list_pages().await {
+                Ok(ListOutcome::Done(listed, rev, refused)) => {
+                    // Keys refused before and gone since: a later bad value under them
+                    // is news.
+                    self.rejections.retain(|k| refused.contains(k));
+                    let mut view = self.view.lock();
+                    view.relist(listed, rev);
+                    return Ok(rev);
+                }
+                Ok(ListOutcome::Compacted(rev)) if attempt < LIST_ATTEMPTS => {
+                    tracing::info!(registry = %self.describe, revision = rev, "list revision compacted between pages; listing again");
+                }
+                Ok(ListOutcome::Compacted(rev)) => {
+                    return Err(RegistryError::Unavailable {
+                        backend: self.describe.clone(),
+                        op: "list",
+                        key: self.prefix.clone(),
+                        reason: format!(
+                            "etcd compacted the list revision before its last page was read, \
+                             {LIST_ATTEMPTS} times in a row (last at revision {rev})"
+                        ),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One paged pass over the prefix (see [`Shared::list`]).
+    async fn list_pages(&self) -> Result<ListOutcome, RegistryError> {
+        let end = prefix_end(self.prefix.as_bytes());
+        let mut from = self.prefix.as_bytes().to_vec();
+        // 0 until the first answer: then every page reads at that revision.
+        let mut rev = 0i64;
+        let mut limit = LIST_PAGE_ENTRIES;
+        let mut listed = BTreeMap::new();
+        let mut refused = std::collections::BTreeSet::new();
+        let mut pages = 0u32;
+        let started = Instant::now();
+        loop {
+            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
+            if rev > 0 {
+                opts = opts.with_revision(rev);
+            }
+            let mut kv = self
+                .client
+                .kv_client()
+                .max_decoding_message_size(LIST_MAX_MESSAGE);
+            let resp = match self
+                .call("list", &self.prefix, kv.get(from.clone(), Some(opts)))
+                .await
+            {
+                Ok(resp) => resp,
+                Err(e) if is_compacted(&e) => return Ok(ListOutcome::Compacted(rev)),
+                Err(e) if is_too_large(&e) && limit > 1 => {
+                    limit = (limit / 2).max(1);
+                    continue;
+                }
+                Err(e) if is_too_large(&e) => {
+                    let (key, at) = self.oversized_key(&from, &end, rev).await?;
+                    if rev == 0 {
+                        rev = at;
+                    }
+                    let Some(key) = key else { break };
+                    let rel = String::from_utf8_lossy(
+                        key.strip_prefix(self.prefix.as_bytes()).unwrap_or(&key),
+                    )
+                    .into_owned();
+                    self.rejections.reject(
+                        &self.describe,
+                        &rel,
+                        &Rejected::new(
+                            Reject::Oversized,
+                            format!(
+                                "its value does not fit a list answer of {LIST_MAX_MESSAGE} bytes \
+                                 on its own (the entry limit is {MAX_ENTRY_BYTES})"
+                            ),
+                        ),
+                    );
+                    refused.insert(rel);
+                    from = key_after(key);
+                    limit = 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            pages += 1;
+            if rev == 0 {
+                rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            for kv in resp.kvs() {
+                match self.decode(kv.key(), kv.value()) {
+                    Decoded::Valid(key, ep) => {
+                        listed.insert(key, (*ep, kv.mod_revision()));
+                    }
+                    Decoded::Refused(key) => {
+                        refused.insert(key);
+                    }
+                    Decoded::Foreign => {}
+                }
+            }
+            match resp.kvs().last() {
+                Some(last) if resp.more() => from = key_after(last.key().to_vec()),
+                _ => break,
+            }
+            // Back towards full pages after a split around a large entry.
+            limit = (limit * 2).min(LIST_PAGE_ENTRIES);
+        }
+        tracing::debug!(registry = %self.describe, revision = rev, pages, entries = listed.len(), refused = refused.len(), elapsed = ?started.elapsed(), "listed the registry prefix");
+        Ok(ListOutcome::Done(listed, rev, refused))
+    }
+
+    /// The first key in `[from, end)` at `rev` (0: the latest), read without its value,
+    /// and the revision read at: the entry a one-entry page could not carry.
+    async fn oversized_key(
+        &self,
+        from: &[u8],
+        end: &[u8],
+        rev: i64,
+    ) -> Result<(Option<Vec<u8>>, i64), RegistryError> {
+        let mut opts = GetOptions::new()
+            .with_range(end.to_vec())
+            .with_limit(1)
+            .with_keys_only();
+        if rev > 0 {
+            opts = opts.with_revision(rev);
+        }
+        // Keys are bounded by etcd's request size limit, not by ours: the one read of a
+        // key alone may take a larger answer than a page.
+        let mut kv = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(MAX_SKIPPED_KEY_MESSAGE);
+        let mut resp = self
+            .call("list", &self.prefix, kv.get(from.to_vec(), Some(opts)))
+            .await?;
+        let at = resp.header().map(|h| h.revision()).unwrap_or(rev);
+        Ok((
+            resp.take_kvs()
+                .into_iter()
+                .next()
+                .map(|kv| kv.key().to_vec()),
+            at,
+        ))
+    }
+
+    /// Whether etcd still holds revision `rev` (not compacted, not from before a
+    /// restore that lost it), so a watch from `rev + 1` replays every change since.
+    ///
+    /// etcd confirms a watch whose start revision was compacted like any other and
+    /// cancels it only afterwards: resuming without this check would mark the old view
+    /// synced for a moment before the re-list.
+    async fn still_readable(&self, rev: i64) -> Result<bool, RegistryError> {
+        let opts = GetOptions::new()
+            .with_range(prefix_end(self.prefix.as_bytes()))
+            .with_limit(1)
+            .with_keys_only()
+            .with_revision(rev);
+        let mut kv = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(MAX_SKIPPED_KEY_MESSAGE);
+        match self
             .call(
                 "list",
                 &self.prefix,
-                kv.get(self.prefix.clone(), Some(GetOptions::new().with_prefix())),
+                kv.get(self.prefix.clone(), Some(opts)),
             )
-            .await?;
-        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-        let mut entries = BTreeMap::new();
-        let mut refused = std::collections::BTreeSet::new();
-        for kv in resp.kvs() {
-            match self.decode(kv.key(), kv.value()) {
-                Decoded::Valid(key, ep) => {
-                    entries.insert(key, (*ep, kv.mod_revision()));
-                }
-                Decoded::Refused(key) => {
-                    refused.insert(key);
-                }
-                Decoded::Foreign => {}
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_compacted(&e) || is_future(&e) => {
+                tracing::warn!(registry = %self.describe, revision = rev, reason = %e, "watch resume revision no longer readable; re-listing");
+                Ok(false)
             }
+            Err(e) => Err(e),
         }
-        // Keys refused before and gone since: a later bad value under them is news.
-        self.rejections.retain(|k| refused.contains(k));
-        let mut view = self.view.lock();
-        view.entries = entries;
-        view.tombstones.clear();
-        view.revision = rev;
-        view.needs_list = false;
-        Ok(rev)
     }
 
     /// Creates the prefix watch from `start` and waits for etcd to confirm it. `Ok(None)`
@@ -416,14 +765,14 @@ impl Shared {
         view.tombstones.retain(|_, r| *r > upto);
         // The revision moved even if nothing visible changed; publish anyway.
         let _ = changed;
-        self.publish(&view);
+        self.publish(&mut view);
     }
 
     fn mark_unsynced(&self) {
         let mut view = self.view.lock();
         if view.synced {
             view.synced = false;
-            self.publish(&view);
+            self.publish(&mut view);
         }
     }
 
@@ -476,10 +825,16 @@ impl Shared {
             let view = self.view.lock();
             (view.revision, view.needs_list || view.revision == 0)
         };
-        let stream = if needs_list {
-            None
-        } else {
+        // The mutant resumes without checking, as the backend did before: the old view
+        // is published as synced until etcd cancels the watch.
+        #[cfg(flock_reintroduce = "etcd-resume-compacted")]
+        let resume_ok = !needs_list;
+        #[cfg(not(flock_reintroduce = "etcd-resume-compacted"))]
+        let resume_ok = !needs_list && self.still_readable(resume).await?;
+        let stream = if resume_ok {
             self.watch_from(resume + 1).await?
+        } else {
+            None
         };
         let stream = match stream {
             Some(s) => s,
@@ -499,7 +854,7 @@ impl Shared {
         view.synced = true;
         view.generation += 1;
         tracing::info!(registry = %self.describe, node = %self.node, generation = view.generation, revision = view.revision, endpoints = view.entries.len(), "registry synced");
-        self.publish(&view);
+        self.publish(&mut view);
         Ok((keeper, ka_stream, stream))
     }
 
@@ -763,7 +1118,7 @@ impl Registry for EtcdRegistry {
         ops.own.insert(key.clone(), ep.clone());
         let mut view = self.shared.view.lock();
         if view.apply_put(key, ep.clone(), rev) {
-            self.shared.publish(&view);
+            self.shared.publish(&mut view);
         }
         Ok(u64::try_from(rev).unwrap_or(0))
     }
@@ -781,7 +1136,7 @@ impl Registry for EtcdRegistry {
         if deleted {
             let mut view = self.shared.view.lock();
             if view.apply_delete(key.to_string(), rev) {
-                self.shared.publish(&view);
+                self.shared.publish(&mut view);
             }
         }
         Ok(deleted)
@@ -810,7 +1165,7 @@ impl Registry for EtcdRegistry {
         let at = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut view = self.shared.view.lock();
         if view.apply_delete(key.to_string(), at) {
-            self.shared.publish(&view);
+            self.shared.publish(&mut view);
         }
         Ok(true)
     }
@@ -877,5 +1232,135 @@ fn tls_options(
 impl EtcdRegistry {
     fn view_tx_synced(&self) -> bool {
         self.shared.view_tx.borrow().synced
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Health, Protocol};
+    use flock_core::pod::PodKey;
+
+    fn ep(pod: &str, last: u8) -> Endpoint {
+        Endpoint {
+            service: "web".into(),
+            namespace: "default".into(),
+            service_port: 8080,
+            protocol: Protocol::Http,
+            address: std::net::IpAddr::from([10, 0, 0, last]),
+            port: 15006,
+            node: "n1".into(),
+            pod: format!("default/{pod}"),
+            pod_key: PodKey::new(pod, "eth0"),
+            region: "r".into(),
+            zone: "z".into(),
+            health: Health::Healthy,
+            identity: None,
+            also_accept: Vec::new(),
+        }
+    }
+
+    fn listed(entries: &[(&str, u8, i64)]) -> BTreeMap<String, (Endpoint, i64)> {
+        entries
+            .iter()
+            .map(|(k, last, rev)| (k.to_string(), (ep(k, *last), *rev)))
+            .collect()
+    }
+
+    fn delta(added: &[&str], changed: &[&str], removed: &[&str]) -> Delta {
+        let v = |s: &[&str]| s.iter().map(|k| k.to_string()).collect();
+        Delta {
+            added: v(added),
+            changed: v(changed),
+            removed: v(removed),
+        }
+    }
+
+    /// A re-list reports only the keys that differ: removed, changed, added; an entry
+    /// re-listed with the same value (even at a new mod revision) is not a change.
+    #[test]
+    fn relist_is_a_diff() {
+        let mut s = ViewState::default();
+        s.relist(
+            listed(&[("a", 1, 10), ("b", 2, 11), ("c", 3, 12), ("d", 4, 13)]),
+            20,
+        );
+        let v = s.snapshot();
+        assert_eq!(v.seq, 1);
+        assert_eq!(*v.delta, delta(&["a", "b", "c", "d"], &[], &[]));
+
+        // b gone, c moved, d re-put with the same value, e new.
+        s.relist(
+            listed(&[("a", 1, 10), ("c", 9, 25), ("d", 4, 26), ("e", 5, 27)]),
+            30,
+        );
+        let v = s.snapshot();
+        assert_eq!(v.seq, 2);
+        assert_eq!(*v.delta, delta(&["e"], &["c"], &["b"]));
+        assert_eq!(v.revisions["d"], 26);
+        assert_eq!(v.revision, 30);
+        assert_eq!(v.endpoints["c"], ep("c", 9));
+
+        // The same list again: nothing changed, no new delta.
+        s.relist(
+            listed(&[("a", 1, 10), ("c", 9, 25), ("d", 4, 26), ("e", 5, 27)]),
+            31,
+        );
+        let v = s.snapshot();
+        assert_eq!(v.seq, 2, "an unchanged re-list is not a change");
+    }
+
+    /// State newer than the list (an own put or delete applied after the list's
+    /// revision) survives the re-list; the watch from the list revision delivers it.
+    #[test]
+    fn relist_keeps_newer_state() {
+        let mut s = ViewState::default();
+        s.relist(listed(&[("a", 1, 10), ("b", 2, 11)]), 20);
+        s.snapshot();
+        assert!(s.apply_put("own".into(), ep("own", 7), 40));
+        assert!(s.apply_delete("b".into(), 41));
+        s.relist(listed(&[("a", 1, 10), ("b", 2, 11)]), 35);
+        let v = s.snapshot();
+        assert!(
+            v.endpoints.contains_key("own"),
+            "own put at 40 > list at 35"
+        );
+        assert!(
+            !v.endpoints.contains_key("b"),
+            "own delete at 41 > list at 35"
+        );
+        assert_eq!(*v.delta, delta(&["own"], &[], &["b"]));
+    }
+
+    /// Changes between two publishes fold per key into how the key differs.
+    #[test]
+    fn changes_fold_per_key() {
+        let mut s = ViewState::default();
+        s.relist(listed(&[("a", 1, 10)]), 10);
+        s.snapshot();
+        assert!(s.apply_put("x".into(), ep("x", 1), 11));
+        assert!(s.apply_delete("x".into(), 12));
+        assert!(s.apply_delete("a".into(), 13));
+        assert!(s.apply_put("a".into(), ep("a", 2), 14));
+        let v = s.snapshot();
+        assert_eq!(*v.delta, delta(&[], &["a"], &[]));
+        assert!(s.apply_delete("a".into(), 15));
+        assert!(s.apply_put("a".into(), ep("a", 2), 16));
+        let before = v.seq;
+        let v = s.snapshot();
+        assert_eq!(v.seq, before + 1);
+        assert_eq!(
+            *v.delta,
+            delta(&[], &["a"], &[]),
+            "removed then added is a change"
+        );
+    }
+
+    #[test]
+    fn key_ranges() {
+        assert_eq!(prefix_end(b"/flock/"), b"/flock0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+        assert_eq!(key_after(b"k".to_vec()), b"k\0".to_vec());
     }
 }

@@ -46,6 +46,7 @@ impl State {
             revision: self.revision,
             synced: true,
             generation: 1,
+            ..View::default()
         }
     }
 }

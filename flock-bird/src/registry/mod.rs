@@ -119,6 +119,35 @@ pub struct View {
     /// Increments on every (re)connect + resync. The agent runs orphan GC when it
     /// changes, because changes may have been missed in between.
     pub generation: u64,
+    /// Counts the views whose [`View::endpoints`] differ from the view before (etcd;
+    /// 0 for backends that do not report changes). Unchanged by a publish that only
+    /// moves the revision or the sync state.
+    pub seq: u64,
+    /// The keys whose endpoint differs between the view of `seq - 1` and this one
+    /// (etcd; empty for backends that do not report changes). The watch channel keeps
+    /// only the newest view: a subscriber that last saw `seq - 1` applies this delta,
+    /// one that missed a view compares the whole [`View::endpoints`].
+    pub delta: Arc<Delta>,
+}
+
+/// How a view's endpoints differ from the view before it ([`View::delta`]), by key.
+/// A key is in at most one list; a re-list after a lost watch reports only the keys
+/// that changed while the watch was down.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// Keys new in this view.
+    pub added: Vec<String>,
+    /// Keys whose endpoint changed.
+    pub changed: Vec<String>,
+    /// Keys gone from this view.
+    pub removed: Vec<String>,
+}
+
+impl Delta {
+    /// True if no key changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    }
 }
 
 /// An endpoint registry backend (see the module docs).
