@@ -426,6 +426,15 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
         "Registry writes the registry sync has left to do",
         m.registry_pending_ops.load(Ordering::Relaxed),
     );
+    let out_of_sync_for = match agent.registry_out_of_sync() {
+        None => Duration::ZERO,
+        Some(_) => agent.registry_sync_status().since_in_sync(),
+    };
+    s.gauge(
+        "flock_registry_out_of_sync_ms",
+        "0 while the registry is in sync; else milliseconds since it last held exactly this node's wanted endpoints",
+        u64::try_from(out_of_sync_for.as_millis()).unwrap_or(u64::MAX),
+    );
     s.counter(
         "flock_registry_sync_errors",
         "Registry sync rounds that failed (each is retried with backoff)",

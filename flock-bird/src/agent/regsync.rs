@@ -52,7 +52,7 @@ pub const LINGER: Duration = Duration::from_secs(60);
 const MAX_PLANS_PER_ROUND: usize = 8;
 
 /// Where the registry sync stands (for `/readyz`, `/metrics` and waiters).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyncStatus {
     /// The highest request the registry fully reflects.
     pub applied: u64,
@@ -64,6 +64,16 @@ pub struct SyncStatus {
     pub pending: usize,
     /// Why the last round failed, while out of sync.
     pub last_error: Option<String>,
+    /// When a round last left the registry matching the live pods (at start: when the
+    /// sync was created, with nothing to write yet).
+    pub last_ok: Instant,
+}
+
+impl SyncStatus {
+    /// How long ago the registry last matched the live pods.
+    pub fn since_in_sync(&self) -> Duration {
+        self.last_ok.elapsed()
+    }
 }
 
 #[derive(Default)]
@@ -94,8 +104,12 @@ impl RegSync {
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             status: watch::channel(SyncStatus {
+                applied: 0,
+                failed: 0,
                 in_sync: true,
-                ..SyncStatus::default()
+                pending: 0,
+                last_error: None,
+                last_ok: Instant::now(),
             })
             .0,
             started: AtomicBool::new(false),
@@ -130,6 +144,10 @@ impl Agent {
         if s.pending > 0 {
             why.push_str(&format!("; {} write(s) pending", s.pending));
         }
+        why.push_str(&format!(
+            "; last in sync {:.1}s ago",
+            s.since_in_sync().as_secs_f64()
+        ));
         if let Some(e) = &s.last_error {
             why.push_str(&format!("; last error: {e}"));
         }
@@ -449,6 +467,7 @@ async fn run(agent: Weak<Agent>, mut view: watch::Receiver<Arc<crate::registry::
                         s.in_sync = true;
                         s.pending = 0;
                         s.last_error = None;
+                        s.last_ok = Instant::now();
                     });
                 }
                 Err(RoundError(why)) => {
