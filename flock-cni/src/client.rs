@@ -1,5 +1,10 @@
 //! The plugin's gRPC client: `flock.cni.v1.CniService` on a unix socket, every call
 //! bounded by a deadline (connect included).
+//!
+//! Its errors name the real cause, because the operator's next step differs: no agent
+//! at the socket (start it), an agent that took the request and did not answer in time
+//! (it is alive but slow or stuck on a dependency; it finishes the operation on its
+//! own), or an agent that answered with an error (read its message).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -14,33 +19,71 @@ use crate::proto::v1::cni_service_client::CniServiceClient;
 /// Why a call to the agent did not produce an answer.
 #[derive(Debug)]
 pub enum AgentError {
-    /// Nothing listens on the socket (missing, refused, connection dropped).
-    Unreachable(String),
-    /// No connection to the socket within the timeout (nothing accepts it).
-    ConnectTimeout(Duration),
+    /// No connection could be made: nothing listens on the socket (the file is
+    /// missing, or the connection was refused).
+    Unreachable {
+        /// The agent's socket.
+        socket: PathBuf,
+        /// What connecting said ("connection refused", "no such socket", ...).
+        why: String,
+    },
+    /// No connection to the socket within the timeout: something holds the socket
+    /// but does not accept connections (its listen backlog is full).
+    ConnectTimeout {
+        /// The agent's socket.
+        socket: PathBuf,
+        /// The call's timeout.
+        after: Duration,
+    },
     /// Connected and sent, but no answer within the timeout: the agent is up and has
     /// the request (it completes the operation on its own; an ADD whose answer nobody
     /// received is undone).
-    Timeout(Duration),
+    Timeout {
+        /// The agent's socket.
+        socket: PathBuf,
+        /// The call's timeout.
+        after: Duration,
+    },
     /// The agent answered with a gRPC error status.
     Status(tonic::Status),
+}
+
+/// `d` as an operator reads it: whole seconds as "5 s", anything else in ms.
+fn span(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms > 0 && ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{ms} ms")
+    }
 }
 
 impl std::fmt::Display for AgentError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Unreachable(why) => write!(f, "agent unreachable: {why}"),
-            Self::ConnectTimeout(d) => write!(
+            Self::Unreachable { socket, why } => write!(
                 f,
-                "agent unreachable: no connection within {} ms",
-                d.as_millis()
+                "no flock agent at {}: {why} (is the flock agent running?)",
+                socket.display()
             ),
-            Self::Timeout(d) => write!(
+            Self::ConnectTimeout { socket, after } => write!(
                 f,
-                "the flock agent got the request but did not answer within {} ms",
-                d.as_millis()
+                "the flock agent did not accept a connection within {} at {}",
+                span(*after),
+                socket.display()
             ),
-            Self::Status(s) => write!(f, "agent returned gRPC {:?}: {}", s.code(), s.message()),
+            Self::Timeout { socket, after } => write!(
+                f,
+                "the flock agent did not answer within {} at {} (it has the request)",
+                span(*after),
+                socket.display()
+            ),
+            Self::Status(s) => write!(
+                f,
+                "the flock agent answered: gRPC {:?}: {}",
+                s.code(),
+                s.message()
+            ),
         }
     }
 }
@@ -52,8 +95,8 @@ impl AgentError {
     /// not answering in time: [`AgentError::Timeout`] is not unreachable).
     pub fn is_unreachable(&self) -> bool {
         match self {
-            Self::Unreachable(_) | Self::ConnectTimeout(_) => true,
-            Self::Timeout(_) => false,
+            Self::Unreachable { .. } | Self::ConnectTimeout { .. } => true,
+            Self::Timeout { .. } => false,
             Self::Status(s) => s.code() == tonic::Code::Unavailable,
         }
     }
@@ -69,7 +112,10 @@ pub async fn connect(socket: &Path) -> Result<CniServiceClient<Channel>, AgentEr
             async move { UnixStream::connect(path).await.map(TokioIo::new) }
         }))
         .await
-        .map_err(|e| AgentError::Unreachable(format!("{}: {}", socket.display(), chain(&e))))?;
+        .map_err(|e| AgentError::Unreachable {
+            socket: socket.to_owned(),
+            why: connect_failure(&e),
+        })?;
     Ok(CniServiceClient::new(channel))
 }
 
@@ -84,14 +130,48 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     let client = match tokio::time::timeout_at(deadline, connect(socket)).await {
         Ok(client) => client?,
-        Err(_) => return Err(AgentError::ConnectTimeout(timeout)),
+        Err(_) => {
+            return Err(AgentError::ConnectTimeout {
+                socket: socket.to_owned(),
+                after: timeout,
+            });
+        }
     };
     match tokio::time::timeout_at(deadline, call(client)).await {
         Ok(result) => result
             .map(tonic::Response::into_inner)
             .map_err(AgentError::Status),
-        Err(_) => Err(AgentError::Timeout(timeout)),
+        Err(_) => Err(AgentError::Timeout {
+            socket: socket.to_owned(),
+            after: timeout,
+        }),
     }
+}
+
+/// Why connecting failed, in words: the OS error when there is one (tonic wraps it in
+/// "transport error"), else the whole error chain.
+fn connect_failure(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::NotFound => "no such socket".into(),
+                std::io::ErrorKind::ConnectionRefused => {
+                    "connection refused (the socket exists but nothing listens on it)".into()
+                }
+                // A unix socket's connect does not wait on a full listen backlog.
+                std::io::ErrorKind::WouldBlock => {
+                    "its listen backlog is full (the agent is not accepting connections)".into()
+                }
+                std::io::ErrorKind::PermissionDenied => {
+                    format!("{io} (the plugin must run as root)")
+                }
+                _ => io.to_string(),
+            };
+        }
+        source = s.source();
+    }
+    chain(e)
 }
 
 /// An error and its sources, `: `-separated (tonic's transport errors hide the cause).

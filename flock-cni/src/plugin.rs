@@ -117,12 +117,6 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
         namespace: env.pod.namespace.clone(),
         uid: env.pod.uid.clone(),
     };
-    let unreachable_hint = |e: &AgentError| {
-        format!(
-            "{e} (is the flock agent running? it serves {})",
-            socket.display()
-        )
-    };
     match env.command {
         Command::Add => {
             let Some(prev) = &conf.prev_result else {
@@ -149,7 +143,7 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
             };
             let resp = client::call(socket, timeout, |mut c| async move { c.add_pod(req).await })
                 .await
-                .map_err(|e| agent_failure(&e, "ADD", &unreachable_hint(&e)))?;
+                .map_err(|e| agent_failure(&e, "ADD"))?;
             pod_outcome(&resp, "ADD")?;
             Ok(Output::ok(cni::to_line(&Value::Object(output))))
         }
@@ -175,17 +169,16 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
                 Err(e) if e.is_unreachable() => Ok(Output {
                     stdout: Vec::new(),
                     stderr: vec![format!(
-                        "flock-cni: DEL of container {} succeeded without the agent: {}; \
+                        "flock-cni: DEL of container {} succeeded without the agent: {e}; \
                          the agent's orphan GC removes the pod when it is back",
                         env.container_id,
-                        unreachable_hint(&e)
                     )],
                     exit_code: 0,
                 }),
                 // The agent has the DEL and completes it on its own (it does not
                 // abandon an operation whose caller went away): the pod is removed
                 // without the runtime having to wait for it.
-                Err(e @ AgentError::Timeout(_)) => Ok(Output {
+                Err(e @ AgentError::Timeout { .. }) => Ok(Output {
                     stdout: Vec::new(),
                     stderr: vec![format!(
                         "flock-cni: DEL of container {}: {e}; the agent completes the removal on its own",
@@ -193,7 +186,7 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
                     )],
                     exit_code: 0,
                 }),
-                Err(e) => Err(agent_failure(&e, "DEL", &e.to_string())),
+                Err(e) => Err(agent_failure(&e, "DEL")),
             }
         }
         Command::Check => {
@@ -214,7 +207,7 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
             };
             let resp = client::call(socket, timeout, |mut c| async move { c.check(req).await })
                 .await
-                .map_err(|e| agent_failure(&e, "CHECK", &unreachable_hint(&e)))?;
+                .map_err(|e| agent_failure(&e, "CHECK"))?;
             pod_outcome(&resp, "CHECK")?;
             Ok(Output::ok(Vec::new()))
         }
@@ -224,7 +217,7 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
             };
             let resp = client::call(socket, timeout, |mut c| async move { c.status(req).await })
                 .await
-                .map_err(|e| CniError::new(ErrorCode::NotAvailable, unreachable_hint(&e)))?;
+                .map_err(|e| CniError::new(ErrorCode::NotAvailable, format!("STATUS: {e}")))?;
             match Availability::try_from(resp.availability) {
                 Ok(Availability::Available) => Ok(Output::ok(Vec::new())),
                 Ok(Availability::LimitedConnectivity) => Err(CniError::new(
@@ -259,7 +252,7 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
                 c.garbage_collect(req).await
             })
             .await
-            .map_err(|e| agent_failure(&e, "GC", &unreachable_hint(&e)))?;
+            .map_err(|e| agent_failure(&e, "GC"))?;
             let outcome = Outcome::try_from(resp.outcome).unwrap_or(Outcome::Unspecified);
             if resp.errors.is_empty() && matches!(outcome, Outcome::Success | Outcome::Ignored) {
                 return Ok(Output::ok(Vec::new()));
@@ -298,13 +291,14 @@ fn ip_config(ip: &ResultIp) -> IpConfig {
 fn pod_outcome(resp: &PodResponse, verb: &str) -> Result<(), CniError> {
     match Outcome::try_from(resp.outcome) {
         Ok(Outcome::Success | Outcome::Ignored) => Ok(()),
+        // The agent's own words: whatever failed, it said so itself.
         Ok(Outcome::Error) if resp.refusal == Refusal::InvalidPod as i32 => Err(CniError::new(
             ErrorCode::InvalidPod,
-            format!("flock agent refused {verb}: {}", resp.message),
+            format!("{verb} refused: the flock agent answered: {}", resp.message),
         )),
         Ok(Outcome::Error) => Err(CniError::new(
             ErrorCode::AgentError,
-            format!("flock agent refused {verb}: {}", resp.message),
+            format!("{verb} failed: the flock agent answered: {}", resp.message),
         )),
         _ => Err(protocol_error(verb)),
     }
@@ -319,16 +313,16 @@ fn protocol_error(verb: &str) -> CniError {
     )
 }
 
-fn agent_failure(e: &AgentError, verb: &str, text: &str) -> CniError {
+/// A call that produced no answer, or an error status, as a CNI error that names the
+/// cause: no agent at the socket, an agent that did not answer in time, or the
+/// agent's own error.
+fn agent_failure(e: &AgentError, verb: &str) -> CniError {
     match e {
-        _ if e.is_unreachable() => CniError::new(
-            ErrorCode::TryAgainLater,
-            format!("{verb} could not reach the flock agent: {text}"),
-        ),
+        _ if e.is_unreachable() => CniError::new(ErrorCode::TryAgainLater, format!("{verb}: {e}")),
         // Not "could not reach": the agent is up and has the request. It runs the
         // operation to completion and undoes an ADD whose answer nobody received, so
         // a retry starts from a clean state.
-        AgentError::Timeout(_) => CniError::new(
+        AgentError::Timeout { .. } => CniError::new(
             ErrorCode::TryAgainLater,
             format!(
                 "{verb}: {e}; it finishes the operation on its own{}",
@@ -343,10 +337,7 @@ fn agent_failure(e: &AgentError, verb: &str, text: &str) -> CniError {
             ErrorCode::AgentProtocol,
             format!("flock agent does not implement {verb}: {}", s.message()),
         ),
-        _ => CniError::new(
-            ErrorCode::AgentError,
-            format!("{verb} failed in the flock agent: {text}"),
-        ),
+        _ => CniError::new(ErrorCode::AgentError, format!("{verb} failed: {e}")),
     }
 }
 

@@ -506,3 +506,75 @@ fn bad_input_gets_the_right_codes() {
         "no invalid invocation reached the agent"
     );
 }
+
+/// Each way an ADD can fail says which it was, so an operator knows where to look: the
+/// agent's own error ("the flock agent answered: ..."), no agent at the socket (missing
+/// file vs connection refused), or an agent that took the request and did not answer
+/// in time, each naming the socket. None of them is reported as another.
+#[test]
+fn add_errors_name_the_real_cause() {
+    let f = fixture();
+    let msg = |r: Run, code: u64| r.assert_error(code)["msg"].as_str().unwrap().to_owned();
+    let add = |c: &Value| cni(&f, "ADD", "c1", c);
+
+    // The agent answered with an error: its words, and nothing about reachability.
+    f.agent.set(|b| {
+        b.add_outcome = Outcome::Error;
+        b.add_message = "registry unavailable: etcd timed out".into();
+    });
+    let m = msg(add(&conf(&f, "1.1.0", Some(prev_result("1.1.0")))), 100);
+    assert!(
+        m.contains("the flock agent answered: registry unavailable: etcd timed out"),
+        "{m}"
+    );
+    assert!(
+        !m.contains("did not answer") && !m.contains("no flock agent"),
+        "{m}"
+    );
+
+    // No socket file at all.
+    let missing = f.dir.path().join("missing.sock");
+    let mut c = conf(&f, "1.1.0", Some(prev_result("1.1.0")));
+    c["agent_socket"] = json!(missing.to_str().unwrap());
+    let m = msg(add(&c), 11);
+    assert!(
+        m.contains(&format!(
+            "no flock agent at {}: no such socket",
+            missing.display()
+        )),
+        "{m}"
+    );
+
+    // A socket file nobody listens on (an agent that died): connection refused.
+    let dead = f.dir.path().join("dead.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+    c["agent_socket"] = json!(dead.to_str().unwrap());
+    let m = msg(add(&c), 11);
+    assert!(
+        m.contains(&format!(
+            "no flock agent at {}: connection refused",
+            dead.display()
+        )),
+        "{m}"
+    );
+
+    // The agent took the request and did not answer within the timeout.
+    f.agent.set(|b| {
+        b.add_outcome = Outcome::Success;
+        b.delay = Duration::from_secs(10);
+    });
+    let mut c = conf(&f, "1.1.0", Some(prev_result("1.1.0")));
+    c["timeout_ms"] = json!(300);
+    let m = msg(add(&c), 11);
+    assert!(
+        m.contains(&format!(
+            "the flock agent did not answer within 300 ms at {}",
+            f.agent.socket().display()
+        )),
+        "{m}"
+    );
+    assert!(
+        !m.contains("no flock agent") && !m.contains("answered:"),
+        "{m}"
+    );
+}
