@@ -16,6 +16,7 @@ pub mod probe;
 pub mod registry;
 pub mod runtime;
 pub mod store;
+pub mod xds_answers;
 pub mod xds_auth;
 
 /// Transparent capture's nftables I/O (`Nft::probe`, `apply`, `check`, `remove`),

@@ -332,8 +332,13 @@ pub async fn run(
         )),
         _ => None,
     };
+    // NACKs and slow ACKs go to the agent's report (/readyz, /metrics).
+    let hooks = crate::xds_answers::Fanout(vec![
+        envoy_acks as Arc<dyn flock_xds::callbacks::Callbacks>,
+        Arc::clone(agent.xds_answers()) as Arc<dyn flock_xds::callbacks::Callbacks>,
+    ]);
     let xds = Server::builder(Arc::clone(&cache))
-        .callbacks_arc(envoy_acks)
+        .callbacks(hooks)
         .identifier(format!("flock-agent/{}", opts.agent.node_name))
         .authorizer(AgentAuthorizer::new(opts.xds_access.clone()))
         .connection_limits(ConnectionLimits {

@@ -85,6 +85,12 @@ pub trait Views: Send + Sync + 'static {
     fn registry_sync(&self) -> Option<String> {
         None
     }
+    /// More `/readyz` lines: xDS clients that reject their config (NACK) or leave a
+    /// response unanswered too long. Not part of readiness either: a proxy's verdict
+    /// on a config must not stop pods from starting ([`crate::xds_answers`]).
+    fn xds_answers(&self) -> Option<String> {
+        None
+    }
     /// `/debug/pods`.
     fn pods(&self) -> Pods;
     /// `/debug/snapshot`.
@@ -235,6 +241,10 @@ fn respond<V: Views + ?Sized>(views: &V, req: &Request<Incoming>) -> Response<Fu
                 body.push_str(&sync);
                 body.push('\n');
             }
+            if let Some(xds) = views.xds_answers() {
+                body.push_str(&xds);
+                body.push('\n');
+            }
             text(status, body)
         }
         Route::Metrics => body(
@@ -316,6 +326,11 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
         "flock_agent_ready",
         "1 when /readyz is ready",
         u64::from(agent.not_ready().is_none()),
+    );
+    s.gauge(
+        "flock_agent_xds_streams_slow_ack",
+        "xDS streams with a response unanswered (no ACK or NACK) for over 5 s",
+        agent.xds_answers().slow(std::time::Instant::now()) as u64,
     );
     // Every agent counter: (metric name, help, the atomic it reads).
     let counters: [(&'static str, &'static str, &AtomicU64); 14] = [
@@ -445,6 +460,13 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
         "ADDs undone because the plugin went away before their answer (the runtime saw them fail)",
         m.adds_undone.load(Ordering::Relaxed),
     );
+    if let Some(issued) = agent.identity().and_then(|p| p.svids_issued()) {
+        s.counter(
+            "flock_identity_svids_issued",
+            "SVIDs the built-in CA signed: first issuances, rotations (one per identity per half-life of monotonic time) and re-issues under a new issuer",
+            issued,
+        );
+    }
     if let Some(snap) = agent.cache().snapshot(ENVOY_GROUP) {
         s.gauge(
             "flock_agent_xds_version",
@@ -461,6 +483,10 @@ impl Views for AgentViews {
 
     fn registry_sync(&self) -> Option<String> {
         self.agent.registry_out_of_sync()
+    }
+
+    fn xds_answers(&self) -> Option<String> {
+        self.agent.xds_answers().describe(std::time::Instant::now())
     }
 
     fn status(&self) -> Status {

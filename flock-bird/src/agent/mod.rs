@@ -39,6 +39,8 @@
 mod capture;
 mod config;
 mod error;
+#[cfg(feature = "fault-injection")]
+mod fault;
 mod gc;
 mod lifecycle;
 mod liveness;
@@ -124,6 +126,9 @@ pub struct Agent {
     /// Set once the registry's view was first synced: later outages do not make the
     /// agent unready (see [`Agent::not_ready`]).
     registry_synced_once: AtomicBool,
+    /// How the xDS clients answer (NACKs, slow ACKs): the server's hook, read by
+    /// `/readyz` and `/metrics`.
+    xds_answers: Arc<crate::xds_answers::XdsAnswers>,
     /// The metrics.
     pub metrics: AgentMetrics,
 }
@@ -157,6 +162,7 @@ impl Agent {
             netns_missing: Mutex::new(BTreeSet::new()),
             sync: Arc::new(regsync::RegSync::new()),
             registry_synced_once: AtomicBool::new(false),
+            xds_answers: Arc::default(),
             metrics: AgentMetrics::default(),
         }
     }
@@ -173,6 +179,11 @@ impl Agent {
     pub fn with_kube(mut self, kube: Arc<crate::kube::KubePods>) -> Self {
         self.kube = Some(kube);
         self
+    }
+
+    /// How the xDS clients answer: give it to the xDS server as a callbacks hook.
+    pub fn xds_answers(&self) -> &Arc<crate::xds_answers::XdsAnswers> {
+        &self.xds_answers
     }
 
     /// Kube mode's pod source, when on.

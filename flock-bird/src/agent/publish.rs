@@ -37,6 +37,12 @@ impl Agent {
                     &self.grpc_memo
                 });
                 let entries = memo.translate(&mesh, &opts);
+                #[cfg(feature = "fault-injection")]
+                let entries = if group == ENVOY_GROUP {
+                    super::fault::poison_if_armed(entries, self.store.dir())
+                } else {
+                    entries
+                };
                 let mut b = prev.edit();
                 for (type_url, list) in entries {
                     b.replace_type(type_url, list);

@@ -143,6 +143,84 @@ impl Collector for Refusals {
     }
 }
 
+/// The `flock_xds_streams_nacked{type}` family: streams whose latest answer for a
+/// type is a NACK, so the client runs an older config of that type than the one it
+/// was sent. The count per type says how many proxies are stuck; the NACK counter
+/// alone cannot (one proxy NACKing every push and many NACKing once look alike).
+#[derive(Debug, Default)]
+struct Nacked([Gauge; TypeLabel::ALL.len()]);
+
+impl Collector for Nacked {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "flock_xds_streams_nacked",
+            "Streams whose latest answer for a type is a NACK (the client keeps an older config of that type), by type.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for t in TypeLabel::ALL {
+            self.0[t as usize].encode(family.encode_family(&ByType(t))?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Which types one stream has NACKed, kept by the stream's task. A type stays NACKed
+/// until the client ACKs a response of it that carries resources: rejected resources
+/// are not resent until they change, so an ACK of a Delta response that only removes
+/// names says nothing about them. The stream's end clears every type (on drop,
+/// whatever way it ends), so the gauge counts open streams only.
+#[derive(Debug)]
+pub(crate) struct StreamNacks {
+    metrics: Metrics,
+    nacked: [bool; TypeLabel::ALL.len()],
+    /// Whether the latest response of each type carried resources (one response per
+    /// type is in flight at a time, so an ACK answers this one).
+    carried: [bool; TypeLabel::ALL.len()],
+}
+
+impl StreamNacks {
+    pub(crate) fn new(metrics: &Metrics) -> Self {
+        Self {
+            metrics: metrics.clone(),
+            nacked: [false; TypeLabel::ALL.len()],
+            carried: [false; TypeLabel::ALL.len()],
+        }
+    }
+
+    /// A response of `type_url` was sent, with `resources` resources.
+    pub(crate) fn sent(&mut self, type_url: &str, resources: usize) {
+        self.carried[TypeLabel::of(type_url) as usize] = resources > 0;
+    }
+
+    /// The client answered the latest response of `type_url` with a NACK (`true`) or
+    /// an ACK.
+    pub(crate) fn answered(&mut self, type_url: &str, nack: bool) {
+        let t = TypeLabel::of(type_url) as usize;
+        if !nack && !self.carried[t] {
+            return; // a removal-only ACK: whatever was rejected is still missing
+        }
+        if std::mem::replace(&mut self.nacked[t], nack) != nack {
+            let gauge = &self.metrics.nacked.0[t];
+            if nack {
+                gauge.inc();
+            } else {
+                gauge.dec();
+            }
+        }
+    }
+}
+
+impl Drop for StreamNacks {
+    fn drop(&mut self) {
+        for (t, nacked) in self.nacked.iter().enumerate() {
+            if *nacked {
+                self.metrics.nacked.0[t].dec();
+            }
+        }
+    }
+}
+
 /// Per-type event counted by [`Metrics`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Event {
@@ -204,6 +282,7 @@ pub struct Metrics {
     stream_errors: Counter,
     per_type: Arc<PerType>,
     refusals: Arc<Refusals>,
+    nacked: Arc<Nacked>,
     /// Connection and authorization counters (kept by `listen.rs` and `auth.rs`).
     pub(crate) transport: super::listen::TransportMetrics,
 }
@@ -270,6 +349,17 @@ impl Metrics {
         &self.per_type.0[event as usize][t as usize]
     }
 
+    /// Open streams whose latest answer for a type is a NACK, by the type's short
+    /// label (`"cds"`, `"lds"`…, `"other"`); 0 for a label that does not exist.
+    pub fn streams_nacked(&self, short_type: &str) -> u64 {
+        TypeLabel::ALL
+            .into_iter()
+            .find(|t| t.as_str() == short_type)
+            .map_or(0, |t| {
+                u64::try_from(self.nacked.0[t as usize].get()).unwrap_or(0)
+            })
+    }
+
     /// Streams open now.
     pub fn streams_open(&self) -> u64 {
         u64::try_from(self.streams_open.get()).unwrap_or(0)
@@ -314,6 +404,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(Arc::clone(&self.per_type)));
         registry.register_collector(Box::new(Arc::clone(&self.refusals)));
+        registry.register_collector(Box::new(Arc::clone(&self.nacked)));
         self.transport.register(registry);
     }
 
@@ -421,6 +512,39 @@ mod tests {
         );
         assert_eq!(m.refused_streams("max_open_streams"), 2);
         assert_eq!(m.refused_streams("nonsense"), 0);
+    }
+
+    #[test]
+    fn nacked_streams_follow_the_latest_answer_and_the_stream_end() {
+        let m = Metrics::default();
+        let mut a = StreamNacks::new(&m);
+        let mut b = StreamNacks::new(&m);
+        a.sent(types::CLUSTER, 3);
+        a.answered(types::CLUSTER, true);
+        a.sent(types::CLUSTER, 1);
+        a.answered(types::CLUSTER, true); // a second NACK: still one stream
+        b.sent(types::CLUSTER, 1);
+        b.answered(types::CLUSTER, true);
+        b.sent(types::LISTENER, 1);
+        b.answered(types::LISTENER, true);
+        assert_eq!(m.streams_nacked("cds"), 2);
+        assert_eq!(m.streams_nacked("lds"), 1);
+        b.sent(types::CLUSTER, 0);
+        b.answered(types::CLUSTER, false); // ACKed a removal only: still missing
+        assert_eq!(m.streams_nacked("cds"), 2);
+        b.sent(types::CLUSTER, 2);
+        b.answered(types::CLUSTER, false); // ACKed a later response with resources
+        assert_eq!(m.streams_nacked("cds"), 1);
+        drop(b); // the stream ended with LDS NACKed
+        assert_eq!(m.streams_nacked("lds"), 0);
+        let text = m.render_prometheus();
+        assert!(
+            samples(&text).contains(&"flock_xds_streams_nacked{type=\"cds\"} 1"),
+            "{text}"
+        );
+        drop(a);
+        assert_eq!(m.streams_nacked("cds"), 0);
+        assert_eq!(m.streams_nacked("nonsense"), 0);
     }
 
     #[test]

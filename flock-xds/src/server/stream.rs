@@ -27,7 +27,7 @@
 use super::Inner;
 use super::auth::{GroupChoice, Principal};
 use super::convert;
-use super::metrics::{Event, Refusal};
+use super::metrics::{Event, Refusal, StreamNacks};
 use crate::callbacks::{NodeInfo, ResponseInfo, StreamId, StreamKind};
 use crate::protocol::{DeltaAds, RequestKind, RequestOutcome, SotwAds, StreamStats};
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -304,6 +304,7 @@ pub(crate) async fn run<F: Flavor>(
     tracing::debug!(stream = id.0, node = ?node.id, %group, ?kind, "xDS stream opened");
 
     let mut machine = F::new();
+    let mut nacks = StreamNacks::new(&inner.metrics);
     let result = drive(
         &inner,
         id,
@@ -311,6 +312,7 @@ pub(crate) async fn run<F: Flavor>(
         &principal,
         fixed_type,
         &mut machine,
+        &mut nacks,
         first,
         &mut requests,
         snap_rx,
@@ -349,6 +351,7 @@ async fn drive<F: Flavor>(
     principal: &Principal,
     fixed_type: Option<&'static str>,
     machine: &mut F,
+    nacks: &mut StreamNacks,
     first: F::Req,
     requests: &mut Streaming<F::Req>,
     mut snapshots: SnapshotRx,
@@ -358,7 +361,9 @@ async fn drive<F: Flavor>(
     let current = Arc::clone(&snapshots.borrow_and_update());
     machine.on_snapshot(current.state(), current.version());
     drop(current);
-    on_request(inner, id, node, principal, machine, &first, fixed_type)?;
+    on_request(
+        inner, id, node, principal, machine, nacks, &first, fixed_type,
+    )?;
     // Whether polling may find something: set by every event, cleared when a poll
     // comes back empty, so an idle stream does not hold an outbound slot.
     let mut maybe_work = true;
@@ -371,7 +376,7 @@ async fn drive<F: Flavor>(
             req = requests.message() => {
                 match req {
                     Ok(Some(req)) => {
-                        on_request(inner, id, node, principal, machine, &req, fixed_type)?;
+                        on_request(inner, id, node, principal, machine, nacks, &req, fixed_type)?;
                         maybe_work = true;
                     }
                     Ok(None) => return Ok(()),
@@ -395,6 +400,7 @@ async fn drive<F: Flavor>(
                 };
                 match machine.poll(&inner.identifier) {
                     Some((resp, summary)) => {
+                        nacks.sent(&summary.type_url, summary.resources);
                         inner.metrics.count(&summary.type_url, Event::Response, 1);
                         inner.metrics.count(&summary.type_url, Event::ResourcesSent, summary.resources as u64);
                         inner.metrics.count(&summary.type_url, Event::ResourcesRemoved, summary.removed as u64);
@@ -421,12 +427,14 @@ async fn drive<F: Flavor>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn on_request<F: Flavor>(
     inner: &Inner,
     id: StreamId,
     node: &NodeInfo,
     principal: &Principal,
     machine: &mut F,
+    nacks: &mut StreamNacks,
     req: &F::Req,
     fixed_type: Option<&'static str>,
 ) -> Result<(), Status> {
@@ -453,7 +461,10 @@ fn on_request<F: Flavor>(
     let type_url = &outcome.type_url;
     inner.metrics.count(type_url, Event::Request, 1);
     match &outcome.kind {
-        RequestKind::Ack { .. } => inner.metrics.count(type_url, Event::Ack, 1),
+        RequestKind::Ack { .. } => {
+            inner.metrics.count(type_url, Event::Ack, 1);
+            nacks.answered(type_url, false);
+        }
         RequestKind::Stale => inner.metrics.count(type_url, Event::Stale, 1),
         RequestKind::Nack {
             version,
@@ -461,6 +472,7 @@ fn on_request<F: Flavor>(
             error,
         } => {
             inner.metrics.count(type_url, Event::Nack, 1);
+            nacks.answered(type_url, true);
             // An operator must see this: the client runs an older config than ours.
             // Every client string here is bounded by the limits (node ID, type URL,
             // error detail) and written escaped (`?`), so a NACK cannot forge log lines.

@@ -1,0 +1,62 @@
+//! Test builds only (feature `fault-injection`): configs a real Envoy rejects, on
+//! demand, so the Envoy-fault tests can make a real Envoy NACK every update.
+//!
+//! While the file [`SWITCH`] exists in the pod store's directory, every cluster and
+//! listener of the Envoy group's snapshots is made invalid the way Envoy's own
+//! validation catches it: a cluster gets a negative `connect_timeout` ("Invalid
+//! duration: Expected positive duration"), a listener loses its filter chains ("no
+//! filter chains specified"). Each resource keeps its name, and its content hash
+//! changes, so every CDS and LDS update carries only rejected resources and is NACKed
+//! whole; Envoy keeps its last accepted config. Once the file is gone, the next
+//! publish carries the valid resources again (their hashes differ from the poisoned
+//! ones), so Envoy is resent all of them and ACKs.
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::google::protobuf::{Any, Duration};
+use flock_core::ContentHash;
+use flock_xds::translate::Entries;
+use flock_xds::types::{CLUSTER, LISTENER};
+use prost::Message as _;
+use std::sync::Arc;
+
+/// The switch file's name in the store directory (not a pod file's name, so the
+/// store's load ignores it).
+pub const SWITCH: &str = "fault-xds-invalid";
+
+/// `entries` as they are, or poisoned while `store_dir`/[`SWITCH`] exists.
+pub(crate) fn poison_if_armed(mut entries: Entries, store_dir: &std::path::Path) -> Entries {
+    if !store_dir.join(SWITCH).exists() {
+        return entries;
+    }
+    tracing::warn!(
+        "fault injection: publishing clusters and listeners Envoy rejects ({SWITCH} exists)"
+    );
+    for (type_url, list) in entries.iter_mut() {
+        for (_, hash, any) in list.iter_mut() {
+            let value = match *type_url {
+                CLUSTER => Cluster::decode(any.value.as_slice()).ok().map(|mut c| {
+                    c.connect_timeout = Some(Duration {
+                        seconds: -1,
+                        nanos: 0,
+                    });
+                    c.encode_to_vec()
+                }),
+                LISTENER => Listener::decode(any.value.as_slice()).ok().map(|mut l| {
+                    l.filter_chains.clear();
+                    l.default_filter_chain = None;
+                    l.encode_to_vec()
+                }),
+                _ => None,
+            };
+            if let Some(value) = value {
+                *hash = ContentHash::of(&value);
+                *any = Arc::new(Any {
+                    type_url: any.type_url.clone(),
+                    value,
+                });
+            }
+        }
+    }
+    entries
+}
