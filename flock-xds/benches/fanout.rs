@@ -1,21 +1,32 @@
-//! Fan-out of one change to many Delta ADS streams on loopback.
+//! Fan-out of one change to many Delta ADS streams on loopback, server and clients in
+//! separate processes so each side's memory is measured on its own.
 //!
-//! The real server (`Server::serve_tcp` on 127.0.0.1:0) and N raw ADS clients run in
-//! one tokio multi-thread runtime. Every client opens a Delta stream on one of a few
-//! shared HTTP/2 connections, subscribes to all EDS (`*`) and ACKs every response.
+//! For each stream count N (`FLOCK_FANOUT_STREAMS`, a comma-separated list, default
+//! `1000,10000`) the bench runs, each in a fresh process:
 //!
-//! Prints:
-//! * resident memory per idle stream: (RSS with N streams open and idle − RSS with the
-//!   server and the connections up but no stream) / N. Client and server run in this
-//!   process, so this is **both sides** of a stream (server task, protocol machine,
-//!   h2 state on both ends, client task and its channel);
-//! * for 20 publishes of one changed `ClusterLoadAssignment`, one at a time, the
-//!   latency from the `Cache::update` call to the moment each client has the response
-//!   decoded: p50/p99 of the slowest stream per publish, and p50/p99 over all receipts.
+//! * a **server** process: the real server (`Server::serve_tcp` on 127.0.0.1:0) over a
+//!   cache of `FLOCK_FANOUT_RESOURCES` (default 10) `ClusterLoadAssignment`s;
+//! * a **client** process: N raw ADS clients (`flock_xds::client`), each one Delta
+//!   stream subscribed to all EDS (`*`) that ACKs every response, spread over
+//!   `FLOCK_FANOUT_CONNECTIONS` HTTP/2 connections (default N/100: the server's default
+//!   `max_concurrent_streams_per_connection` is 100).
+//!
+//! Both raise `RLIMIT_NOFILE` to its hard limit first (one connection per stream, N =
+//! 10,000, needs 10,000 descriptors on each side).
+//!
+//! Memory per idle stream: each process measures its resident set size before any
+//! connection (server: serving, no client yet; client: runtime up, nothing connected)
+//! and once every stream has its initial response ACKed and has been idle for 500 ms;
+//! the difference over N is that side's cost per stream, connections included (they
+//! are amortized over the streams they carry). "With the client" is the sum.
+//!
+//! Latency: `FLOCK_FANOUT_PUBLISHES` (default 20) publishes of one changed CLA, one at a
+//! time; each client stamps the wall clock (`SystemTime`, the one clock both processes
+//! share) when a response is decoded, and the server subtracts the stamp it took just
+//! before `Cache::update`. Reported: p50/p99 over publishes of the time until the
+//! slowest stream had it, and p50/p99 over every receipt.
 //!
 //! Not a criterion bench: `cargo bench -p flock-xds --bench fanout`.
-//! `FLOCK_FANOUT_STREAMS` (default 1000) sets N, `FLOCK_FANOUT_RESOURCES` (default 10)
-//! the number of CLAs in the set, `FLOCK_FANOUT_PUBLISHES` (default 20) the rounds.
 
 use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress, address, socket_address};
 use envoy_types::pb::envoy::config::endpoint::v3::{
@@ -26,15 +37,21 @@ use envoy_types::pb::google::protobuf::Any;
 use flock_core::ContentHash;
 use flock_xds::cache::Cache;
 use flock_xds::client;
-use flock_xds::server::Server;
+use flock_xds::server::{ConnectionLimits, Limits, Server};
 use flock_xds::types::ENDPOINT;
 use prost::Message;
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 const NODE: &str = "fanout";
-const WAIT: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
+/// The process role, set by the parent: `server` or `client`.
+const ROLE: &str = "FLOCK_FANOUT_ROLE";
 
 fn env_usize(name: &str, default: usize) -> usize {
     match std::env::var(name) {
@@ -53,6 +70,22 @@ fn rss_kib() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS in /proc/self/status")
+}
+
+/// Wall clock in nanoseconds: comparable between the server and client processes.
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos() as u64
+}
+
+/// Raises the soft descriptor limit to the hard one: each side holds one socket per
+/// connection.
+fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit");
 }
 
 fn cla_any(i: usize, generation: u32) -> (ContentHash, Any) {
@@ -104,12 +137,6 @@ fn delta_req(subscribe: &[&str], nonce: &str) -> DeltaDiscoveryRequest {
     }
 }
 
-/// One response received by one stream.
-struct Receipt {
-    version: u64,
-    at: Instant,
-}
-
 /// Nearest-rank percentile of sorted values.
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
@@ -117,24 +144,136 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// What one server run measured.
+struct Outcome {
+    streams: usize,
+    connections: usize,
+    server_kib_per_stream: f64,
+    client_kib_per_stream: f64,
+    opened: Duration,
+    slowest: Vec<Duration>,
+    all: Vec<Duration>,
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 fn main() {
     // `cargo bench` passes `--bench` (and maybe a filter): nothing to parse.
-    let streams = env_usize("FLOCK_FANOUT_STREAMS", 1000).max(1);
-    let resources = env_usize("FLOCK_FANOUT_RESOURCES", 10).max(1);
-    let publishes = env_usize("FLOCK_FANOUT_PUBLISHES", 20).max(1);
-    let connections = streams.div_ceil(125).clamp(1, 64).max(8.min(streams));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(run(streams, resources, publishes, connections));
+    raise_nofile();
+    match std::env::var(ROLE).as_deref() {
+        Ok("client") => runtime().block_on(client_process()),
+        Ok("server") => {
+            let outcome = runtime().block_on(server_process());
+            // One line for the parent.
+            println!(
+                "result {} {} {} {} {} {} | {}",
+                outcome.streams,
+                outcome.connections,
+                outcome.server_kib_per_stream,
+                outcome.client_kib_per_stream,
+                outcome.opened.as_nanos(),
+                join(&outcome.slowest),
+                join(&outcome.all),
+            );
+        }
+        Ok(other) => panic!("{ROLE}={other:?}"),
+        Err(_) => driver(),
+    }
 }
 
-async fn run(streams: usize, resources: usize, publishes: usize, connections: usize) {
-    let started = Instant::now();
+fn join(ds: &[Duration]) -> String {
+    ds.iter()
+        .map(|d| d.as_nanos().to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn split(s: &str) -> Vec<Duration> {
+    s.split(',')
+        .map(|n| Duration::from_nanos(n.parse().expect("nanoseconds")))
+        .collect()
+}
+
+/// Runs one server process (which runs its client process) per stream count and
+/// prints the table.
+fn driver() {
+    let sizes: Vec<usize> = std::env::var("FLOCK_FANOUT_STREAMS")
+        .unwrap_or_else(|_| "1000,10000".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("FLOCK_FANOUT_STREAMS: numbers"))
+        .collect();
+    let resources = env_usize("FLOCK_FANOUT_RESOURCES", 10).max(1);
+    let publishes = env_usize("FLOCK_FANOUT_PUBLISHES", 20).max(1);
+    let mut outcomes = Vec::new();
+    for streams in sizes {
+        let exe = std::env::current_exe().expect("own executable");
+        let out = std::process::Command::new(exe)
+            .env(ROLE, "server")
+            .env("FLOCK_FANOUT_N", streams.to_string())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run the server process");
+        assert!(out.status.success(), "server process: {}", out.status);
+        let stdout = String::from_utf8(out.stdout).expect("utf-8");
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("result "))
+            .expect("a result line");
+        let (head, all) = line.split_once(" | ").expect("result format");
+        let f: Vec<&str> = head.split(' ').collect();
+        outcomes.push(Outcome {
+            streams: f[0].parse().expect("streams"),
+            connections: f[1].parse().expect("connections"),
+            server_kib_per_stream: f[2].parse().expect("server KiB"),
+            client_kib_per_stream: f[3].parse().expect("client KiB"),
+            opened: Duration::from_nanos(f[4].parse().expect("opened")),
+            slowest: split(f[5]),
+            all: split(all),
+        });
+    }
+    println!();
+    println!(
+        "fan-out: Delta ADS streams on loopback, {resources} ClusterLoadAssignments, wildcard EDS,"
+    );
+    println!(
+        "         {publishes} publishes of one change; server and clients in separate processes"
+    );
+    println!();
+    println!(
+        "| streams | connections | opened in | all have it p50 | all have it p99 | one has it p50 | one has it p99 | RSS/idle stream, server | RSS/idle stream, server + client |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for o in &outcomes {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} KiB | {:.1} KiB |",
+            o.streams,
+            o.connections,
+            ms(o.opened),
+            ms(percentile(&o.slowest, 50.0)),
+            ms(percentile(&o.slowest, 99.0)),
+            ms(percentile(&o.all, 50.0)),
+            ms(percentile(&o.all, 99.0)),
+            o.server_kib_per_stream,
+            o.server_kib_per_stream + o.client_kib_per_stream,
+        );
+    }
+    println!();
+}
+
+async fn server_process() -> Outcome {
+    let streams = env_usize("FLOCK_FANOUT_N", 1000).max(1);
+    let resources = env_usize("FLOCK_FANOUT_RESOURCES", 10).max(1);
+    let publishes = env_usize("FLOCK_FANOUT_PUBLISHES", 20).max(1);
+    let connections = env_usize("FLOCK_FANOUT_CONNECTIONS", streams.div_ceil(100)).max(1);
+    let started = std::time::Instant::now();
     let cache = Arc::new(Cache::by_node_id());
     cache.update(NODE, |prev| {
         let mut b = prev.edit();
@@ -144,7 +283,18 @@ async fn run(streams: usize, resources: usize, publishes: usize, connections: us
         }
         b.build()
     });
-    let server = Server::new(Arc::clone(&cache));
+    let server = Server::builder(Arc::clone(&cache))
+        // The defaults cap a server at 4,096 streams and 1,024 connections.
+        .limits(Limits {
+            max_open_streams: streams.max(4096),
+            ..Limits::default()
+        })
+        .connection_limits(ConnectionLimits {
+            max_connections: connections.max(1024),
+            max_concurrent_streams_per_connection: streams.div_ceil(connections).max(100) as u32,
+            ..ConnectionLimits::default()
+        })
+        .build();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -160,16 +310,102 @@ async fn run(streams: usize, resources: usize, publishes: usize, connections: us
                 .await
         })
     };
-    let mut channels = Vec::new();
-    for _ in 0..connections {
-        channels.push(client::connect(&target).await.expect("connect"));
-    }
     // Let the runtime and allocator settle, then the 0-stream baseline.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_before = rss_kib();
 
-    // Open every stream; each reports its first response, then every later one.
-    let (receipts_tx, mut receipts) = mpsc::unbounded_channel::<Receipt>();
+    let exe = std::env::current_exe().expect("own executable");
+    let mut child = tokio::process::Command::new(exe)
+        .env(ROLE, "client")
+        .env("FLOCK_FANOUT_TARGET", &target)
+        .env("FLOCK_FANOUT_N", streams.to_string())
+        .env("FLOCK_FANOUT_CONNECTIONS", connections.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the client process");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let idle = next_line(&mut lines).await;
+    let client: Vec<u64> = idle
+        .strip_prefix("idle ")
+        .expect("idle line")
+        .split(' ')
+        .map(|v| v.parse().expect("KiB"))
+        .collect();
+    let opened = started.elapsed();
+    // The clients waited 500 ms after their last ACK: the server has processed them.
+    let rss_idle = rss_kib();
+    assert_eq!(server.metrics().streams_open(), streams as u64);
+
+    // Publish one change at a time; wait for every stream to receive it.
+    let mut slowest = Vec::with_capacity(publishes);
+    let mut all = Vec::with_capacity(publishes * streams);
+    for round in 0..publishes {
+        let i = round % resources;
+        let (hash, any) = cla_any(i, round as u32 + 1);
+        let t0 = now_ns();
+        let snap = cache.update(NODE, |prev| {
+            prev.edit().upsert(ENDPOINT, &name(i), hash, any).build()
+        });
+        let line = next_line(&mut lines).await;
+        let (version, stamps) = line
+            .strip_prefix("got ")
+            .and_then(|l| l.split_once(' '))
+            .expect("got line");
+        assert_eq!(version.parse::<u64>().ok(), Some(snap.version()));
+        let latencies: Vec<Duration> = stamps
+            .split(',')
+            .map(|s| Duration::from_nanos(s.parse::<u64>().expect("ns").saturating_sub(t0)))
+            .collect();
+        assert_eq!(latencies.len(), streams);
+        slowest.push(*latencies.iter().max().expect("streams"));
+        all.extend(latencies);
+        // Let ACKs drain before the next publish.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    slowest.sort();
+    all.sort();
+    drop(child.stdin.take());
+    let _ = tokio::time::timeout(WAIT, child.wait()).await;
+    let _ = stop.send(());
+    let _ = serving.await;
+    let per_stream = |before: u64, idle: u64| (idle as f64 - before as f64) / streams as f64;
+    Outcome {
+        streams,
+        connections,
+        server_kib_per_stream: per_stream(rss_before, rss_idle),
+        client_kib_per_stream: per_stream(client[0], client[1]),
+        opened,
+        slowest,
+        all,
+    }
+}
+
+/// The next line from the client process.
+async fn next_line(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> String {
+    tokio::time::timeout(WAIT * 2, lines.next_line())
+        .await
+        .expect("the client process answers in time")
+        .expect("read from the client process")
+        .expect("the client process ended early")
+}
+
+async fn client_process() {
+    let target = std::env::var("FLOCK_FANOUT_TARGET").expect("FLOCK_FANOUT_TARGET");
+    let streams = env_usize("FLOCK_FANOUT_N", 1000).max(1);
+    let resources = env_usize("FLOCK_FANOUT_RESOURCES", 10).max(1);
+    let connections = env_usize("FLOCK_FANOUT_CONNECTIONS", 1).max(1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_before = rss_kib();
+    let mut channels = Vec::new();
+    for _ in 0..connections {
+        channels.push(client::connect(&target).await.expect("connect"));
+    }
+    // Each stream reports when its initial response is ACKed, then every later
+    // response's version and receipt time.
+    let (receipts_tx, mut receipts) = mpsc::unbounded_channel::<(u64, u64)>();
     let (ready_tx, mut ready) = mpsc::unbounded_channel::<()>();
     let mut tasks = tokio::task::JoinSet::new();
     for s in 0..streams {
@@ -190,10 +426,10 @@ async fn run(streams: usize, resources: usize, publishes: usize, connections: us
                     Ok(resp) => resp,
                     Err(_) => return,
                 };
-                let at = Instant::now();
+                let at = now_ns();
                 ads.send(delta_req(&[], &resp.nonce)).expect("ack");
                 let version = resp.system_version_info.parse().expect("version");
-                if receipts_tx.send(Receipt { version, at }).is_err() {
+                if receipts_tx.send((version, at)).is_err() {
                     return;
                 }
             }
@@ -207,88 +443,38 @@ async fn run(streams: usize, resources: usize, publishes: usize, connections: us
             .expect("every stream gets its initial response in time")
             .expect("a stream task failed");
     }
-    let opened = started.elapsed();
     // Idle: ACKs processed, nothing in flight.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_idle = rss_kib();
-    assert_eq!(server.metrics().streams_open(), streams as u64);
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "idle {rss_before} {rss_idle}").expect("stdout");
+    out.flush().expect("stdout");
+    drop(out);
 
-    // Publish one change at a time; wait for every stream to receive it.
-    let mut slowest = Vec::with_capacity(publishes);
-    let mut all = Vec::with_capacity(publishes * streams);
-    for round in 0..publishes {
-        let i = round % resources;
-        let (hash, any) = cla_any(i, round as u32 + 1);
-        let t0 = Instant::now();
-        let snap = cache.update(NODE, |prev| {
-            prev.edit().upsert(ENDPOINT, &name(i), hash, any).build()
-        });
-        let version = snap.version();
-        let mut got = 0;
-        let mut max = Duration::ZERO;
-        while got < streams {
-            let r = tokio::time::timeout(WAIT, receipts.recv())
-                .await
-                .expect("every stream receives the change in time")
-                .expect("a stream task failed");
-            assert_eq!(r.version, version, "one change at a time");
-            let latency = r.at.saturating_duration_since(t0);
-            max = max.max(latency);
-            all.push(latency);
-            got += 1;
+    // Until the server closes stdin: one line per version once every stream has it.
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let mut got: HashMap<u64, Vec<u64>> = HashMap::new();
+    loop {
+        tokio::select! {
+            r = receipts.recv() => {
+                let Some((version, at)) = r else { break };
+                let stamps = got.entry(version).or_default();
+                stamps.push(at);
+                if stamps.len() == streams {
+                    let stamps = got.remove(&version).expect("present");
+                    let line = stamps.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "got {version} {line}").expect("stdout");
+                    out.flush().expect("stdout");
+                }
+            }
+            l = stdin.next_line() => {
+                if !matches!(l, Ok(Some(_))) {
+                    break;
+                }
+            }
         }
-        slowest.push(max);
-        // Let ACKs drain before the next publish.
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    slowest.sort();
-    all.sort();
-
-    let per_stream = (rss_idle as f64 - rss_before as f64) * 1024.0 / streams as f64;
-    println!();
-    println!(
-        "fan-out: {streams} Delta ADS streams on {connections} HTTP/2 connections (loopback),"
-    );
-    println!(
-        "         {resources} ClusterLoadAssignments, wildcard EDS, {publishes} publishes of one change"
-    );
-    println!("         (opened and initialized in {})", ms(opened));
-    println!();
-    let row = |label: String, value: String| println!("| {label:<42} | {value:>12} |");
-    println!("| {:<42} | {:>12} |", "measure", "value");
-    println!("|{}|{}|", "-".repeat(44), "-".repeat(14));
-    row(
-        "RSS, server + connections, 0 streams".into(),
-        format!("{rss_before} KiB"),
-    );
-    row(
-        format!("RSS, {streams} idle streams"),
-        format!("{rss_idle} KiB"),
-    );
-    row(
-        "RSS per idle stream (client + server)".into(),
-        format!("{:.1} KiB", per_stream / 1024.0),
-    );
-    row(
-        "publish -> all streams have it, p50".into(),
-        ms(percentile(&slowest, 50.0)),
-    );
-    row(
-        "publish -> all streams have it, p99".into(),
-        ms(percentile(&slowest, 99.0)),
-    );
-    row(
-        "publish -> a stream has it (all), p50".into(),
-        ms(percentile(&all, 50.0)),
-    );
-    row(
-        "publish -> a stream has it (all), p99".into(),
-        ms(percentile(&all, 99.0)),
-    );
-    println!();
-
-    let _ = stop.send(());
-    let _ = serving.await;
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
 }
