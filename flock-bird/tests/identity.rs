@@ -1,13 +1,14 @@
 //! Workload identity: the builtin CA's SVIDs verify against its bundle, are
-//! shared per SPIFFE ID, rotate at half-life and never show their keys when formatted.
+//! shared per SPIFFE ID, rotate at half-life (monotonic: a wall-clock step of hours
+//! neither rotates every identity at once nor stalls rotation) and never show their
+//! keys when formatted.
 
 use flock_bird::identity::{
-    BuiltinCa, IdentityError, IdentityProvider, IdentityView, PodIdentity, Svid, due, spiffe_id,
+    BuiltinCa, IdentityError, IdentityProvider, IdentityView, PodIdentity, Svid, spiffe_id,
     validate_trust_domain,
 };
 use flock_core::UnixMs;
 use flock_core::pod::PodKey;
-use proptest::prelude::*;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -221,25 +222,28 @@ async fn a_pod_that_changes_service_account_moves_its_subscription() {
     assert_eq!(ca.view().borrow().generation, g);
 }
 
-#[tokio::test]
+/// Rotation runs on tokio's clock (`flock_clock::mono_now`): these tests pause it and
+/// advance it by hand, and move the wall clock separately.
+#[tokio::test(start_paused = true)]
 async fn rotation_happens_at_half_life_with_a_new_key_and_serial() {
     let (now, clock) = fake_clock();
     let ttl = Duration::from_secs(3600);
     let ca = BuiltinCa::new("cluster.local", ttl, clock).unwrap();
     let mut rx = ca.view();
-    assert_eq!(ca.next_rotation_ms(), None);
+    assert_eq!(ca.next_rotation(), None);
     assert_eq!(ca.rotate_due(), 0);
     let t0 = now.load(Ordering::SeqCst);
+    let m0 = flock_clock::mono_now();
     let id = ca.subscribe(&pod("a", "ns", "sa")).await.unwrap();
     let before = rx.borrow_and_update().clone();
     let old = before.svids[&id].clone();
-    assert_eq!(ca.next_rotation_ms(), Some(UnixMs(t0 + 1_800_000)));
+    assert_eq!(ca.next_rotation(), Some(m0.plus(1_800_000)));
 
-    now.store(t0 + 1_800_000 - 1, Ordering::SeqCst);
+    advance(&now, 1_800_000 - 1).await;
     assert_eq!(ca.rotate_due(), 0, "before half-life");
     assert!(!rx.has_changed().unwrap());
 
-    now.store(t0 + 1_800_000, Ordering::SeqCst);
+    advance(&now, 1).await;
     assert_eq!(ca.rotate_due(), 1, "at half-life");
     assert!(rx.has_changed().unwrap(), "watchers are woken");
     let after = rx.borrow_and_update().clone();
@@ -251,9 +255,94 @@ async fn rotation_happens_at_half_life_with_a_new_key_and_serial() {
     assert_eq!(new.not_after_ms, UnixMs(t0 + 1_800_000 + 3_600_000));
     assert!(new.not_after_ms > old.not_after_ms);
     assert_eq!(ca.rotate_due(), 0, "fresh again");
+    assert_eq!(ca.next_rotation(), Some(m0.plus(1_800_000 + 1_800_000)));
+    assert_eq!(ca.issued_count(), 2);
+}
+
+/// Moves both clocks forward by `ms`: real time passing.
+async fn advance(wall: &AtomicU64, ms: u64) {
+    wall.fetch_add(ms, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_millis(ms)).await;
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// The wall clock stepped +6 h and then 12 h back (−6 h from the real time), with three
+/// identities on an hour's TTL: the step forward rotates none of them (they were issued
+/// a minute ago; a wall-clock schedule would rotate all three at once), and after the
+/// step back each still rotates at its monotonic half-life (a wall-clock schedule would
+/// wait 12 h more, while the certificates run out on the peers' clocks).
+#[tokio::test(start_paused = true)]
+async fn wall_clock_steps_neither_rotate_every_identity_nor_stall_rotation() {
+    let (wall, clock) = fake_clock();
+    let ca = BuiltinCa::new("cluster.local", Duration::from_secs(3600), clock).unwrap();
+    for (c, sa) in [("a", "sa1"), ("b", "sa2"), ("c", "sa3")] {
+        ca.subscribe(&pod(c, "ns", sa)).await.unwrap();
+    }
+    assert_eq!(ca.issued_count(), 3);
+    advance(&wall, 60_000).await;
+
+    wall.fetch_add(6 * HOUR_MS, Ordering::SeqCst);
     assert_eq!(
-        ca.next_rotation_ms(),
-        Some(UnixMs(t0 + 1_800_000 + 1_800_000))
+        ca.rotate_due(),
+        0,
+        "a step forward rotated SVIDs a minute old"
+    );
+    advance(&wall, 60_000).await;
+    assert_eq!(ca.rotate_due(), 0);
+
+    wall.fetch_sub(12 * HOUR_MS, Ordering::SeqCst);
+    advance(&wall, 30 * 60_000 - 2 * 60_000 - 1).await;
+    assert_eq!(ca.rotate_due(), 0, "before half-life");
+    advance(&wall, 1).await;
+    assert_eq!(ca.rotate_due(), 3, "at half-life, 12 h after a step back");
+    // The new SVIDs' validity is the (stepped) wall clock's: what peers check.
+    let view = ca.view().borrow().clone();
+    for svid in view.svids.values() {
+        assert_eq!(svid.issued_ms, UnixMs(wall.load(Ordering::SeqCst)));
+        assert_eq!(svid.not_after_ms, svid.issued_ms.plus(HOUR_MS));
+    }
+    assert_eq!(ca.issued_count(), 6);
+}
+
+/// The rotation loop itself over four simulated hours with the wall clock stepped ±6 h:
+/// exactly one issuance per identity per half-life.
+#[tokio::test(start_paused = true)]
+async fn the_rotation_loop_issues_one_svid_per_half_life_whatever_the_wall_clock_does() {
+    let (wall, clock) = fake_clock();
+    let ca = BuiltinCa::new("cluster.local", Duration::from_secs(3600), clock).unwrap();
+    ca.subscribe(&pod("a", "ns", "sa1")).await.unwrap();
+    ca.subscribe(&pod("b", "ns", "sa2")).await.unwrap();
+    let start = flock_clock::mono_now();
+    let task = tokio::spawn(ca.clone().run_rotation(Duration::from_secs(5)));
+    for step in [
+        6 * HOUR_MS as i64,
+        -12 * HOUR_MS as i64,
+        6 * HOUR_MS as i64,
+        0,
+    ] {
+        // An hour of real time, then the step.
+        for _ in 0..60 {
+            advance(&wall, 60_000).await;
+        }
+        if step >= 0 {
+            wall.fetch_add(step as u64, Ordering::SeqCst);
+        } else {
+            wall.fetch_sub(step.unsigned_abs(), Ordering::SeqCst);
+        }
+    }
+    // Not on a rotation boundary, so the count does not depend on which task ran first.
+    advance(&wall, 60_000).await;
+    let elapsed = flock_clock::mono_now().since(start);
+    task.abort();
+    // Two first issuances, then one per identity per 30 minutes of monotonic time.
+    let warranted = 2 * (1 + elapsed / (HOUR_MS / 2));
+    assert_eq!(elapsed, 4 * HOUR_MS + 60_000);
+    assert_eq!(
+        ca.issued_count(),
+        warranted,
+        "issued {} in {elapsed} ms",
+        ca.issued_count()
     );
 }
 
@@ -384,19 +473,4 @@ async fn run_rotation_keeps_svids_fresh() {
         .unwrap();
     assert_ne!(rx.borrow().svids[&id].serial, first);
     task.abort();
-}
-
-proptest! {
-    #[test]
-    fn due_exactly_from_half_life(issued in 0u64..1 << 50, life in 0u64..1 << 40, now in 0u64..1 << 51) {
-        let not_after = issued + life;
-        let half = issued + life / 2;
-        let due = |now: u64| due(UnixMs(issued), UnixMs(not_after), UnixMs(now));
-        prop_assert_eq!(due(now), now >= half);
-        // Never due before half-life, always at or after it.
-        if now < half { prop_assert!(!due(now)); }
-        prop_assert!(due(half));
-        prop_assert!(due(half.max(now)));
-        prop_assert!(due(not_after));
-    }
 }

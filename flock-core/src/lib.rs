@@ -30,6 +30,7 @@
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //! | [`registry`] | the registry key layout and which remote entries an agent serves | one node's bad or forged entry taking a service down or widening who a caller trusts |
 //! | [`regsync`] | the registry writes that make the registry hold exactly the live pods' endpoints | CNI failing while the registry is down; ghosts of writes abandoned midway |
+//! | [`rotation`] | when a certificate (an SVID) is rotated: half its written lifetime after issuance, on the monotonic clock | a wall-clock step rotating every identity at once, or stalling rotation for hours |
 //!
 //! The names R1–R8 are the races described in the repository's `docs/races.md`. Each can be re-introduced with
 //! `--cfg flock_reintroduce="<name>"` (never in a real build): the repository's test
@@ -70,6 +71,7 @@ pub mod ratelimit;
 pub mod registry;
 pub mod regsync;
 pub mod resources;
+pub mod rotation;
 pub mod snapshot;
 pub mod sync;
 pub mod time;

@@ -266,7 +266,11 @@ struct Args {
     /// pod's interfaces in the CNI result — the node's own address on the pod network,
     /// which is where kubelet's probes come from. Set it when probes come from
     /// elsewhere (e.g. the node's primary IP with a routed pod network).
-    #[arg(long = "capture-probe-source", value_name = "CIDR", help_heading = "Transparent capture")]
+    #[arg(
+        long = "capture-probe-source",
+        value_name = "CIDR",
+        help_heading = "Transparent capture"
+    )]
     capture_probe_sources: Vec<String>,
     /// Destination ports (comma list, e.g. `5432,6379`) captured pods' apps reach
     /// directly, not through Envoy (node-wide; a pod's
@@ -289,7 +293,10 @@ struct Args {
 /// and the value.
 fn node_capture(args: &Args) -> anyhow::Result<NodeCapture> {
     use flock_core::capture::policy::{parse_cidr_list, parse_port_list};
-    let setting: Setting = args.capture.parse().map_err(|e| anyhow::anyhow!("--capture: {e}"))?;
+    let setting: Setting = args
+        .capture
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--capture: {e}"))?;
     let mut node = NodeCapture {
         setting,
         ..NodeCapture::default()
@@ -406,6 +413,15 @@ fn main() -> std::process::ExitCode {
         };
     }
     flock_telemetry::logging::init(args.log_format.parse().unwrap_or_default());
+    if flock_clock::CLOCK_FAULT_COMPILED {
+        // Only test builds have it (flock-clock's `clock-fault` feature, enabled by this
+        // crate's dev-dependencies): say so loudly if one is ever run for real.
+        tracing::warn!(
+            offset_file = ?std::env::var_os(flock_clock::CLOCK_FAULT_ENV),
+            "built with the test-only clock-fault hook: the wall clock may be offset by {}",
+            flock_clock::CLOCK_FAULT_ENV
+        );
+    }
     // No core dumps and no ptrace by other processes of our uid: the agent's memory
     // holds every workload key of the node.
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {

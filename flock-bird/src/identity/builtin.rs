@@ -2,12 +2,12 @@
 
 use super::ca_dir::{self, CaDirError, CaDirFiles, IssuerSet};
 use super::{
-    Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid, due,
-    rotation_at, spiffe_id, validate_path_segment, validate_trust_domain,
+    Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid, spiffe_id,
+    validate_path_segment, validate_trust_domain,
 };
-use flock_core::UnixMs;
 use flock_core::pod::PodKey;
 use flock_core::sync::Mutex;
+use flock_core::{MonoMs, UnixMs};
 use rcgen::KeyPair;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -33,7 +33,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 type Clock = Box<dyn Fn() -> UnixMs + Send + Sync>;
 
 /// The built-in CA issuing `spiffe://<trust-domain>/ns/<ns>/sa/<sa>` SVIDs, rotated at
-/// half their lifetime. Its issuer is either node-local (ECDSA P-256, generated at start,
+/// half their lifetime on the monotonic clock ([`flock_core::rotation`]: validity is
+/// written from the wall clock, which peers check; the schedule ignores its steps).
+/// Its issuer is either node-local (ECDSA P-256, generated at start,
 /// in memory only: [`BuiltinCa::new`]) or read from a CA directory under a shared root
 /// ([`BuiltinCa::from_ca_dir`], re-read by [`BuiltinCa::watch_ca_dir`]).
 pub struct BuiltinCa {
@@ -45,6 +47,8 @@ pub struct BuiltinCa {
     issuer: Mutex<Arc<IssuerSet>>,
     /// Mixed into serials so two leaves never share one, even with equal keys' hashes.
     serials: AtomicU64,
+    /// Leaves signed (the `flock_identity_svids_issued` metric).
+    issued: AtomicU64,
     /// Subscriptions and SVIDs; every change is published under this lock, so views
     /// are sent in generation order.
     state: Mutex<State>,
@@ -72,7 +76,8 @@ impl BuiltinCa {
     /// Creates the CA (a new key pair, never written anywhere) for `trust_domain`,
     /// issuing SVIDs valid for `svid_ttl`, with `clock` giving wall-clock time
     /// (certificate validity is read by other processes: Unix time; tests pass a fake
-    /// clock, the agent `flock_clock::unix_now`).
+    /// clock, the agent `flock_clock::unix_now`). Rotation is scheduled on
+    /// `flock_clock::mono_now` (tokio's clock: a paused-time test drives it).
     pub fn new(
         trust_domain: &str,
         svid_ttl: Duration,
@@ -139,6 +144,7 @@ impl BuiltinCa {
             clock,
             issuer: Mutex::new(Arc::new(issuer)),
             serials: AtomicU64::new(0),
+            issued: AtomicU64::new(0),
             state: Mutex::new(State {
                 subscriptions: BTreeMap::new(),
                 svids: BTreeMap::new(),
@@ -171,6 +177,12 @@ impl BuiltinCa {
         self.issuer.lock().describe().to_string()
     }
 
+    /// How many leaves this CA has signed since it was created (first issuances,
+    /// rotations, re-issues under a new issuer, and [`BuiltinCa::issue`] calls).
+    pub fn issued_count(&self) -> u64 {
+        self.issued.load(Ordering::Relaxed)
+    }
+
     /// Issues a fresh SVID (new key, new serial) for `spiffe_id` at the clock's now.
     /// It is *not* tracked in the view: subscriptions do that; this is the unit of work
     /// they (and the issuance benchmark) share.
@@ -181,6 +193,7 @@ impl BuiltinCa {
 
     fn issue_with(&self, issuer: &IssuerSet, spiffe_id: &str) -> Result<Svid, IdentityError> {
         let now = (self.clock)();
+        let now_mono = flock_clock::mono_now();
         // A leaf never outlives its issuer's chain (a peer would reject it anyway).
         let not_after_ms = now
             .plus(self.ttl.as_millis() as u64)
@@ -205,6 +218,7 @@ impl BuiltinCa {
         // `KeyPair` itself keeps a DER copy that rcgen does not wipe when it is dropped
         // at the end of this call; that copy is out of our reach.
         let private_key_pem = SecretPem::new(key.serialize_pem());
+        self.issued.fetch_add(1, Ordering::Relaxed);
         let mut cert_chain_pem = ca_dir::cert_pem(&der);
         cert_chain_pem.push_str(issuer.chain_pem());
         Ok(Svid {
@@ -213,6 +227,7 @@ impl BuiltinCa {
             private_key_pem,
             not_after_ms,
             issued_ms: now,
+            issued_mono: now_mono,
             serial: serial.iter().map(|b| format!("{b:02x}")).collect(),
         })
     }
@@ -232,15 +247,26 @@ impl BuiltinCa {
         serial
     }
 
-    /// Rotates every SVID past half its lifetime; returns how many. Call it from a loop
-    /// (see [`BuiltinCa::next_rotation_ms`] for when next).
+    /// Rotates every SVID past half its lifetime (monotonic time since its issuance);
+    /// returns how many. Call it from a loop (see [`BuiltinCa::next_rotation`] for when
+    /// next).
     pub fn rotate_due(&self) -> usize {
-        let now = (self.clock)();
+        let now = flock_clock::mono_now();
+        #[cfg(not(flock_reintroduce = "svid-wall-rotation"))]
+        let due = |s: &Svid| s.issued().due(now);
+        // The schedule on the wall clock: a step forward makes every SVID due at once, a
+        // step back postpones every rotation by the size of the step.
+        #[cfg(flock_reintroduce = "svid-wall-rotation")]
+        let due = {
+            let _ = now;
+            let wall = (self.clock)();
+            move |s: &Svid| wall >= s.issued_ms.plus(s.not_after_ms.since(s.issued_ms) / 2)
+        };
         let mut state = self.state.lock();
         let ids: Vec<String> = state
             .svids
             .values()
-            .filter(|s| due(s.issued_ms, s.not_after_ms, now))
+            .filter(|s| due(s))
             .map(|s| s.spiffe_id.clone())
             .collect();
         let mut rotated = 0;
@@ -262,36 +288,33 @@ impl BuiltinCa {
         rotated
     }
 
-    /// When the next SVID is due for rotation; `None` when there is no SVID.
-    pub fn next_rotation_ms(&self) -> Option<UnixMs> {
+    /// When the next SVID is due for rotation, on the monotonic clock
+    /// (`flock_clock::mono_now`); `None` when there is no SVID.
+    pub fn next_rotation(&self) -> Option<MonoMs> {
         self.state
             .lock()
             .svids
             .values()
-            .map(|s| rotation_at(s.issued_ms, s.not_after_ms))
+            .map(|s| s.issued().rotation_at())
             .min()
     }
 
     /// Rotates forever: sleeps until the next rotation is due (at most `max_sleep`, so
-    /// new subscriptions and clock jumps are noticed), then [`BuiltinCa::rotate_due`].
-    /// Spawn it with the system clock; abort the task to stop it.
+    /// new subscriptions are noticed), then [`BuiltinCa::rotate_due`]. Both the sleep and
+    /// the schedule are monotonic, so a wall-clock step changes neither. Abort the task
+    /// to stop it.
     pub async fn run_rotation(self: Arc<Self>, max_sleep: Duration) {
+        let max_ms = u64::try_from(max_sleep.as_millis()).unwrap_or(u64::MAX);
         loop {
             let rotated = self.rotate_due();
-            let now = (self.clock)();
-            let next = self.next_rotation_ms();
-            // Due SVIDs that could not be rotated (an expired issuer, say): retry at the
-            // slowest pace, not at once, so a persistent failure is not a warning storm.
-            let stuck = rotated == 0 && next.is_some_and(|at| at <= now);
-            let wait = if stuck {
-                max_sleep
-            } else {
-                next.map_or(max_sleep, |at| Duration::from_millis(at.since(now)))
-                    .min(max_sleep)
-            }
-            // A failing issuance must not turn this into a busy loop.
-            .max(Duration::from_millis(100));
-            tokio::time::sleep(wait).await;
+            let wait = flock_core::rotation::next_wake_ms(
+                self.next_rotation(),
+                flock_clock::mono_now(),
+                rotated,
+                max_ms,
+                100,
+            );
+            tokio::time::sleep(Duration::from_millis(wait)).await;
         }
     }
 
@@ -517,6 +540,10 @@ impl IdentityProvider for BuiltinCa {
 
     fn view(&self) -> watch::Receiver<Arc<IdentityView>> {
         self.tx.subscribe()
+    }
+
+    fn svids_issued(&self) -> Option<u64> {
+        Some(self.issued_count())
     }
 
     fn describe(&self) -> String {

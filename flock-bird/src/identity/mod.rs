@@ -30,7 +30,8 @@ pub mod ca_dir;
 pub mod spire;
 
 pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, CaReload, MAX_TTL, MIN_TTL};
-use flock_core::UnixMs;
+use flock_core::rotation::Issued;
+use flock_core::{MonoMs, UnixMs};
 pub use spire::{SpireBridge, SpireOptions};
 
 use crate::model::PodRecord;
@@ -154,10 +155,23 @@ pub struct Svid {
     pub private_key_pem: SecretPem,
     /// When the leaf expires (ms since the Unix epoch).
     pub not_after_ms: UnixMs,
-    /// When it was issued (ms since the Unix epoch); rotation is due at half-life.
+    /// When it was issued (ms since the Unix epoch), from the same clock read as
+    /// `not_after_ms`: their difference is the lifetime written into the certificate.
     pub issued_ms: UnixMs,
+    /// When it was issued on this process's monotonic clock: rotation is scheduled from
+    /// it ([`Svid::issued`]), so a step of the wall clock neither makes every SVID due at
+    /// once nor postpones rotation by the size of the step.
+    pub issued_mono: MonoMs,
     /// The leaf's serial number, lowercase hex.
     pub serial: String,
+}
+
+impl Svid {
+    /// This issuance as the rotation schedule sees it: due at half the written
+    /// lifetime after [`Svid::issued_mono`] ([`flock_core::rotation`]).
+    pub fn issued(&self) -> Issued {
+        Issued::new(self.issued_mono, self.issued_ms, self.not_after_ms)
+    }
 }
 
 /// The roots of one trust domain.
@@ -234,6 +248,11 @@ pub trait IdentityProvider: Send + Sync + 'static {
     async fn unsubscribe(&self, key: &PodKey);
     /// The current view and its changes.
     fn view(&self) -> tokio::sync::watch::Receiver<Arc<IdentityView>>;
+    /// How many SVIDs this provider has signed itself since it started (`None`: it
+    /// signs none; SPIRE's are signed by SPIRE). A rotation burst shows here first.
+    fn svids_issued(&self) -> Option<u64> {
+        None
+    }
     /// One line for logs and `/debug`, e.g. `builtin (trust domain X, ttl Ys)`.
     fn describe(&self) -> String;
 }
@@ -281,18 +300,4 @@ pub fn validate_path_segment(s: &str) -> Result<(), String> {
         )),
         None => Ok(()),
     }
-}
-
-/// Whether an SVID issued at `issued` and expiring at `not_after` is due for
-/// rotation at `now`: at or past half its lifetime. Pure, so it can be proptested;
-/// rotating at half-life leaves the other half as margin for a failed or late
-/// rotation and for proxies to pick the new secret up. Wall-clock time: certificate
-/// validity is what peers check.
-pub fn due(issued: UnixMs, not_after: UnixMs, now: UnixMs) -> bool {
-    now >= rotation_at(issued, not_after)
-}
-
-/// When an SVID is due for rotation (see [`due`]).
-pub fn rotation_at(issued: UnixMs, not_after: UnixMs) -> UnixMs {
-    issued.plus(not_after.since(issued) / 2)
 }

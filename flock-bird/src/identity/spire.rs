@@ -670,6 +670,7 @@ fn convert_svid(mut s: pb::X509svidWithKey) -> Result<Svid, String> {
                 .saturating_mul(1000),
         ),
         issued_ms: flock_clock::unix_now(),
+        issued_mono: flock_clock::mono_now(),
         serial,
     })
 }
