@@ -511,8 +511,9 @@ mod tests {
         }}}));
         match decide(&input(), &p, Some(&meshed_ns()), [], "n1") {
             Err(PodError::Invalid(m)) => assert!(
-                m.contains(&format!("metadata.annotations[{EXCLUDE_OUTBOUND_PORTS_ANNOTATION}]"))
-                    && m.contains("\"postgres\" is not a port"),
+                m.contains(&format!(
+                    "metadata.annotations[{EXCLUDE_OUTBOUND_PORTS_ANNOTATION}]"
+                )) && m.contains("\"postgres\" is not a port"),
                 "{m}"
             ),
             other => panic!("expected a refusal, got {:?}", other.map(|_| ())),

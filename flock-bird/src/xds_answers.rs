@@ -132,7 +132,7 @@ impl XdsAnswers {
     }
 
     /// The `/readyz` lines at `now` (none when every proxy accepts its config in
-    /// time): one per rejecting or slow stream, at most [`MAX_NAMED`] and a count of
+    /// time): one per rejecting or slow stream, at most eight and a count of
     /// the rest. Client strings are written escaped (`{:?}`), so a node ID or an error
     /// message cannot add lines of its own.
     pub fn describe(&self, now: Instant) -> Option<String> {

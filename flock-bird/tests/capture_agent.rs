@@ -117,7 +117,11 @@ async fn bad_capture_annotations_are_refused_precisely() {
     let dir = tempfile::tempdir().unwrap();
     let agent = agent_with(dir.path(), Setting::Strict).await;
     for (annotation, value, expect) in [
-        ("flock.io/capture", "enforcing", "\"enforcing\" is not a capture mode"),
+        (
+            "flock.io/capture",
+            "enforcing",
+            "\"enforcing\" is not a capture mode",
+        ),
         (
             "flock.io/capture-exclude-outbound-ports",
             "5432,mysql",
@@ -158,7 +162,10 @@ async fn a_failing_capture_apply_fails_add_at_its_step_and_leaves_nothing() {
     match agent.add_pod(&req).await {
         Err(PodError::Step { step, message }) => {
             assert_eq!(step, Step::CaptureApply);
-            assert!(message.contains("/nonexistent/flock-test/netns"), "{message}");
+            assert!(
+                message.contains("/nonexistent/flock-test/netns"),
+                "{message}"
+            );
         }
         other => panic!("expected a CaptureApply failure, got {other:?}"),
     }
@@ -202,9 +209,10 @@ fn a_captured_records_pod_model_carries_mode_and_mark() {
         "6379".into(),
     );
     let pod = flock_core::pod::admit(&req).unwrap().unwrap();
-    let capture = flock_core::capture::policy::resolve(&cfg, &pod.capture, &req.gateways, &pod.ports)
-        .unwrap()
-        .unwrap();
+    let capture =
+        flock_core::capture::policy::resolve(&cfg, &pod.capture, &req.gateways, &pod.ports)
+            .unwrap()
+            .unwrap();
     assert_eq!(capture.mode, Mode::Permissive);
     assert_eq!(capture.exclude_outbound_ports, vec![5432, 6379]);
     assert_eq!(capture.probe_sources, vec!["10.1.0.1".parse().unwrap()]);

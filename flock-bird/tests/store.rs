@@ -519,7 +519,9 @@ fn put_refuses_invalid_and_oversized_records() {
                 .collect(),
             exclude_outbound_ports: (0..MAX_SPEC_ENTRIES as u16).map(|i| 65535 - i).collect(),
             exclude_outbound_cidrs: (0..MAX_SPEC_ENTRIES as u128)
-                .map(|i| Cidr::new(std::net::Ipv6Addr::from(u128::MAX - (i << 8)).into(), 120).unwrap())
+                .map(|i| {
+                    Cidr::new(std::net::Ipv6Addr::from(u128::MAX - (i << 8)).into(), 120).unwrap()
+                })
                 .collect(),
             exclude_inbound_ports: (0..MAX_SPEC_ENTRIES as u16).map(|i| 65535 - i).collect(),
         }),

@@ -339,7 +339,8 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
             .map(String::as_str)
             .unwrap_or(""),
     )?;
-    let capture = parse_annotations(&req.annotations).map_err(|e| invalid(e.annotation, e.message))?;
+    let capture =
+        parse_annotations(&req.annotations).map_err(|e| invalid(e.annotation, e.message))?;
     let pod = AdmittedPod {
         key: PodKey::new(&req.container_id, &req.ifname),
         name: req.name.clone(),
@@ -862,28 +863,40 @@ mod tests {
         let mut r = request();
         r.annotations
             .insert(CAPTURE_ANNOTATION.into(), "permissive".into());
-        r.annotations
-            .insert(EXCLUDE_OUTBOUND_CIDRS_ANNOTATION.into(), "10.96.0.0/12".into());
+        r.annotations.insert(
+            EXCLUDE_OUTBOUND_CIDRS_ANNOTATION.into(),
+            "10.96.0.0/12".into(),
+        );
         let pod = admit(&r).unwrap().unwrap();
         assert_eq!(pod.capture.setting, Some(Setting::Permissive));
         assert_eq!(
             pod.capture.exclude_outbound_cidrs,
             vec!["10.96.0.0/12".parse().unwrap()]
         );
-        assert_eq!(admit(&request()).unwrap().unwrap().capture, PodOverrides::default());
+        assert_eq!(
+            admit(&request()).unwrap().unwrap().capture,
+            PodOverrides::default()
+        );
         let e = refused(|r| {
-            r.annotations.insert(CAPTURE_ANNOTATION.into(), "yes".into());
+            r.annotations
+                .insert(CAPTURE_ANNOTATION.into(), "yes".into());
         });
         assert_eq!(e.field, CAPTURE_ANNOTATION);
-        assert!(e.to_string().starts_with("flock.io/capture: \"yes\" is not a capture mode"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("flock.io/capture: \"yes\" is not a capture mode"),
+            "{e}"
+        );
         // A pod that is not meshed is not judged on its capture annotations either.
         let mut r = request();
         r.annotations.remove(SERVICE_ANNOTATION);
-        r.annotations.insert(CAPTURE_ANNOTATION.into(), "yes".into());
+        r.annotations
+            .insert(CAPTURE_ANNOTATION.into(), "yes".into());
         assert_eq!(admit(&r), Ok(None));
         // admit_api leaves them to its caller (the API's annotations, not the CNI's).
         let mut r = request();
-        r.annotations.insert(CAPTURE_ANNOTATION.into(), "yes".into());
+        r.annotations
+            .insert(CAPTURE_ANNOTATION.into(), "yes".into());
         assert_eq!(
             admit_api(&r, "web".into(), Vec::new()).unwrap().capture,
             PodOverrides::default()

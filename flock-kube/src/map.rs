@@ -501,12 +501,7 @@ pub fn pod_facts(
             .as_ref()
             .map(parse_annotations)
             .transpose()
-            .map_err(|e| {
-                map_err(
-                    format!("metadata.annotations[{}]", e.annotation),
-                    e.message,
-                )
-            })?
+            .map_err(|e| map_err(format!("metadata.annotations[{}]", e.annotation), e.message))?
             .unwrap_or_default();
         Ok((ports, capture))
     })();

@@ -74,7 +74,9 @@ impl Agent {
             return;
         }
         match blocking(move |nft| nft.remove(&netns)).await {
-            Ok(()) => tracing::debug!(pod = %rec.pod_ref(), netns = %rec.netns, "capture rules removed"),
+            Ok(()) => {
+                tracing::debug!(pod = %rec.pod_ref(), netns = %rec.netns, "capture rules removed")
+            }
             Err(e) => {
                 self.metrics.capture.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(pod = %rec.pod_ref(), netns = %rec.netns, "removing the capture rules failed: {e}");

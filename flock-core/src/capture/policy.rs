@@ -402,15 +402,30 @@ pub fn resolve(
         probe_sources,
         exclude_outbound_ports: limit(
             EXCLUDE_OUTBOUND_PORTS_ANNOTATION,
-            sorted(node.exclude_outbound_ports.iter().chain(&pod.exclude_outbound_ports).copied()),
+            sorted(
+                node.exclude_outbound_ports
+                    .iter()
+                    .chain(&pod.exclude_outbound_ports)
+                    .copied(),
+            ),
         )?,
         exclude_outbound_cidrs: limit(
             EXCLUDE_OUTBOUND_CIDRS_ANNOTATION,
-            sorted(node.exclude_outbound_cidrs.iter().chain(&pod.exclude_outbound_cidrs).copied()),
+            sorted(
+                node.exclude_outbound_cidrs
+                    .iter()
+                    .chain(&pod.exclude_outbound_cidrs)
+                    .copied(),
+            ),
         )?,
         exclude_inbound_ports: limit(
             EXCLUDE_INBOUND_PORTS_ANNOTATION,
-            sorted(node.exclude_inbound_ports.iter().chain(&pod.exclude_inbound_ports).copied()),
+            sorted(
+                node.exclude_inbound_ports
+                    .iter()
+                    .chain(&pod.exclude_inbound_ports)
+                    .copied(),
+            ),
         )?,
     };
     capture.check(ports).map_err(|message| CaptureRefused {
@@ -436,7 +451,11 @@ fn limit<T>(annotation: &'static str, list: Vec<T>) -> Result<Vec<T>, CaptureRef
 }
 
 fn sorted<T: Ord>(items: impl IntoIterator<Item = T>) -> Vec<T> {
-    items.into_iter().collect::<BTreeSet<T>>().into_iter().collect()
+    items
+        .into_iter()
+        .collect::<BTreeSet<T>>()
+        .into_iter()
+        .collect()
 }
 
 /// At most 64 characters of `s`, for quoting outside input in a message.
@@ -470,7 +489,10 @@ mod tests {
             assert_eq!(s.to_string().parse::<Setting>(), Ok(s));
         }
         let e = "enforce".parse::<Setting>().unwrap_err();
-        assert!(e.contains("\"enforce\"") && e.contains("off, strict or permissive"), "{e}");
+        assert!(
+            e.contains("\"enforce\"") && e.contains("off, strict or permissive"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -494,8 +516,8 @@ mod tests {
         let ports = parse_ports("8080").unwrap();
         let off = parse_annotations(&annotations(&[(CAPTURE_ANNOTATION, "off")])).unwrap();
         assert_eq!(resolve(&node(Setting::Strict), &off, &[], &ports), Ok(None));
-        let perm = parse_annotations(&annotations(&[(CAPTURE_ANNOTATION, " permissive ")]))
-            .unwrap();
+        let perm =
+            parse_annotations(&annotations(&[(CAPTURE_ANNOTATION, " permissive ")])).unwrap();
         let c = resolve(&node(Setting::Strict), &perm, &[], &ports)
             .unwrap()
             .unwrap();
@@ -570,9 +592,21 @@ mod tests {
     fn bad_annotation_values_name_the_annotation_and_the_value() {
         let cases = [
             (CAPTURE_ANNOTATION, "on", "\"on\" is not a capture mode"),
-            (EXCLUDE_OUTBOUND_PORTS_ANNOTATION, "80,http", "\"http\" is not a port"),
-            (EXCLUDE_OUTBOUND_PORTS_ANNOTATION, "0", "\"0\" is not a port"),
-            (EXCLUDE_INBOUND_PORTS_ANNOTATION, "70000", "\"70000\" is not a port"),
+            (
+                EXCLUDE_OUTBOUND_PORTS_ANNOTATION,
+                "80,http",
+                "\"http\" is not a port",
+            ),
+            (
+                EXCLUDE_OUTBOUND_PORTS_ANNOTATION,
+                "0",
+                "\"0\" is not a port",
+            ),
+            (
+                EXCLUDE_INBOUND_PORTS_ANNOTATION,
+                "70000",
+                "\"70000\" is not a port",
+            ),
             (
                 EXCLUDE_OUTBOUND_CIDRS_ANNOTATION,
                 "10.0.0.0/33",
@@ -609,8 +643,11 @@ mod tests {
         let mut n = node(Setting::Strict);
         n.exclude_outbound_ports = (1..=MAX_SPEC_ENTRIES as u16).collect();
         assert_eq!(n.validate(), Ok(()));
-        let pod = parse_annotations(&annotations(&[(EXCLUDE_OUTBOUND_PORTS_ANNOTATION, "60000")]))
-            .unwrap();
+        let pod = parse_annotations(&annotations(&[(
+            EXCLUDE_OUTBOUND_PORTS_ANNOTATION,
+            "60000",
+        )]))
+        .unwrap();
         let e = resolve(&n, &pod, &[], &[]).unwrap_err();
         assert_eq!(e.annotation, EXCLUDE_OUTBOUND_PORTS_ANNOTATION);
         assert!(e.message.contains("257 entries"), "{e}");
