@@ -9,8 +9,10 @@
 //!   (R1 at the stream level; fails under `xds-snapshot-regress`);
 //! * Delta never resends a resource the client holds at the same hash;
 //! * an EDS resource only arrives once the client received its cluster at the
-//!   content of the snapshot the EDS came from, and new/changed RDS only after LDS
-//!   is complete (fails under `xds-eds-before-cds`);
+//!   content of the snapshot the EDS came from — unless a CDS response awaited its
+//!   ACK when the EDS one was produced (Envoy withholds that ACK while clusters warm
+//!   on their endpoints) — and new/changed RDS only after LDS is complete (fails
+//!   under `xds-eds-before-cds`);
 //! * a removal only goes out once the types that may refer to it are complete
 //!   (make-before-break; fails under `xds-break-before-make`);
 //! * the server's ACKed version per type is one the client actually ACKed (fails
@@ -156,6 +158,10 @@ struct Resp {
     nonce: u64,
     resources: Vec<(Name, ContentHash, u32)>,
     removed: Vec<Name>,
+    /// A CDS response awaited its ACK when the server produced this one: endpoints
+    /// asked for by name may then go out before CDS's next change (Envoy withholds
+    /// that ACK while clusters warm on their endpoints; see flock-xds's ordering docs).
+    cds_awaiting_ack: bool,
 }
 
 enum Server {
@@ -195,6 +201,10 @@ impl Server {
         }
     }
     fn poll(&mut self) -> Option<Resp> {
+        let cds_awaiting_ack = match self {
+            Server::Sotw(s) => s.get(CLUSTER).is_some_and(|m| m.awaiting_ack()),
+            Server::Delta(s) => s.get(CLUSTER).is_some_and(|m| m.awaiting_ack()),
+        };
         match self {
             Server::Sotw(s) => s.poll_response().map(|r| Resp {
                 type_url: r.type_url,
@@ -206,6 +216,7 @@ impl Server {
                     .map(|(n, v)| (n.clone(), h(**v), **v))
                     .collect(),
                 removed: Vec::new(),
+                cds_awaiting_ack,
             }),
             Server::Delta(s) => s.poll_response().map(|r| Resp {
                 type_url: r.type_url,
@@ -217,6 +228,7 @@ impl Server {
                     .map(|x| (x.name.clone(), x.hash, *x.value))
                     .collect(),
                 removed: r.removed_resources,
+                cds_awaiting_ack,
             }),
         }
     }
@@ -452,8 +464,11 @@ impl World {
                 .cloned()
                 .collect()
         };
-        // Ordering: a response that brings new content needs every earlier type complete.
-        if !arriving.is_empty() {
+        // Ordering: a response that brings new content needs every earlier type
+        // complete — except endpoints (asked for by name: EDS is never wildcard here)
+        // produced while a CDS response awaited its ACK.
+        let eds_while_cds_unacked = t == ENDPOINT && r.cds_awaiting_ack;
+        if !arriving.is_empty() && !eds_while_cds_unacked {
             for u in [CLUSTER, LISTENER] {
                 if make_rank(u) < make_rank(t) {
                     self.complete(u, &snap)

@@ -48,15 +48,26 @@ const WORKERS: usize = 4;
 const CALL: Duration = Duration::from_secs(5);
 /// The pod that stays through every fault: its app answers through its inbound
 /// listener.
-const WEB_IP: &str = "10.77.0.2";
+/// web-0's address: routed from the host namespace, so unique per test process (tests
+/// run in parallel), from the pid in 100.64.0.0/10 (shared address space, not routed
+/// beyond the host).
+fn web_ip() -> String {
+    let pid = std::process::id() & 0x3f_ffff;
+    format!(
+        "100.{}.{}.{}",
+        64 + (pid >> 16),
+        (pid >> 8) & 0xff,
+        pid & 0xff
+    )
+}
 const WEB_BODY: &str = "hello from web-0";
 
 fn pod_ip(k: usize) -> String {
     format!("10.77.1.{}", k + 2)
 }
 
-/// The pods: network namespaces with their address on loopback (the inbound listener
-/// binds it there) and the AddPod/RemovePod requests for them.
+/// The pods: network namespaces with their address (web-0's on a veth link to the host,
+/// the load pods' on loopback: the inbound listener binds it there) and the AddPod/RemovePod requests for them.
 struct Pods {
     web: NetNs,
     load: Vec<NetNs>,
@@ -64,15 +75,32 @@ struct Pods {
 
 impl Pods {
     fn new() -> Self {
+        // web-0 is reached from Envoy's (root) namespace, so it gets a veth link: its
+        // address on its end, a host route to it on ours. Deleting the namespace
+        // deletes both ends.
         let web = NetNs::new("ef-web");
+        let host_end = format!("efw{}", std::process::id() % 1_000_000);
+        ip(&[
+            "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &web.name,
+        ]);
+        ip(&["link", "set", &host_end, "up"]);
+        ip(&["-n", &web.name, "link", "set", "eth0", "up"]);
         ip(&[
             "-n",
             &web.name,
             "addr",
             "add",
-            &format!("{WEB_IP}/32"),
+            &format!("{}/32", web_ip()),
             "dev",
-            "lo",
+            "eth0",
+        ]);
+        ip(&["-n", &web.name, "route", "add", "default", "dev", "eth0"]);
+        ip(&[
+            "route",
+            "add",
+            &format!("{}/32", web_ip()),
+            "dev",
+            &host_end,
         ]);
         let load = (0..LOAD_PODS)
             .map(|k| {
@@ -97,7 +125,7 @@ impl Pods {
             "ctr-web",
             "web-0",
             &self.web.path(),
-            WEB_IP,
+            &web_ip(),
             "web",
             "8080/http",
         )
@@ -259,12 +287,20 @@ impl Load {
         });
     }
 
-    fn stop(self, rt: &tokio::runtime::Runtime) -> Vec<String> {
+    fn stop(mut self, rt: &tokio::runtime::Runtime) -> Vec<String> {
         self.stop.store(true, Ordering::SeqCst);
-        for t in self.tasks {
+        for t in std::mem::take(&mut self.tasks) {
             rt.block_on(t).unwrap();
         }
         self.errors.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Load {
+    /// A test that panics with the load running stops it too, so its tasks end with
+    /// the runtime instead of calling a torn-down agent.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
     }
 }
 
@@ -318,15 +354,17 @@ impl Setup {
         setup
     }
 
-    /// GET through web-0's inbound listener (Envoy, in web-0's netns) to its app: the
-    /// body on 200, else `None`.
+    /// GET `web` from web-0's own netns through Envoy: its outbound listener
+    /// (127.0.0.1:15001, routed by `Host`), the service's cluster over mTLS, web-0's
+    /// inbound listener, its app. The body on 200, else `None`.
     fn web_request(&self) -> Option<String> {
         let out = self
             .pods
             .web
             .command("curl")
             .args(["-sS", "-m", "3", "-o", "-", "-w", "\n%{http_code}"])
-            .arg(format!("http://{WEB_IP}:15006/"))
+            .args(["-H", "Host: web"])
+            .arg("http://127.0.0.1:15001/")
             .output()
             .expect("curl is needed (apt-get install curl)");
         let text = String::from_utf8_lossy(&out.stdout);
@@ -379,14 +417,48 @@ impl Setup {
         )
     }
 
-    /// Whether Envoy holds exactly the agent's current listeners and clusters (the
-    /// load stopped: the snapshot is still).
-    fn envoy_converged(&self) -> bool {
-        let (_, listeners, clusters) = self.agent_snapshot();
+    /// How Envoy differs from the agent's current listeners and clusters (the load
+    /// stopped: the snapshot is still); `None` once it holds exactly them.
+    fn envoy_divergence(&self) -> Option<String> {
+        let (version, listeners, clusters) = self.agent_snapshot();
         let Some((el, ec)) = envoy_names(&self.envoy.config_dump()) else {
-            return false;
+            return Some("no config dump from Envoy".into());
         };
-        el == listeners && ec == clusters
+        if el == listeners && ec == clusters {
+            return None;
+        }
+        let warming = envoy_warming(&self.envoy.config_dump());
+        let diff = |what: &str, agent: &BTreeSet<String>, envoy: &BTreeSet<String>| {
+            format!(
+                "{what} only in the agent's: {:?}, only in Envoy's: {:?}",
+                agent.difference(envoy).collect::<Vec<_>>(),
+                envoy.difference(agent).collect::<Vec<_>>()
+            )
+        };
+        Some(format!(
+            "snapshot version {version}: {}; {}; warming in Envoy: {warming:?}",
+            diff("listeners", &listeners, &el),
+            diff("clusters", &clusters, &ec)
+        ))
+    }
+
+    /// Waits until Envoy holds exactly the agent's snapshot; panics with the last
+    /// difference after [`WAIT`].
+    fn wait_envoy_converged(&self, what: &str) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let Some(diff) = self.envoy_divergence() else {
+                return;
+            };
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {WAIT:?} waiting for {what}: {diff}"
+            );
+            if std::env::var_os("FLOCK_TEST_TRACE_CONVERGENCE").is_some() {
+                eprintln!("waiting for {what}: {diff}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -410,6 +482,30 @@ fn envoy_names(dump: &str) -> Option<(BTreeSet<String>, BTreeSet<String>)> {
         }
     }
     Some((listeners, clusters))
+}
+
+/// Envoy's warming listeners and clusters (waiting for their first endpoints or
+/// routes), from its `/config_dump`: what a slow convergence waits for.
+fn envoy_warming(dump: &str) -> Vec<String> {
+    let Ok(v) = serde_json::from_str::<Value>(dump) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for c in v["configs"].as_array().into_iter().flatten() {
+        for l in c["dynamic_listeners"].as_array().into_iter().flatten() {
+            if l.get("warming_state").is_some() {
+                out.push(format!("listener {}", l["name"]));
+            }
+        }
+        for cl in c["dynamic_warming_clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            out.push(format!("cluster {}", cl["cluster"]["name"]));
+        }
+    }
+    out
 }
 
 /// An Envoy counter from its admin `/stats` (0 when absent or unreachable).
@@ -507,9 +603,7 @@ fn envoy_nacking_every_update_keeps_cni_and_admin_up_is_reported_and_converges_a
     });
     let first_ack = healed.elapsed();
     let errors = load.stop(&s.rt);
-    wait_for("Envoy to hold exactly the agent's snapshot", WAIT, || {
-        s.envoy_converged()
-    });
+    s.wait_envoy_converged("Envoy to hold exactly the agent's snapshot");
     let converged = healed.elapsed();
     let (status, body) = s.readyz();
     assert_eq!(status, 200);
@@ -593,11 +687,7 @@ fn envoy_sigkilled_under_load_is_restarted_and_gets_the_current_snapshot() {
     let window = load.counts.take();
     print_window("kill to new Envoy up, and after", killed.elapsed(), window);
     let errors = load.stop(&s.rt);
-    wait_for(
-        "the new Envoy to hold exactly the agent's snapshot",
-        WAIT,
-        || s.envoy_converged(),
-    );
+    s.wait_envoy_converged("the new Envoy to hold exactly the agent's snapshot");
     let converged = killed.elapsed();
     assert_eq!(envoy_pids(&s.envoy), vec![new]);
     assert_eq!(s.web_request().as_deref(), Some(WEB_BODY));
@@ -672,9 +762,7 @@ fn a_slow_acking_client_is_reported_without_holding_back_cni_admin_or_envoy() {
     let window = load.counts.take();
     print_window("while a client holds its ACKs", fault.elapsed(), window);
     let errors = load.stop(&s.rt);
-    wait_for("Envoy to hold exactly the agent's snapshot", WAIT, || {
-        s.envoy_converged()
-    });
+    s.wait_envoy_converged("Envoy to hold exactly the agent's snapshot");
     assert_eq!(s.web_request().as_deref(), Some(WEB_BODY));
 
     // The client ACKs its held responses: it gets the newest version of each type
@@ -692,10 +780,12 @@ fn a_slow_acking_client_is_reported_without_holding_back_cni_admin_or_envoy() {
     let mut latest = BTreeSet::new();
     while latest.len() < 2 {
         let r = s.rt.block_on(ads.recv(WAIT)).expect("the newest response");
-        assert_eq!(
-            r.system_version_info,
-            version.to_string(),
-            "not the newest version"
+        // The newest version at the ACK or later (a probe result may publish after the
+        // load stopped); never an older one from a backlog.
+        let got: u64 = r.system_version_info.parse().expect("a numeric version");
+        assert!(
+            got >= version,
+            "v{got} after the ACK: older than the v{version} current at the ACK"
         );
         ads.send(DeltaDiscoveryRequest {
             type_url: r.type_url.clone(),

@@ -24,13 +24,24 @@
 //! Envoy only subscribes to a cluster's endpoints after it has the cluster. Waiting
 //! for the CDS ACK would cost a round trip per change for no ordering gain. Each type
 //! still has at most one response in flight, so a type waiting for its ACK holds back
-//! the types after it: ordering is never traded for latency.
+//! the types after it — with one exception, below.
+//!
+//! **Endpoints requested by name go out while a CDS response awaits its ACK.** Envoy
+//! withholds the ACK of a CDS response while the clusters it added or changed warm,
+//! and a cluster warms on its endpoints. Holding EDS back behind CDS's next change then
+//! stalls both until Envoy gives up waiting (its initial fetch timeout, 15 s): new
+//! services are unreachable that long after any burst of changes. A client asks for a
+//! cluster's endpoints only once it has the cluster, so endpoints it asked for by name
+//! never arrive before their cluster; a wildcard EDS subscriber gets endpoints it did
+//! not ask for, and for it the rule stays strict.
 //!
 //! Types outside the five (VHDS, runtime, extension configs…) are not ordered.
 //!
 //! Progress: the make order is a chain, so the first type in it with unsent changes is
 //! never withheld; once no changes are unsent, the first type in the break order with
-//! unsent removals is never withheld. Nothing waits on something that waits on it.
+//! unsent removals is never withheld. Nothing waits on something that waits on it —
+//! including the client: the one wait Envoy adds (a CDS ACK on EDS) is the exception
+//! above.
 
 use super::state::Gate;
 use super::{
@@ -67,6 +78,11 @@ pub trait TypeMachine<V> {
     fn state_stats(&self) -> StreamStats;
     /// How many names the type's subscription holds (`*` not counted).
     fn subscription_names(&self) -> usize;
+    /// Whether a response of this type is out and not yet ACKed or NACKed.
+    fn awaits_ack(&self) -> bool;
+    /// Whether the client receives every resource of the type (`*` or the legacy
+    /// rule), not only the names it asked for.
+    fn is_wildcard(&self) -> bool;
 }
 
 impl<V> TypeMachine<V> for SotwState<V> {
@@ -88,6 +104,12 @@ impl<V> TypeMachine<V> for SotwState<V> {
     }
     fn subscription_names(&self) -> usize {
         self.subscription().names().len()
+    }
+    fn awaits_ack(&self) -> bool {
+        self.awaiting_ack()
+    }
+    fn is_wildcard(&self) -> bool {
+        self.subscription().is_wildcard()
     }
 }
 
@@ -114,6 +136,12 @@ impl<V> TypeMachine<V> for DeltaState<V> {
     }
     fn subscription_names(&self) -> usize {
         self.subscription().names().len()
+    }
+    fn awaits_ack(&self) -> bool {
+        self.awaiting_ack()
+    }
+    fn is_wildcard(&self) -> bool {
+        self.subscription().is_wildcard()
     }
 }
 
@@ -194,14 +222,19 @@ impl<V, M: TypeMachine<V>> Ads<V, M> {
     /// it returns `None` after every request and snapshot, and only when the response
     /// can be written at once.
     pub fn poll_response(&mut self) -> Option<M::Response> {
-        let pending: Vec<(Name, Pending)> = self
+        let pending: Vec<TypeState> = self
             .machines
             .iter()
-            .map(|(t, m)| (t.clone(), m.pending_work()))
+            .map(|(t, m)| TypeState {
+                type_url: t.clone(),
+                pending: m.pending_work(),
+                awaits_ack: m.awaits_ack(),
+                wildcard: m.is_wildcard(),
+            })
             .collect();
         // Every type is a candidate: one with nothing pending may still owe its
         // initial response.
-        let mut candidates: Vec<&Name> = pending.iter().map(|(t, _)| t).collect();
+        let mut candidates: Vec<&Name> = pending.iter().map(|t| &t.type_url).collect();
         candidates.sort_by_key(|t| (rank(&MAKE_ORDER, t).unwrap_or(usize::MAX), *t));
         for type_url in candidates {
             let gate = gate_for(type_url, &pending);
@@ -237,18 +270,40 @@ impl<V, M: TypeMachine<V>> Ads<V, M> {
     }
 }
 
-/// What `type_url` may send now, given every type's pending work.
-fn gate_for(type_url: &str, pending: &[(Name, Pending)]) -> Gate {
+/// One type's state as the ordering sees it.
+struct TypeState {
+    type_url: Name,
+    pending: Pending,
+    awaits_ack: bool,
+    wildcard: bool,
+}
+
+/// What `type_url` may send now, given every type's state.
+fn gate_for(type_url: &str, types: &[TypeState]) -> Gate {
     let before = |order: &[&str; 5], t: &str| match (rank(order, t), rank(order, type_url)) {
         (Some(a), Some(b)) => a < b,
         _ => false,
     };
-    let changes = !pending
+    let this = types.iter().find(|t| &*t.type_url == type_url);
+    // Endpoints requested by name are not held back by a CDS response awaiting its
+    // ACK: Envoy withholds that ACK while the clusters it added or changed warm, and
+    // they warm on their endpoints, so waiting would stall both until Envoy's initial
+    // fetch timeout (15 s). It is safe because a client asks for a cluster's endpoints
+    // only once it has the cluster; a wildcard EDS subscriber gets endpoints it did
+    // not ask for, so for it the cluster must go first.
+    let eds_by_name = type_url == ENDPOINT && this.is_some_and(|t| !t.wildcard);
+    let changes = !types.iter().any(|t| {
+        t.pending.make
+            && before(&MAKE_ORDER, &t.type_url)
+            && !(eds_by_name && &*t.type_url == CLUSTER && t.awaits_ack)
+    });
+    let removals = !types
         .iter()
-        .any(|(t, p)| p.make && before(&MAKE_ORDER, t));
-    let removals = !pending
+        .any(|t| (t.pending.make || t.pending.brk) && before(&BREAK_ORDER, &t.type_url));
+    #[cfg(flock_reintroduce = "xds-eds-behind-unacked-cds")]
+    let changes = !types
         .iter()
-        .any(|(t, p)| (p.make || p.brk) && before(&BREAK_ORDER, t));
+        .any(|t| t.pending.make && before(&MAKE_ORDER, &t.type_url));
     #[cfg(flock_reintroduce = "xds-eds-before-cds")]
     let changes = {
         let _ = changes;

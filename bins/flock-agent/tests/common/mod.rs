@@ -57,8 +57,8 @@ pub fn wait_some<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option
 pub use flock_testkit::free_port;
 
 /// One HTTP/1.1 `GET path` to `addr` (`host:port`) with `Connection: close`; the status
-/// and the body (the whole rest of the stream after the headers; no chunked decoding,
-/// so only for servers that send `content-length` or close).
+/// and the body (the rest of the stream after the headers, de-chunked when the server
+/// sends it chunked, as Envoy's admin does for large answers such as `/config_dump`).
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -75,7 +75,32 @@ pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("bad response: {head:?}")))?;
-    Ok((status, body.to_owned()))
+    let chunked = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding") && v.trim() == "chunked"
+        })
+    });
+    let body = if chunked {
+        dechunk(body)
+            .ok_or_else(|| std::io::Error::other(format!("bad chunked body from {addr}")))?
+    } else {
+        body.to_owned()
+    };
+    Ok((status, body))
+}
+
+/// The payload of an HTTP/1.1 chunked body (`None` when it is cut short or malformed).
+fn dechunk(mut rest: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// `GET path` as JSON when the status is 200.
@@ -135,8 +160,19 @@ pub struct ChildGuard {
 }
 
 impl ChildGuard {
-    /// Spawns `cmd` with stdout/stderr to `log`.
+    /// Spawns `cmd` with stdout/stderr to `log` — or, when `FLOCK_TEST_LOG_DIR` is set,
+    /// to a file of the same name there prefixed with the test process's pid, which
+    /// outlives the test's temporary directory (for reading a peer's log after a run).
     pub fn spawn(mut cmd: Command, log: PathBuf) -> Self {
+        let log = match (std::env::var_os("FLOCK_TEST_LOG_DIR"), log.file_name()) {
+            (Some(dir), Some(name)) => PathBuf::from(dir).join(format!(
+                "{}-{}-{}",
+                std::process::id(),
+                seq(),
+                name.to_string_lossy()
+            )),
+            _ => log,
+        };
         let file = std::fs::File::create(&log).unwrap();
         let child = cmd
             .stdin(Stdio::null())
