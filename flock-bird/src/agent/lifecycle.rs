@@ -427,7 +427,10 @@ impl Agent {
                     // while the registry is down); the DEL does not fail on the
                     // registry. The pod left the table above, so the sync's re-checks
                     // keep a registration still in flight from outliving it (R4).
-                    existed |= !keys.is_empty();
+                    // Registry keys do not make the pod "known": a withdrawal the sync
+                    // has not finished leaves them in the view, and a repeated DEL of
+                    // the removed pod must still answer that it is gone (IGNORED), not
+                    // that it removed it again. The keys are handed over either way.
                     let seq = self.withdraw(key, keys);
                     if let Err(why) = self.sync_wait(seq).await {
                         tracing::warn!(%key, %why, "pod removed locally; its unregistration is pending (the registry sync retries)");
