@@ -619,35 +619,12 @@ fn envoy_nacking_every_update_keeps_cni_and_admin_up_is_reported_and_converges_a
     assert_eq!(window.1, 0);
 }
 
-/// The live Envoy processes of `envoy`'s base ids: pids.
+/// The live Envoy processes of `envoy`'s base ids (the supervisor's epochs): pids.
 fn envoy_pids(envoy: &SupervisedEnvoy) -> Vec<u32> {
-    let ids = [envoy.base_id.to_string(), (envoy.base_id + 1).to_string()];
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        if args.first().is_some_and(|a| a.ends_with(b"envoy"))
-            && args
-                .windows(2)
-                .any(|w| w[0] == b"--base-id" && ids.iter().any(|id| w[1] == id.as_bytes()))
-        {
-            // A zombie (killed, not yet reaped) is no longer Envoy.
-            let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            if !state.contains(") Z ") {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
+    [envoy.base_id, envoy.base_id + 1]
+        .into_iter()
+        .flat_map(envoy_pids_with_base_id)
+        .collect()
 }
 
 #[test]

@@ -866,10 +866,21 @@ impl Drop for SupervisedEnvoy {
 
 /// SIGKILLs every live process named `*envoy` with `--base-id <id>` on its command line.
 fn kill_envoys_with_base_id(id: u32) {
+    for pid in envoy_pids_with_base_id(id) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+/// The live (not zombie) processes named `*envoy` with `--base-id <id>` on their
+/// command line.
+pub fn envoy_pids_with_base_id(id: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
+        return Vec::new();
     };
     let id = id.to_string();
+    let mut pids = Vec::new();
     for entry in dir.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -887,11 +898,14 @@ fn kill_envoys_with_base_id(id: u32) {
                 .windows(2)
                 .any(|w| w[0] == b"--base-id" && w[1] == id.as_bytes())
         {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
+            // A zombie (killed, not yet reaped) is no longer Envoy.
+            let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            if !state.contains(") Z ") {
+                pids.push(pid);
+            }
         }
     }
+    pids
 }
 
 /// A real HTTP/1.1 server (Python) inside `ns` on `0.0.0.0:port` answering every GET
