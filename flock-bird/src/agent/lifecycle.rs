@@ -431,6 +431,10 @@ impl Agent {
                     // has not finished leaves them in the view, and a repeated DEL of
                     // the removed pod must still answer that it is gone (IGNORED), not
                     // that it removed it again. The keys are handed over either way.
+                    #[cfg(flock_reintroduce = "del-counts-pending-keys")]
+                    {
+                        existed |= !keys.is_empty();
+                    }
                     let seq = self.withdraw(key, keys);
                     if let Err(why) = self.sync_wait(seq).await {
                         tracing::warn!(%key, %why, "pod removed locally; its unregistration is pending (the registry sync retries)");
