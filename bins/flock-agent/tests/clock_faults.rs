@@ -32,7 +32,6 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `--registry-ttl`, seconds: the lease expires 2 s after its last keep-alive.
@@ -54,38 +53,20 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 /// The agent on `etcd` with its wall clock offset by what `offset_file` holds.
 fn start_agent(etcd: &Etcd, offset_file: &Path) -> Agent {
-    let dir = tempfile::Builder::new()
-        .prefix("flock-agent-test-")
-        .tempdir()
-        .unwrap();
-    let state_dir = dir.path().join("state");
-    let cni_socket = dir.path().join("cni.sock");
-    let xds_socket = dir.path().join("run").join("xds.sock");
-    let admin = format!("127.0.0.1:{}", free_port());
-    let mut cmd = Command::new(AGENT_BIN);
-    cmd.args(["--node-name", "n1", "--state-dir"])
-        .arg(&state_dir)
-        .arg("--cni-socket")
-        .arg(&cni_socket)
-        .arg("--xds-socket")
-        .arg(&xds_socket)
-        .args(["--admin-address", &admin])
-        .args(["--registry", &etcd.registry_spec()])
-        .args(["--registry-ttl", &LEASE_TTL_S.to_string()])
-        .args(["--svid-ttl", &SVID_TTL_S.to_string()])
-        .args(["--gc-interval", "1", "--probe-interval-ms", "1000"])
-        .env("FLOCK_TEST_CLOCK_OFFSET_FILE", offset_file)
-        .env("RUST_LOG", "info,flock_bird=debug");
-    let proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
-    let mut agent = Agent {
-        proc,
-        dir,
-        state_dir,
-        cni_socket,
-        xds_socket,
-        admin,
-    };
-    agent.wait_ready(WAIT);
+    let (ttl, svid_ttl) = (LEASE_TTL_S.to_string(), SVID_TTL_S.to_string());
+    let agent = Agent::start_node_env(
+        "n1",
+        &etcd.registry_spec(),
+        &[
+            "--registry-ttl",
+            &ttl,
+            "--svid-ttl",
+            &svid_ttl,
+            "--gc-interval",
+            "1",
+        ],
+        &[("FLOCK_TEST_CLOCK_OFFSET_FILE", offset_file.as_os_str())],
+    );
     assert!(
         agent.proc.log_text().contains("test-only clock-fault hook"),
         "the agent was built without flock-clock's clock-fault feature (bins/flock-agent's \

@@ -251,39 +251,7 @@ impl Agent {
     /// Starts `flock-agent --node-name n1` with `--probe-interval-ms 1000` plus `extra`
     /// flags, and waits for `/readyz` 200.
     pub fn start(extra: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("flock-agent-test-")
-            .tempdir()
-            .unwrap();
-        let state_dir = dir.path().join("state");
-        let cni_socket = dir.path().join("cni.sock");
-        let xds_socket = dir.path().join("run").join("xds.sock");
-        let admin = format!("127.0.0.1:{}", free_port());
-        let mut cmd = Command::new(AGENT_BIN);
-        cmd.arg("--node-name")
-            .arg("n1")
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .arg("--cni-socket")
-            .arg(&cni_socket)
-            .arg("--xds-socket")
-            .arg(&xds_socket)
-            .arg("--admin-address")
-            .arg(&admin)
-            .args(["--registry", "memory", "--probe-interval-ms", "1000"])
-            .args(extra)
-            .env("RUST_LOG", "info,flock_bird=debug");
-        let proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
-        let mut agent = Self {
-            dir,
-            state_dir,
-            cni_socket,
-            xds_socket,
-            admin,
-            proc,
-        };
-        agent.wait_ready(WAIT);
-        agent
+        Self::start_node("n1", "memory", extra)
     }
 
     /// The xDS target for flock-xds's client: `unix:<socket>`.
@@ -389,6 +357,16 @@ impl Agent {
     /// on its own temp dir and free ports; `extra` may set `--probe-interval-ms`);
     /// waits for `/readyz` 200.
     pub fn start_node(node: &str, registry: &str, extra: &[&str]) -> Self {
+        Self::start_node_env(node, registry, extra, &[])
+    }
+
+    /// [`start_node`](Self::start_node) with extra environment variables for the agent.
+    pub fn start_node_env(
+        node: &str,
+        registry: &str,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("flock-agent-test-")
             .tempdir()
@@ -397,7 +375,7 @@ impl Agent {
         let cni_socket = dir.path().join("cni.sock");
         let xds_socket = dir.path().join("run").join("xds.sock");
         let admin = format!("127.0.0.1:{}", free_port());
-        let cmd = node_command(
+        let mut cmd = node_command(
             node,
             registry,
             extra,
@@ -406,6 +384,7 @@ impl Agent {
             &xds_socket,
             &admin,
         );
+        cmd.envs(env.iter().copied());
         let proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
         let mut agent = Self {
             dir,
