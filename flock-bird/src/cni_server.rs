@@ -107,7 +107,7 @@ impl CniServer {
 /// service name and get it that service's identity.
 fn check_peer(peer: &Peer, own_uid: u32) -> Result<(), Status> {
     // The bug this check closes: the file mode was the only gate.
-    if cfg!(flock_reintroduce = "cni-any-peer") {
+    if flock_core::reintroduced!("cni-any-peer") {
         return Ok(());
     }
     match peer {

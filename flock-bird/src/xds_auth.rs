@@ -63,7 +63,7 @@ impl Authorizer for AgentAuthorizer {
         // The bug this type exists to prevent: every peer trusted, its own `Node`
         // choosing the group, so any client claiming `user_agent_name: "envoy"` got
         // every workload key.
-        if cfg!(flock_reintroduce = "agent-xds-trust-node") {
+        if flock_core::reintroduced!("agent-xds-trust-node") {
             return Ok(Principal {
                 name: peer.to_string(),
                 group: GroupChoice::ByNode,

@@ -261,7 +261,7 @@ impl Registry for Gated {
 /// R4 with its interleaving forced: the liveness loop's re-registration is
 /// in flight (its put held at the gate) while RemovePod runs to completion; then the
 /// put lands. The re-check after registering sees the pod gone and undoes it, so no
-/// ghost endpoint survives. Without the re-check (`--cfg flock_reintroduce="r4-agent"`,
+/// ghost endpoint survives. Without the re-check (`reintroduced!("r4-agent")`,
 /// checked by scripts/test) this test fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r4_a_reregistration_racing_remove_pod_leaves_no_ghost() {
@@ -404,7 +404,7 @@ impl Registry for ComesBack {
 /// and the unregister), and the pod's AddPod re-registered the same key before the
 /// delete landed. The delete is conditional on the revision the plan saw, so the new
 /// registration survives and the live pod stays reachable. With an unconditional
-/// delete (`--cfg flock_reintroduce="gc-unconditional"`, checked by scripts/test) the
+/// delete (`reintroduced!("gc-unconditional")`, checked by scripts/test) the
 /// live pod loses its endpoint and this test fails.
 #[tokio::test]
 async fn gc_never_deletes_a_registration_newer_than_its_plan() {
@@ -483,7 +483,7 @@ impl flock_bird::identity::IdentityProvider for GatedIdentity {
 /// the identities of its stored pods; one resubscription is in flight (held at the
 /// gate) while RemovePod of that pod runs to completion, then it lands. The re-check
 /// after subscribing sees the pod gone and withdraws it: no leaked subscription, no
-/// SVID kept alive. Without the re-check (`--cfg flock_reintroduce="r6-agent"`,
+/// SVID kept alive. Without the re-check (`reintroduced!("r6-agent")`,
 /// checked by scripts/test) this test fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r6_a_resubscription_racing_remove_pod_leaks_nothing() {

@@ -178,7 +178,7 @@ async fn after_a_spire_restart_the_bridge_reconnects_and_resubscribes() {
 /// flight leaves no stream open on the double and no SVID in the view. The double
 /// holds its answer to the resubscribe until the unsubscribe is done; the bridge's
 /// re-check after the stream opens then withdraws it. With the re-check removed
-/// (`--cfg flock_reintroduce="r6-spire"`) the stream stays open and the SVID comes
+/// (`reintroduced!("r6-spire")`) the stream stays open and the SVID comes
 /// back into the view: this test fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_removed_during_resubscription_leaks_no_subscription() {

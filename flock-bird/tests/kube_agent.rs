@@ -494,6 +494,11 @@ struct Gated {
     arrived: Notify,
     release: Notify,
     landed: Notify,
+    /// Set by the test once RemovePod of the pod has answered.
+    answered: AtomicBool,
+    /// The held put landed after that answer: the registry then holds an endpoint of
+    /// a pod whose removal was acknowledged (a ghost, however briefly).
+    landed_after_answer: AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -503,6 +508,9 @@ impl Registry for Gated {
             self.arrived.notify_one();
             self.release.notified().await;
             let rev = self.inner.put(ep).await;
+            if self.answered.load(Ordering::SeqCst) {
+                self.landed_after_answer.store(true, Ordering::SeqCst);
+            }
             self.landed.notify_one();
             return rev;
         }
@@ -527,9 +535,10 @@ impl Registry for Gated {
 /// that pod is asked for, then the put lands. No ghost endpoint may outlive the pod.
 /// The resync holds the pod's lock, so RemovePod waits for it and then unregisters
 /// the endpoint; the re-check after the put (the second layer) would undo it were the
-/// pod gone. Without both (`--cfg flock_reintroduce="r4-kube-resync"`, checked by
+/// pod gone. Without both (`reintroduced!("r4-kube-resync")`, checked by
 /// scripts/test) RemovePod finishes while the put is held, misses it, and the late put
-/// leaves a ghost: this test fails. Under the fix RemovePod cannot finish while the
+/// lands after that answer: a ghost (the registry sync deletes it soon after, so the
+/// test catches the late landing itself): this test fails. Under the fix RemovePod cannot finish while the
 /// put is held; the test waits for it at most `BLOCKED` before releasing the put (the
 /// bound only ends the wait for what the lock forbids; the outcome does not depend
 /// on it). The API server is flock-kube's double (see the module docs).
@@ -545,6 +554,8 @@ async fn r4_a_membership_put_racing_remove_pod_leaves_no_ghost() {
                 arrived: Notify::new(),
                 release: Notify::new(),
                 landed: Notify::new(),
+                answered: false.into(),
+                landed_after_answer: false.into(),
             });
             gate = Some(Arc::clone(&gated));
             gated
@@ -582,6 +593,9 @@ async fn r4_a_membership_put_racing_remove_pod_leaves_no_ghost() {
         async move { agent.remove_pod(&key).await }
     });
     let finished_early = tokio::time::timeout(BLOCKED, &mut remove).await.ok();
+    if finished_early.is_some() {
+        gated.answered.store(true, Ordering::SeqCst);
+    }
     gated.release.notify_one(); // the late put lands now
     gated.landed.notified().await;
     let removed = match finished_early {
@@ -591,6 +605,13 @@ async fn r4_a_membership_put_racing_remove_pod_leaves_no_ghost() {
     assert!(matches!(removed, Ok(PodOutcome::Done(_))), "{removed:?}");
     resync.await.unwrap();
     assert!(agent.pods().is_empty());
+    // The registry sync would delete such a late write soon after (a third layer), so
+    // the ghost is caught where it happens, not by looking for it later.
+    assert!(
+        !gated.landed_after_answer.load(Ordering::SeqCst),
+        "the pod's membership endpoint was registered after its RemovePod answered: a \
+         ghost endpoint, served to other nodes until something deletes it"
+    );
     let ghosts = endpoint_keys(agent);
     assert!(
         ghosts.is_empty(),

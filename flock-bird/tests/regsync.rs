@@ -154,8 +154,8 @@ async fn settled(agent: &Arc<Agent>) {
 /// A DEL while the pod's registration hangs in the registry, which then times out and
 /// lands later (the put was abandoned by its caller, not undone): ADD and DEL both
 /// answer within their bound, and once the late write is visible the sync deletes it:
-/// no ghost. With the sync's writes unguarded (`--cfg
-/// flock_reintroduce="regsync-unguarded"`: a key tracked only once its put succeeded,
+/// no ghost. With the sync's writes unguarded
+/// (`reintroduced!("regsync-unguarded")`: a key tracked only once its put succeeded,
 /// no re-check after it; checked by scripts/test) the late write stays.
 #[tokio::test(start_paused = true)]
 async fn a_del_during_a_registration_that_times_out_and_lands_late_leaves_no_ghost() {
@@ -204,9 +204,67 @@ async fn a_del_during_a_registration_that_times_out_and_lands_late_leaves_no_gho
     assert!(agent.pods().is_empty());
 }
 
+/// While the registry hangs, only the first registry wait costs the runtime anything:
+/// the first ADD waits it out; an ADD that comes once the sync's call in flight has
+/// gone unanswered for the registry wait answers at once ("registration pending",
+/// naming the call), although that call's own bound (10 s here) has not passed and
+/// the sync does not report a failure yet. Before, each such ADD waited the full
+/// registry wait, which capped CNI throughput under a hung etcd at one operation per
+/// worker per registry wait.
+#[tokio::test(start_paused = true)]
+async fn adds_stop_waiting_once_the_call_in_flight_has_hung_for_the_registry_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Stalling::new().await;
+    let agent = agent_with(
+        dir.path(),
+        Arc::clone(&reg) as Arc<dyn Registry>,
+        Duration::from_secs(10),
+        REGISTER_WAIT,
+    );
+    agent.load().await.unwrap();
+    reg.hold.store(true, Ordering::SeqCst);
+
+    let started = tokio::time::Instant::now();
+    let first = agent.add_pod(&input("c1", Some("web"), "8080")).await;
+    let Ok(PodOutcome::Done(message)) = first else {
+        panic!("ADD failed while the registry hangs: {first:?}");
+    };
+    assert!(message.contains("registration pending"), "{message}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= REGISTER_WAIT && waited <= REGISTER_WAIT + Duration::from_millis(50),
+        "the first ADD waits the registry wait: {waited:?}"
+    );
+    assert_eq!(reg.held.load(Ordering::SeqCst), 1, "the put is in flight");
+    assert!(
+        agent.registry_sync_status().last_error.is_none(),
+        "the sync's put has not reached its own bound yet"
+    );
+
+    for i in 2..=4 {
+        let started = tokio::time::Instant::now();
+        let added = agent
+            .add_pod(&input(&format!("c{i}"), Some("web"), "8080"))
+            .await;
+        let Ok(PodOutcome::Done(message)) = added else {
+            panic!("ADD c{i} failed while the registry hangs: {added:?}");
+        };
+        assert!(
+            message.contains("registration pending") && message.contains("has not answered"),
+            "the answer names the hung call: {message}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(50),
+            "ADD c{i} waited {:?} for a call already hung for the registry wait",
+            started.elapsed()
+        );
+    }
+    assert_eq!(agent.pods().len(), 4);
+}
+
 /// A DEL while the pod's registration is in flight, which lands before the sync's
 /// timeout: the put's re-check sees the pod gone and undoes exactly that write. With
-/// `--cfg flock_reintroduce="regsync-unguarded"` (checked by scripts/test) it stays.
+/// `reintroduced!("regsync-unguarded")` (checked by scripts/test) it stays.
 #[tokio::test(start_paused = true)]
 async fn a_del_during_a_pending_registration_leaves_no_ghost() {
     let dir = tempfile::tempdir().unwrap();
@@ -236,8 +294,8 @@ async fn a_del_during_a_pending_registration_leaves_no_ghost() {
 /// registry holds the delete, so the pod's key is still in the view): the pod is gone
 /// from the agent, so the repeat answers IGNORED ("not known"), not a second removal —
 /// the runtime and the crash test read a DONE for a removed pod as the pod having come
-/// back. With pending registry keys counted as the pod (`--cfg
-/// flock_reintroduce="del-counts-pending-keys"`, checked by scripts/test) the repeat
+/// back. With pending registry keys counted as the pod
+/// (`reintroduced!("del-counts-pending-keys")`, checked by scripts/test) the repeat
 /// answers DONE.
 #[tokio::test(start_paused = true)]
 async fn a_repeated_del_while_the_unregistration_is_pending_answers_ignored() {
@@ -270,7 +328,7 @@ async fn a_repeated_del_while_the_unregistration_is_pending_answers_ignored() {
 /// when the client goes away) while the ADD waits for the registry: the ADD still
 /// runs to completion, and because nobody received its answer (the runtime saw it
 /// fail and will not DEL it) it is undone: no pod, no record, no endpoint. Without
-/// the undo (`--cfg flock_reintroduce="abandoned-add-kept"`, checked by scripts/test)
+/// the undo (`reintroduced!("abandoned-add-kept")`, checked by scripts/test)
 /// the pod stays meshed.
 #[tokio::test(start_paused = true)]
 async fn an_add_whose_caller_went_away_is_completed_then_undone() {

@@ -175,17 +175,18 @@ pub async fn run_async(config: Config) -> Result<(), InstallError> {
         }
     };
     // Arm the watch, then list: both feed `tx`, one queue.
-    #[cfg(not(flock_reintroduce = "install-scan-before-arm"))]
-    let startup = watch::arm(&daemon.dir, tx.clone()).and_then(|()| {
-        between();
-        list_for_scan(&daemon.dir)
-    });
-    // Mutant: list first, arm afterwards. A config created in between is in neither.
-    #[cfg(flock_reintroduce = "install-scan-before-arm")]
-    let startup = list_for_scan(&daemon.dir).and_then(|names| {
-        between();
-        watch::arm(&daemon.dir, tx.clone()).map(|()| names)
-    });
+    let startup = if flock_core::reintroduced!("install-scan-before-arm") {
+        // Mutant: list first, arm afterwards. A config created in between is in neither.
+        list_for_scan(&daemon.dir).and_then(|names| {
+            between();
+            watch::arm(&daemon.dir, tx.clone()).map(|()| names)
+        })
+    } else {
+        watch::arm(&daemon.dir, tx.clone()).and_then(|()| {
+            between();
+            list_for_scan(&daemon.dir)
+        })
+    };
     match startup {
         Ok(names) => {
             info!(dir = %daemon.dir.display(), files = names.len(), "watch armed; scanning");

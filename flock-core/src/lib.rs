@@ -33,8 +33,9 @@
 //! | [`rotation`] | when a certificate (an SVID) is rotated: half its written lifetime after issuance, on the monotonic clock | a wall-clock step rotating every identity at once, or stalling rotation for hours |
 //!
 //! The names R1–R8 are the races described in the repository's `docs/races.md`. Each can be re-introduced with
-//! `--cfg flock_reintroduce="<name>"` (never in a real build): the repository's test
-//! script builds every such mutant and requires the test guarding the fix to fail.
+//! [`reintroduced!`]`("<name>")`, a switch compiled only into the test script's
+//! `--cfg flock_mutants` build (see [`reintroduce`]): the script turns each one on in
+//! turn and requires the test guarding the fix to fail.
 //!
 //! # Example: the publish point
 //!
@@ -69,6 +70,7 @@ pub mod lifecycle;
 pub mod pod;
 pub mod ratelimit;
 pub mod registry;
+pub mod reintroduce;
 pub mod regsync;
 pub mod resources;
 pub mod rotation;

@@ -15,7 +15,7 @@
 //! wins and a removed listener stays resurrected. Here the three steps are one step;
 //! `tests/loom_snapshot.rs` explores every interleaving of several writers and a reader
 //! and checks that versions only grow and every completed write is in the latest state.
-//! Building with `--cfg flock_reintroduce="r1"` restores that shape (a
+//! `reintroduced!("r1")` (see [`crate::reintroduce`]) restores that shape (a
 //! counter outside the lock) and that loom test fails.
 //!
 //! **Why (race R2, aliased mutation):** a published [`Snapshot`] is behind an
@@ -99,7 +99,7 @@ pub struct Publisher<S> {
     published: Condvar,
     /// A version counter outside any lock (the R1 shape). Only compiled in to show
     /// that the loom test catches R1.
-    #[cfg(flock_reintroduce = "r1")]
+    #[cfg(flock_mutants)]
     racy_counter: crate::sync::atomic::AtomicU64,
 }
 
@@ -116,7 +116,7 @@ impl<S> Publisher<S> {
                 next_sink_id: 0,
             }),
             published: Condvar::new(),
-            #[cfg(flock_reintroduce = "r1")]
+            #[cfg(flock_mutants)]
             racy_counter: crate::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -140,8 +140,11 @@ impl<S> Publisher<S> {
 
     /// Like [`publish`](Self::publish), but `next` may return `None` to say "nothing
     /// changed": then no version is consumed and nobody is woken.
-    #[cfg(not(flock_reintroduce = "r1"))]
     pub fn try_publish(&self, next: impl FnOnce(&S) -> Option<S>) -> Option<Arc<Snapshot<S>>> {
+        #[cfg(flock_mutants)]
+        if crate::reintroduced!("r1") {
+            return self.try_publish_r1(next);
+        }
         let mut inner = lock(&self.inner);
         // R1: the state read, the version assignment and the hand-off to sinks below
         // all happen while this one guard is held.
@@ -161,9 +164,9 @@ impl<S> Publisher<S> {
 
     /// Re-introduces race R1 — version from a counter outside the lock, state read
     /// and cache set in separate critical sections — so `tests/loom_snapshot.rs` can
-    /// show that it catches it. Never enabled in a build.
-    #[cfg(flock_reintroduce = "r1")]
-    pub fn try_publish(&self, next: impl FnOnce(&S) -> Option<S>) -> Option<Arc<Snapshot<S>>> {
+    /// show that it catches it. Never compiled into a real build.
+    #[cfg(flock_mutants)]
+    fn try_publish_r1(&self, next: impl FnOnce(&S) -> Option<S>) -> Option<Arc<Snapshot<S>>> {
         use crate::sync::atomic::Ordering;
         let version = self.racy_counter.fetch_add(1, Ordering::SeqCst) + 1;
         // Outside loom (which explores every interleaving anyway), give the scheduler

@@ -28,12 +28,12 @@
 //!
 //! Which mutation fails which assertion (see `flock-core/src/cniconf/ledger.rs`):
 //!
-//! * `--cfg flock_reintroduce="ledger-shared-hash"` (one hash slot for all files, as the
+//! * `reintroduced!("ledger-shared-hash")` (one hash slot for all files, as the
 //!   shell installer had): **property 2** fails — our write to file A is compared with the hash
 //!   of our later write to file B and counted as external (shrinks to: two files, one
 //!   unpatched write each). No loop: the "already patched" brake stops it. The plain
 //!   reproduction tests fail their property-2 assertion too.
-//! * `--cfg flock_reintroduce="ledger-rewrite"` (rewrite every external change) alone:
+//! * `reintroduced!("ledger-rewrite")` (rewrite every external change) alone:
 //!   **property 1** (write count) fails as soon as an already-patched config is written
 //!   externally (shrinks to: one external write of an already-patched config). The
 //!   plain reproduction tests still pass: the per-file ledger alone prevents that loop.
@@ -44,10 +44,10 @@
 //!   write each) or the simpler rewrite of an already-patched file.
 //!
 //! ```text
-//! RUSTFLAGS='--cfg flock_reintroduce="ledger-shared-hash"' \
-//!   cargo test -p flock-core --test cniconf_watch_model --target-dir target/mutants
-//! RUSTFLAGS='--cfg flock_reintroduce="ledger-shared-hash" --cfg flock_reintroduce="ledger-rewrite"' \
-//!   cargo test -p flock-core --test cniconf_watch_model --target-dir target/mutants
+//! RUSTFLAGS='--cfg flock_mutants' FLOCK_REINTRODUCE=ledger-shared-hash \
+//!   cargo test -p flock-core --test cniconf_watch_model
+//! RUSTFLAGS='--cfg flock_mutants' FLOCK_REINTRODUCE='ledger-shared-hash ledger-rewrite' \
+//!   cargo test -p flock-core --test cniconf_watch_model
 //! ```
 
 use flock_core::cniconf::{

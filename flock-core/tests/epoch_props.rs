@@ -2,10 +2,10 @@
 //! Property tests of the epoch module: the record format, the start decision, the
 //! state-file write rule (R8) and the restart gate (R7).
 //!
-//! Mutation checks (the `flock_reintroduce` switch re-introduces one race):
+//! Mutation checks (`flock_core::reintroduced!` re-introduces one race; `scripts/test --mutants r7 r8` runs both):
 //!
-//! * `RUSTFLAGS='--cfg flock_reintroduce="r8"' cargo test -p flock-core --test epoch_props
-//!   --target-dir target/mutants` fails: the R8 mutation makes `write_decision` write
+//! * `FLOCK_REINTRODUCE=r8` on a `--cfg flock_mutants` build of `--test epoch_props`
+//!   fails: the R8 mutation makes `write_decision` write
 //!   a live epoch without comparing with the record on disk, so
 //!   `write_rule_never_regresses_a_fresh_higher_epoch` fails its "file regressed"
 //!   assertion (a draining parent whose last probe said LIVE overwrites its child's
@@ -13,8 +13,7 @@
 //!   R8 interleaving, and `write_decision_contract` fails either its
 //!   "overwrote a fresh record" assertion or, for an epoch that is not LIVE, its
 //!   Skip assertion (the mutant skips where the rule yields).
-//! * `RUSTFLAGS='--cfg flock_reintroduce="r7"' cargo test -p flock-core --test
-//!   epoch_props --target-dir target/mutants` fails: the R7 mutation makes the gate
+//! * `FLOCK_REINTRODUCE=r7` on the same build fails: the R7 mutation makes the gate
 //!   fire when the debounce ends whatever the liveness, so
 //!   `gate_never_fires_while_not_live` fails its "fired while not LIVE" assertion.
 //!   The other eight tests pass under either mutation.

@@ -91,7 +91,7 @@ proptest! {
     /// * the only table entries not in the store are pods the load read and that
     ///   were removed before its merge (the documented resurrection the GC repairs).
     ///
-    /// Fails under `--cfg flock_reintroduce="r3"` (the wholesale replace loses adds).
+    /// Fails under `reintroduced!("r3")` (the wholesale replace loses adds).
     #[test]
     fn load_merge_never_loses_an_added_pod(
         initial in prop::collection::btree_set(0u32..6, 0..6),

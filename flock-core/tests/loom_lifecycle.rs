@@ -8,14 +8,15 @@
 //!   cargo test -p flock-core --release --test loom_lifecycle --target-dir target/loom
 //! ```
 //!
-//! Each model states the mutation that makes it fail; the mutations are compiled in
-//! with `--cfg flock_reintroduce="r3"|"r4"|"r6"` (never in builds).
+//! Each model states the mutation that makes it fail; the mutations are switched on
+//! with `FLOCK_REINTRODUCE=r3|r4|r6` in a `--cfg loom --cfg flock_mutants` build (see
+//! `flock_core::reintroduce`; never in real builds).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use flock_core::lifecycle::guard::{Guarded, register_if_live};
 use flock_core::lifecycle::merge::PodTable;
-use flock_core::lifecycle::steps::{ADD_POD, REMOVE_POD, Step};
+use flock_core::lifecycle::steps::{ADD_POD, Op, Step};
 use flock_core::sync::{Arc, Mutex, lock};
 use loom::thread;
 
@@ -57,7 +58,7 @@ impl World {
     /// Executes `RemovePod` for `pod` by iterating `lifecycle::steps::REMOVE_POD`:
     /// the order is the library's, not this test's.
     fn remove_pod(&self, pod: u32) {
-        for step in REMOVE_POD {
+        for step in Op::RemovePod.steps() {
             match step {
                 Step::StoreDelete => {
                     lock(&self.store).remove(&pod);
@@ -102,7 +103,7 @@ impl World {
 /// interleaving the added pod, and the stored one, are in the table at the end,
 /// with the added pod's fresh value.
 ///
-/// Fails with `--cfg flock_reintroduce="r3"` (`load_merge` replaces the table
+/// Fails with `reintroduced!("r3")` (`load_merge` replaces the table
 /// wholesale): A reads storage, B writes storage and table, A's
 /// replace wipes B's pod.
 #[test]
@@ -155,9 +156,9 @@ fn r3_startup_load_never_wipes_a_concurrent_add() {
 /// `register_if_live`. At the end the registry never holds pod 1: no ghost
 /// endpoint.
 ///
-/// Fails with `--cfg flock_reintroduce="r4"` (the racy `RemovePod` order:
+/// Fails with `reintroduced!("r4")` (the racy `RemovePod` order:
 /// unregister first, store delete last: B's re-check runs before the store delete
-/// and keeps the ghost), and with `--cfg flock_reintroduce="r6"` or the re-check
+/// and keeps the ghost), and with `reintroduced!("r6")` or the re-check
 /// removed from `register_if_live` by hand (B checks, A deletes and unregisters,
 /// B registers and nobody undoes it).
 #[test]
@@ -191,8 +192,8 @@ fn r4_liveness_reregistration_never_leaves_a_ghost_endpoint() {
 /// stays. At the end pod 1 has no subscription (none leaked) and pod 2 still has
 /// its own (the guard does not over-remove).
 ///
-/// Fails with `--cfg flock_reintroduce="r4"` (store delete last: the resubscriber's
-/// re-check still sees pod 1) and with `--cfg flock_reintroduce="r6"` or the
+/// Fails with `reintroduced!("r4")` (store delete last: the resubscriber's
+/// re-check still sees pod 1) and with `reintroduced!("r6")` or the
 /// re-check removed from `register_if_live` by hand (a resubscriber without the re-check).
 #[test]
 fn r6_resubscribe_never_leaks_a_removed_pods_subscription() {

@@ -5,7 +5,7 @@
 //! --release --test loom_snapshot`.
 //!
 //! Shown to fail when R1 is re-introduced: with
-//! `RUSTFLAGS='--cfg loom --cfg flock_reintroduce="r1"'` (version taken from a counter
+//! `RUSTFLAGS='--cfg loom --cfg flock_mutants' FLOCK_REINTRODUCE=r1` (version taken from a counter
 //! outside the lock, state read and cache set in separate critical sections: the R1
 //! shape) loom finds an interleaving where the sink sees version 2 before
 //! version 1 (`writers_publish_in_version_order_and_lose_nothing`) and one where the

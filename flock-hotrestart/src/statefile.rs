@@ -114,14 +114,18 @@ impl StateDir {
             .mode(0o600)
             .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
             .open(self.dir.join(LOCK_FILE))?;
-        #[cfg(not(flock_reintroduce = "r8-lock"))]
-        let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
-            .map_err(|(_, errno)| io::Error::from(errno))?;
-        // Re-introduces R8 so tests/statefile_lock.rs can show it catches it; never
-        // enabled in builds: the read-decide-write without the lock, so a writer that
-        // read an old record can replace a newer one written meanwhile.
-        #[cfg(flock_reintroduce = "r8-lock")]
-        let _lock = lock_file;
+        let _lock = if flock_core::reintroduced!("r8-lock") {
+            // Re-introduces R8 so tests/statefile_lock.rs can show it catches it; never
+            // in real builds: the read-decide-write without the lock, so a writer that
+            // read an old record can replace a newer one written meanwhile.
+            drop(lock_file);
+            None
+        } else {
+            Some(
+                Flock::lock(lock_file, FlockArg::LockExclusive)
+                    .map_err(|(_, errno)| io::Error::from(errno))?,
+            )
+        };
         let on_disk = self.read()?;
         let decision = decide(on_disk.record());
         if let WriteDecision::Write { record, .. } = &decision {

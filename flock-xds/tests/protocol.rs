@@ -151,7 +151,7 @@ fn sotw_nack_keeps_the_last_good_version_and_the_rejected_content_is_not_resent(
 }
 
 /// Guards the stale-nonce fix: building with
-/// `--cfg flock_reintroduce="xds-stale-nonce"` (any ACK/NACK matched to the latest
+/// `reintroduced!("xds-stale-nonce")` (any ACK/NACK matched to the latest
 /// response, the go-control-plane bug class) makes this test fail.
 #[test]
 fn sotw_stale_nonce_is_ignored_and_does_not_ack_or_nack_the_newer_response() {
@@ -232,7 +232,7 @@ fn sotw_a_suppressed_response_never_loses_the_watch() {
 
 /// After an unsubscribe, a response prepared for the old subscription is never sent
 /// (SotW). Guards the fix: building with
-/// `--cfg flock_reintroduce="xds-unsubscribed-response"` makes this test fail.
+/// `reintroduced!("xds-unsubscribed-response")` makes this test fail.
 #[test]
 fn sotw_unsubscribe_drops_a_pending_response_for_the_old_subscription() {
     let mut s = SotwState::new(ENDPOINT);
@@ -278,7 +278,7 @@ fn sotw_legacy_wildcard_ends_with_explicit_names_and_star_keeps_it() {
 }
 
 /// R1 at the stream level. Guards the fix: building with
-/// `--cfg flock_reintroduce="xds-snapshot-regress"` makes this test fail.
+/// `reintroduced!("xds-snapshot-regress")` makes this test fail.
 #[test]
 fn sotw_an_older_snapshot_never_replaces_a_newer_one() {
     let mut s = SotwState::new(CLUSTER);
@@ -396,7 +396,7 @@ fn delta_unchanged_resources_are_never_resent() {
 }
 
 /// Guards the stale-nonce fix for Delta: with
-/// `--cfg flock_reintroduce="xds-stale-nonce"` this test fails.
+/// `reintroduced!("xds-stale-nonce")` this test fails.
 #[test]
 fn delta_stale_request_applies_its_subscription_but_not_its_ack() {
     let v1 = set(&[(ENDPOINT, "a", "a1"), (ENDPOINT, "b", "b1")]);
@@ -443,7 +443,7 @@ fn delta_nack_keeps_the_last_good_version_then_the_fix_is_sent() {
 
 /// After an unsubscribe, a response prepared for the old subscription is never sent
 /// (Delta). Guards the fix: with
-/// `--cfg flock_reintroduce="xds-unsubscribed-response"` this test fails.
+/// `reintroduced!("xds-unsubscribed-response")` this test fails.
 #[test]
 fn delta_unsubscribe_drops_a_pending_response() {
     let v1 = set(&[(ENDPOINT, "a", "a1"), (ENDPOINT, "b", "b1")]);
@@ -462,7 +462,7 @@ fn delta_unsubscribe_drops_a_pending_response() {
 /// recover): a wildcard EDS subscriber, which gets endpoints it did not ask for, gets a
 /// new cluster's endpoints only after the cluster, also while an earlier CDS response
 /// awaits its ACK. Guards the ordering: with
-/// `--cfg flock_reintroduce="xds-eds-before-cds"` this test fails.
+/// `reintroduced!("xds-eds-before-cds")` this test fails.
 #[test]
 fn ads_a_changed_cluster_goes_out_before_its_endpoints() {
     let mut ads: DeltaAds<V> = DeltaAds::new();
@@ -501,7 +501,7 @@ fn ads_a_changed_cluster_goes_out_before_its_endpoints() {
 /// endpoints, so holding EDS behind CDS's next change stalls both until Envoy's
 /// initial fetch timeout (seen against real Envoy under churn: new services
 /// unreachable for 15 s). Guards the fix: with
-/// `--cfg flock_reintroduce="xds-eds-behind-unacked-cds"` this test fails.
+/// `reintroduced!("xds-eds-behind-unacked-cds")` this test fails.
 #[test]
 fn ads_endpoints_asked_for_by_name_go_out_while_cds_awaits_its_ack() {
     for sotw in [false, true] {
@@ -594,7 +594,7 @@ fn mbb_next(v1: &ResourceSet<V>) -> ResourceSet<V> {
 
 /// Make-before-break, SotW: the CDS response after the change still carries "old"
 /// (at the content the client holds) until the RDS update that drops the reference
-/// is out. Guards the rule: with `--cfg flock_reintroduce="xds-break-before-make"`
+/// is out. Guards the rule: with `reintroduced!("xds-break-before-make")`
 /// this test fails.
 #[test]
 fn ads_sotw_make_before_break_removes_a_cluster_after_the_route_that_used_it() {
@@ -635,7 +635,7 @@ fn ads_sotw_make_before_break_removes_a_cluster_after_the_route_that_used_it() {
 }
 
 /// Make-before-break, Delta: the removal of "old" waits for the RDS update. Guards
-/// the rule: with `--cfg flock_reintroduce="xds-break-before-make"` this test fails.
+/// the rule: with `reintroduced!("xds-break-before-make")` this test fails.
 #[test]
 fn ads_delta_make_before_break_removes_a_cluster_after_the_route_that_used_it() {
     let mut ads: DeltaAds<V> = DeltaAds::new();

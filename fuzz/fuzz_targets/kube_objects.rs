@@ -140,6 +140,7 @@ fn service(json: &[u8]) {
         host_network: false,
         terminating: false,
         mesh: MeshDecision::Meshed,
+        capture: Default::default(),
     };
     for m in memberships(&facts, [&svc]) {
         assert!(!m.ports.is_empty());

@@ -174,10 +174,10 @@ pub async fn serve_with<A: Accept, V: Views>(
             Err(e) => {
                 // One listener, no herd to spread: the ceiling is the pause (jitter 1).
                 let pause = backoff.next_delay(1.0);
-                #[cfg(flock_reintroduce = "admin-accept-spin")]
-                let pause = {
-                    let _ = pause;
+                let pause = if flock_core::reintroduced!("admin-accept-spin") {
                     Duration::ZERO
+                } else {
+                    pause
                 };
                 tracing::warn!(error = %e, ?pause, "admin endpoint: accept failed");
                 tokio::select! {

@@ -77,13 +77,14 @@ impl Agent {
             // Conditional on the revision the plan was made from: if the pod came back
             // after the view was taken (its AddPod re-registered the same key), that
             // newer registration is not an orphan and must survive this sweep.
-            #[cfg(not(flock_reintroduce = "gc-unconditional"))]
-            let deleted = match view.revisions.get(ep) {
-                Some(rev) => self.registry.delete_if_revision(ep, *rev).await,
-                None => Ok(false),
+            let deleted = if flock_core::reintroduced!("gc-unconditional") {
+                self.registry.delete(ep).await
+            } else {
+                match view.revisions.get(ep) {
+                    Some(rev) => self.registry.delete_if_revision(ep, *rev).await,
+                    None => Ok(false),
+                }
             };
-            #[cfg(flock_reintroduce = "gc-unconditional")]
-            let deleted = self.registry.delete(ep).await;
             match deleted {
                 Ok(true) => {
                     removed += 1;

@@ -5,7 +5,7 @@ use crate::identity::PodIdentity;
 use crate::kube::KubeAdmission;
 use crate::model::{Endpoint, Health, PodRecord, SERVICE_ANNOTATION};
 use flock_core::lifecycle::liveness::Liveness;
-use flock_core::lifecycle::steps::{ADD_POD, REMOVE_POD, Step};
+use flock_core::lifecycle::steps::{ADD_POD, Op, Step};
 use flock_core::pod::PodKey;
 use flock_core::sync::lock;
 use std::collections::BTreeSet;
@@ -34,8 +34,7 @@ impl Agent {
             .map_err(|e| e.to_string())?;
         // The re-check: RemovePod deletes the store record before it unsubscribes, so
         // a pod gone now may have had its unsubscribe run before this subscribe.
-        #[cfg(not(flock_reintroduce = "r6-agent"))]
-        if !self.pods.contains(&rec.key) {
+        if !flock_core::reintroduced!("r6-agent") && !self.pods.contains(&rec.key) {
             self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
             provider.unsubscribe(&rec.key).await;
         }
@@ -237,16 +236,13 @@ impl Agent {
                 let Err(unanswered) = answer.send(result) else {
                     return;
                 };
-                #[cfg(not(flock_reintroduce = "abandoned-add-kept"))]
-                if unanswered.is_ok() {
+                if unanswered.is_ok() && !flock_core::reintroduced!("abandoned-add-kept") {
                     tracing::warn!(pod = %rec.pod_ref(), key = %rec.key, "the ADD's caller went away before its answer (the runtime saw it fail); undoing it");
                     self.metrics.adds_undone.fetch_add(1, Ordering::Relaxed);
                     if let Err(e) = self.remove_locked(&rec.key).await {
                         tracing::warn!(pod = %rec.pod_ref(), key = %rec.key, "undoing the abandoned ADD stopped: {e}");
                     }
                 }
-                #[cfg(flock_reintroduce = "abandoned-add-kept")]
-                let _ = unanswered;
             })
             .await
     }
@@ -379,7 +375,7 @@ impl Agent {
         let mut existed = false;
         // The removed record, for the capture removal at the end.
         let mut removed: Option<PodRecord> = None;
-        for step in REMOVE_POD {
+        for step in Op::RemovePod.steps() {
             match step {
                 Step::StoreDelete => {
                     // The disk first: a record that cannot be deleted stops the removal
@@ -431,8 +427,7 @@ impl Agent {
                     // has not finished leaves them in the view, and a repeated DEL of
                     // the removed pod must still answer that it is gone (IGNORED), not
                     // that it removed it again. The keys are handed over either way.
-                    #[cfg(flock_reintroduce = "del-counts-pending-keys")]
-                    {
+                    if flock_core::reintroduced!("del-counts-pending-keys") {
                         existed |= !keys.is_empty();
                     }
                     let seq = self.withdraw(key, keys);

@@ -62,10 +62,7 @@ impl Agent {
             // The re-check: RemovePod deletes the store record before it unregisters,
             // so if the pod is gone now, its unregister may already have run and
             // missed this put.
-            #[cfg(not(flock_reintroduce = "r4-agent"))]
-            let still_live = self.pods.contains(key);
-            #[cfg(flock_reintroduce = "r4-agent")]
-            let still_live = true;
+            let still_live = flock_core::reintroduced!("r4-agent") || self.pods.contains(key);
             if still_live {
                 lock(&self.own).insert(ep_key, rev);
             } else {

@@ -95,13 +95,10 @@ impl Agent {
             .collect();
         let mut writes = 0;
         for key in keys {
-            #[cfg(not(flock_reintroduce = "r4-kube-resync"))]
-            {
-                writes += self.locks.run(&key, self.resync_pod(&key)).await;
-            }
-            #[cfg(flock_reintroduce = "r4-kube-resync")]
-            {
+            if flock_core::reintroduced!("r4-kube-resync") {
                 writes += self.resync_pod(&key).await;
+            } else {
+                writes += self.locks.run(&key, self.resync_pod(&key)).await;
             }
         }
         if writes > 0 {
@@ -165,10 +162,8 @@ impl Agent {
             // RemovePod of this key that ran before we took it left no record, and
             // we only got here if the record is live; checking again keeps the rule
             // local and true whoever calls this.
-            #[cfg(not(flock_reintroduce = "r4-kube-resync"))]
-            let still_live = self.pods.contains(key);
-            #[cfg(flock_reintroduce = "r4-kube-resync")]
-            let still_live = true;
+            let still_live =
+                flock_core::reintroduced!("r4-kube-resync") || self.pods.contains(key);
             if still_live {
                 lock(&self.own).insert(ep_key.clone(), rev);
             } else {

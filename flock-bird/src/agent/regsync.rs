@@ -88,6 +88,9 @@ struct State {
     unknown: BTreeSet<String>,
     /// Requests made so far (each ADD/DEL hand-over is one).
     requested: u64,
+    /// The registry call in flight (what, key) and when it was sent: a waiter does not
+    /// wait for a call that has already gone unanswered for the registry wait.
+    call: Option<(Instant, String)>,
 }
 
 /// The sync's shared state (see the module docs).
@@ -194,7 +197,8 @@ impl Agent {
     }
 
     /// Waits until request `seq` is in the registry, the sync failed on it, or
-    /// [`super::AgentConfig::register_wait`] passed. `Err` says why it is not (yet).
+    /// [`super::AgentConfig::register_wait`] passed (counted from when the registry
+    /// call in flight was sent, if there is one). `Err` says why it is not (yet).
     pub(super) async fn sync_wait(&self, seq: u64) -> Result<(), String> {
         if self.registry.read_only() {
             return Ok(());
@@ -210,11 +214,21 @@ impl Agent {
                 return Err(e.clone());
             }
         }
-        let waited = tokio::time::timeout(
-            self.cfg.register_wait,
-            rx.wait_for(|s| s.applied >= seq || s.failed >= seq),
-        )
-        .await;
+        // A registry that hangs (stopped, partitioned) is seen first as a call that
+        // does not come back; the round only fails once the call's own bound
+        // (`registry_op_timeout`, seconds) passes. Waiting for that would make every
+        // ADD and DEL of that window take the full registry wait, so the wait ends
+        // once the call in flight has gone unanswered for the registry wait: only the
+        // first of those windows costs the runtime anything.
+        let mut deadline = Instant::now() + self.cfg.register_wait;
+        if let Some((since, _)) = &lock(&self.sync.state).call {
+            deadline = deadline.min(*since + self.cfg.register_wait);
+        }
+        // (A deadline already past still sees a request that is already applied:
+        // the wait is polled before its deadline.)
+        let waited =
+            tokio::time::timeout_at(deadline, rx.wait_for(|s| s.applied >= seq || s.failed >= seq))
+                .await;
         match waited {
             Ok(Ok(s)) if s.applied >= seq => Ok(()),
             Ok(Ok(s)) => Err(s
@@ -222,10 +236,16 @@ impl Agent {
                 .clone()
                 .unwrap_or_else(|| "registry write failed".into())),
             Ok(Err(_)) => Err("the registry sync stopped".into()),
-            Err(_) => Err(format!(
-                "the registry did not confirm within {:?}",
-                self.cfg.register_wait
-            )),
+            Err(_) => match lock(&self.sync.state).call.clone() {
+                Some((since, what)) => Err(format!(
+                    "the registry has not answered {what} for {:?} (the sync retries; ADD and DEL no longer wait for it)",
+                    since.elapsed()
+                )),
+                None => Err(format!(
+                    "the registry did not confirm within {:?}",
+                    self.cfg.register_wait
+                )),
+            },
         }
     }
 
@@ -283,7 +303,10 @@ impl Agent {
         key: &str,
         fut: impl Future<Output = Result<T, crate::registry::RegistryError>>,
     ) -> Result<T, RoundError> {
-        match tokio::time::timeout(self.cfg.registry_op_timeout, fut).await {
+        lock(&self.sync.state).call = Some((Instant::now(), format!("{what} {key:?}")));
+        let answered = tokio::time::timeout(self.cfg.registry_op_timeout, fut).await;
+        lock(&self.sync.state).call = None;
+        match answered {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(RoundError(e.to_string())),
             Err(_) => Err(RoundError(format!(
@@ -337,24 +360,26 @@ impl Agent {
     async fn apply(&self, op: SyncOp<crate::model::Endpoint>) -> Result<(), RoundError> {
         match op {
             SyncOp::Put { key, value } => {
+                let guarded = !flock_core::reintroduced!("regsync-unguarded");
                 // R4's first check: only a pod still wanted is registered.
-                #[cfg(not(flock_reintroduce = "regsync-unguarded"))]
-                if !self.still_wanted(&value.pod_key) {
+                if guarded && !self.still_wanted(&value.pod_key) {
                     return Ok(());
                 }
                 // Tracked before the put is sent: if it times out and lands later, the
                 // view shows a key the sync knows, and a pod gone by then gets it
                 // deleted instead of leaving a ghost.
-                #[cfg(not(flock_reintroduce = "regsync-unguarded"))]
-                lock(&self.sync.state)
-                    .tracked
-                    .insert(key.clone(), Instant::now());
+                if guarded {
+                    lock(&self.sync.state)
+                        .tracked
+                        .insert(key.clone(), Instant::now());
+                }
                 let put = self.bounded("put", &key, self.registry.put(&value)).await;
                 let rev = match put {
                     Ok(rev) => rev,
                     Err(e) => {
-                        #[cfg(not(flock_reintroduce = "regsync-unguarded"))]
-                        lock(&self.sync.state).unknown.insert(key.clone());
+                        if guarded {
+                            lock(&self.sync.state).unknown.insert(key.clone());
+                        }
                         self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
                         return Err(e);
                     }
@@ -368,8 +393,7 @@ impl Agent {
                 // R4's re-check: RemovePod leaves the table before it hands the pod's
                 // keys over, so a pod gone now may have been withdrawn before this put
                 // landed. Undo exactly this write.
-                #[cfg(not(flock_reintroduce = "regsync-unguarded"))]
-                if !self.still_wanted(&value.pod_key) {
+                if guarded && !self.still_wanted(&value.pod_key) {
                     self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
                     let undo = self.registry.delete_if_revision(&key, rev);
                     if self.bounded("undo put", &key, undo).await.is_ok() {

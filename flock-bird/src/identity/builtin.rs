@@ -252,15 +252,12 @@ impl BuiltinCa {
     /// next).
     pub fn rotate_due(&self) -> usize {
         let now = flock_clock::mono_now();
-        #[cfg(not(flock_reintroduce = "svid-wall-rotation"))]
-        let due = |s: &Svid| s.issued().due(now);
-        // The schedule on the wall clock: a step forward makes every SVID due at once, a
-        // step back postpones every rotation by the size of the step.
-        #[cfg(flock_reintroduce = "svid-wall-rotation")]
-        let due = {
-            let _ = now;
-            let wall = (self.clock)();
-            move |s: &Svid| wall >= s.issued_ms.plus(s.not_after_ms.since(s.issued_ms) / 2)
+        let wall = flock_core::reintroduced!("svid-wall-rotation").then(|| (self.clock)());
+        let due = |s: &Svid| match wall {
+            None => s.issued().due(now),
+            // The mutant's schedule on the wall clock: a step forward makes every SVID
+            // due at once, a step back postpones every rotation by the size of the step.
+            Some(wall) => wall >= s.issued_ms.plus(s.not_after_ms.since(s.issued_ms) / 2),
         };
         let mut state = self.state.lock();
         let ids: Vec<String> = state

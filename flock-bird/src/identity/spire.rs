@@ -330,8 +330,7 @@ impl Inner {
         let mut st = self.state.lock();
         // The re-check (R6): the pod may have been unsubscribed (or subscribed anew)
         // while the stream was opening, and its unsubscribe found nothing to cancel.
-        #[cfg(not(flock_reintroduce = "r6-spire"))]
-        if !Self::wanted(&st, &key, token) {
+        if !flock_core::reintroduced!("r6-spire") && !Self::wanted(&st, &key, token) {
             drop(st);
             // Dropping the stream cancels the RPC: SPIRE sees it close.
             drop(stream);

@@ -279,8 +279,7 @@ impl ViewState {
     fn relist(&mut self, listed: BTreeMap<String, (Endpoint, i64)>, at: i64) {
         // The mutant replaces the view with the list, as the backend did before: every
         // listed key is news to the subscribers.
-        #[cfg(flock_reintroduce = "etcd-relist-replace")]
-        {
+        if flock_core::reintroduced!("etcd-relist-replace") {
             self.entries.clear();
             self.revs.clear();
         }
@@ -827,10 +826,9 @@ impl Shared {
         };
         // The mutant resumes without checking, as the backend did before: the old view
         // is published as synced until etcd cancels the watch.
-        #[cfg(flock_reintroduce = "etcd-resume-compacted")]
-        let resume_ok = !needs_list;
-        #[cfg(not(flock_reintroduce = "etcd-resume-compacted"))]
-        let resume_ok = !needs_list && self.still_readable(resume).await?;
+        let resume_ok = !needs_list
+            && (flock_core::reintroduced!("etcd-resume-compacted")
+                || self.still_readable(resume).await?);
         let stream = if resume_ok {
             self.watch_from(resume + 1).await?
         } else {

@@ -26,11 +26,15 @@ use super::patch::{ConfPolicy, OurPlugin, patch};
 
 /// Re-introduces the patch loop's first cause (one hash slot shared by all files) so the property test
 /// can show it catches it; never enabled in builds.
-const SHARED_HASH: bool = cfg!(flock_reintroduce = "ledger-shared-hash");
+fn shared_hash() -> bool {
+    crate::reintroduced!("ledger-shared-hash")
+}
 
 /// Re-introduces the patch loop's second cause (every external change is rewritten, even when already
 /// patched) so the property test can show it catches it; never enabled in builds.
-const REWRITE_PATCHED: bool = cfg!(flock_reintroduce = "ledger-rewrite");
+fn rewrite_patched() -> bool {
+    crate::reintroduced!("ledger-rewrite")
+}
 
 /// Per-file record of the bytes flock last wrote (or adopted as already patched): path →
 /// [`ContentHash`].
@@ -50,7 +54,7 @@ impl Ledger {
 
     /// The key a path is stored under: the path itself.
     fn slot(path: &str) -> &str {
-        if SHARED_HASH { "" } else { path }
+        if shared_hash() { "" } else { path }
     }
 
     /// Records that `path` now holds `bytes` written (or adopted) by us; returns the hash.
@@ -190,7 +194,7 @@ pub fn decide(path: &str, bytes: &[u8], ledger: &Ledger, policy: &InstallPolicy)
         Ok(patched) => patched,
         Err(e) => return Action::Skip(SkipReason::Refused(e)),
     };
-    if !patched.changed && !REWRITE_PATCHED {
+    if !patched.changed && !rewrite_patched() {
         return Action::AlreadyPatched;
     }
     let file_name_change = if patched.converted_from_conf {

@@ -95,7 +95,7 @@ impl RestartGate {
     pub fn poll(&mut self, now: MonoMs, current_epoch_live: bool) -> GateDecision {
         // Re-introduces R7 so the property test can show it catches it; never enabled
         // in builds: a supervisor that forked whenever the debounce ended.
-        let current_epoch_live = current_epoch_live || cfg!(flock_reintroduce = "r7");
+        let current_epoch_live = current_epoch_live || crate::reintroduced!("r7");
         match self.debounce.deadline() {
             None => GateDecision::Idle,
             Some(until) if now < until => GateDecision::WaitUntil { until },

@@ -167,7 +167,7 @@ pub fn write_decision(
     now_unix_ms: UnixMs,
     heartbeat_max_age_ms: u64,
 ) -> WriteDecision {
-    let verdict = if cfg!(flock_reintroduce = "r8") {
+    let verdict = if crate::reintroduced!("r8") {
         // Re-introduces R8 so the property test can show it catches it; never enabled
         // in builds: a writer that writes its own epoch whenever it is live,
         // without comparing with the record on disk.

@@ -75,9 +75,9 @@ where
         return Guarded::Skipped;
     }
     register();
-    // `flock_reintroduce = "r6"` re-introduces R6 (a resubscriber without the
+    // `reintroduced!("r6")` re-introduces R6 (a resubscriber without the
     // re-check) so the loom test can show it catches it; never enabled in builds.
-    if cfg!(flock_reintroduce = "r6") || is_live() {
+    if crate::reintroduced!("r6") || is_live() {
         Guarded::Registered
     } else {
         unregister();

@@ -68,8 +68,9 @@ where
 {
     // Re-introduces R3 so the loom test can show it catches it; never enabled in
     // builds: it replaces the table wholesale with what was loaded.
-    #[cfg(flock_reintroduce = "r3")]
-    live.clear();
+    if crate::reintroduced!("r3") {
+        live.clear();
+    }
 
     // Collecting first dedups the load (the last copy of a key wins) and sorts it,
     // so the report is sorted and a key is never both added and kept.

@@ -22,7 +22,7 @@
 //! registration. Either way nothing for `p` survives. With the opposite order
 //! (unregister first, store delete last) the re-check can run before the store
 //! delete, see `p` still present, and keep a ghost — which is what the loom model
-//! shows under `--cfg flock_reintroduce="r4"`.
+//! shows under `reintroduced!("r4")`.
 //!
 //! # Example
 //!

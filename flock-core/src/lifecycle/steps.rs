@@ -148,7 +148,6 @@ pub const ADD_POD: &[Step] = &[
 
 /// `RemovePod`: store delete → xDS withdraw → registry unregister → identity
 /// unsubscribe → capture remove. The store delete comes first (R4).
-#[cfg(not(flock_reintroduce = "r4"))]
 pub const REMOVE_POD: &[Step] = &[
     Step::StoreDelete,
     Step::XdsWithdraw,
@@ -158,9 +157,10 @@ pub const REMOVE_POD: &[Step] = &[
 ];
 
 /// Re-introduces R4 so the loom test can show it catches it; never enabled in
-/// builds. This is the racy order: unregister first, store delete last.
-#[cfg(flock_reintroduce = "r4")]
-pub const REMOVE_POD: &[Step] = &[
+/// builds ([`Op::steps`] answers it under `reintroduced!("r4")`). This is the racy
+/// order: unregister first, store delete last.
+#[cfg(flock_mutants)]
+const REMOVE_POD_R4: &[Step] = &[
     Step::RegistryUnregister,
     Step::XdsWithdraw,
     Step::IdentityUnsubscribe,
@@ -182,6 +182,8 @@ impl Op {
     pub fn steps(self) -> &'static [Step] {
         match self {
             Op::AddPod => ADD_POD,
+            #[cfg(flock_mutants)]
+            Op::RemovePod if crate::reintroduced!("r4") => REMOVE_POD_R4,
             Op::RemovePod => REMOVE_POD,
         }
     }

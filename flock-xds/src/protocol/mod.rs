@@ -153,13 +153,9 @@ impl std::ops::Add for StreamStats {
 /// one may (R1 at the stream level: whatever order the server's tasks deliver
 /// snapshots in, a stream never goes back to older content).
 pub(crate) fn is_newer(current: u64, incoming: u64) -> bool {
-    #[cfg(flock_reintroduce = "xds-snapshot-regress")]
-    {
-        let _ = current;
+    if flock_core::reintroduced!("xds-snapshot-regress") {
         incoming > 0
-    }
-    #[cfg(not(flock_reintroduce = "xds-snapshot-regress"))]
-    {
+    } else {
         incoming > current
     }
 }

@@ -300,20 +300,15 @@ fn gate_for(type_url: &str, types: &[TypeState]) -> Gate {
     let removals = !types
         .iter()
         .any(|t| (t.pending.make || t.pending.brk) && before(&BREAK_ORDER, &t.type_url));
-    #[cfg(flock_reintroduce = "xds-eds-behind-unacked-cds")]
-    let changes = !types
-        .iter()
-        .any(|t| t.pending.make && before(&MAKE_ORDER, &t.type_url));
-    #[cfg(flock_reintroduce = "xds-eds-before-cds")]
-    let changes = {
-        let _ = changes;
-        true
+    let changes = if flock_core::reintroduced!("xds-eds-behind-unacked-cds") {
+        !types
+            .iter()
+            .any(|t| t.pending.make && before(&MAKE_ORDER, &t.type_url))
+    } else {
+        changes
     };
-    #[cfg(flock_reintroduce = "xds-break-before-make")]
-    let removals = {
-        let _ = removals;
-        true
-    };
+    let changes = changes || flock_core::reintroduced!("xds-eds-before-cds");
+    let removals = removals || flock_core::reintroduced!("xds-break-before-make");
     Gate { changes, removals }
 }
 

@@ -144,8 +144,9 @@ impl<V, H: Held<V>> Core<V, H> {
     pub fn forget(&mut self, name: &Name) {
         self.held.remove(name);
         self.brk.remove(name);
-        #[cfg(not(flock_reintroduce = "xds-unsubscribed-response"))]
-        self.make.remove(name);
+        if !flock_core::reintroduced!("xds-unsubscribed-response") {
+            self.make.remove(name);
+        }
     }
 
     /// Replaces the subscription; returns whether it changed.
@@ -220,9 +221,12 @@ impl<V, H: Held<V>> Core<V, H> {
         // From here on, an empty or foreign nonce is stale, as in go-control-plane
         // (clients may keep their latest nonce across streams and requests).
         let parsed = nonce.parse::<u64>().ok();
-        #[cfg(flock_reintroduce = "xds-stale-nonce")]
-        // The bug class: any ACK/NACK is matched to the latest response.
-        let parsed = parsed.and(self.last_nonce);
+        let parsed = if flock_core::reintroduced!("xds-stale-nonce") {
+            // The bug class: any ACK/NACK is matched to the latest response.
+            parsed.and(self.last_nonce)
+        } else {
+            parsed
+        };
         if parsed.is_none() || parsed != self.last_nonce {
             return RequestKind::Stale;
         }

@@ -393,8 +393,9 @@ impl<A: Accept> tokio_stream::Stream for Incoming<A> {
                         tracing::debug!("xDS accept: {e} (one connection; accepting the next)");
                     }
                     AcceptErrorAction::Pause => {
-                        #[cfg(not(flock_reintroduce = "xds-accept-spin"))]
-                        {
+                        if flock_core::reintroduced!("xds-accept-spin") {
+                            tracing::warn!(error = %e, "xDS accept failed");
+                        } else {
                             let delay = this.backoff.delay(this.errors);
                             this.errors = this.errors.saturating_add(1);
                             tracing::warn!(
@@ -403,11 +404,6 @@ impl<A: Accept> tokio_stream::Stream for Incoming<A> {
                                 "xDS accept failed; pausing before accepting again"
                             );
                             this.pause = Some(Box::pin(tokio::time::sleep(delay)));
-                        }
-                        #[cfg(flock_reintroduce = "xds-accept-spin")]
-                        {
-                            let _ = (&this.backoff, &this.errors);
-                            tracing::warn!(error = %e, "xDS accept failed");
                         }
                     }
                 },

@@ -169,10 +169,10 @@ fn admit_type(
 /// Refuses a request that would leave the stream subscribed to more names than the
 /// limit allows (checked before the request is fed, so nothing of it is kept).
 fn check_subscribed(after: usize, limits: &convert::Limits) -> Result<(), Status> {
-    #[cfg(flock_reintroduce = "xds-unbounded-stream")]
-    let after = {
-        let _ = after;
+    let after = if flock_core::reintroduced!("xds-unbounded-stream") {
         0
+    } else {
+        after
     };
     if after > limits.max_subscribed_names_per_stream {
         return Err(Status::resource_exhausted(format!(
@@ -235,10 +235,10 @@ pub(crate) async fn run<F: Flavor>(
     let mut shutdown = inner.shutdown.subscribe();
     // The first request names the node, and so the snapshot group.
     let timeout = inner.limits.first_request_timeout;
-    #[cfg(flock_reintroduce = "xds-unbounded-stream")]
-    let timeout = {
-        let _ = timeout;
+    let timeout = if flock_core::reintroduced!("xds-unbounded-stream") {
         std::time::Duration::MAX
+    } else {
+        timeout
     };
     let first = tokio::select! {
         biased;

@@ -478,39 +478,65 @@ pub struct Etcd {
     pub proc: ChildGuard,
     pub dir: tempfile::TempDir,
     pub client_port: u16,
+    peer_port: u16,
+    starts: usize,
 }
 
 impl Etcd {
     /// Starts etcd and waits until its `/health` says `true` (a leader is elected).
     pub fn start() -> Self {
-        let bin = etcd_bin();
         let dir = tempfile::Builder::new()
             .prefix("flock-etcd-test-")
             .tempdir()
             .unwrap();
-        let client_port = free_port();
+        let (client_port, peer_port) = (free_port(), free_port());
+        let proc = Self::spawn(dir.path(), client_port, peer_port, 0);
+        Self {
+            proc,
+            dir,
+            client_port,
+            peer_port,
+            starts: 1,
+        }
+    }
+
+    fn spawn(dir: &Path, client_port: u16, peer_port: u16, start: usize) -> ChildGuard {
         let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{}", free_port());
-        let mut cmd = Command::new(bin);
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let mut cmd = Command::new(etcd_bin());
         cmd.args(["--name", "e1", "--data-dir"])
-            .arg(dir.path().join("data"))
+            .arg(dir.join("data"))
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("e1={peer}")])
             .args(["--heartbeat-interval", "50", "--election-timeout", "250"]);
-        let mut proc = ChildGuard::spawn(cmd, dir.path().join("etcd.log"));
+        let log = match start {
+            0 => "etcd.log".to_string(),
+            n => format!("etcd.restart-{n}.log"),
+        };
+        let mut proc = ChildGuard::spawn(cmd, dir.join(log));
         let addr = format!("127.0.0.1:{client_port}");
         wait_for("etcd /health true", WAIT, || {
             assert!(proc.running(), "etcd exited:\n{}", proc.log_text());
             matches!(http_get(&addr, "/health"), Ok((200, body)) if body.contains("true"))
         });
-        Self {
-            proc,
-            dir,
-            client_port,
-        }
+        proc
+    }
+
+    /// SIGKILLs etcd (a crash) and reaps it.
+    pub fn kill9(&mut self) {
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
+    }
+
+    /// Starts etcd again on the same data dir and ports (SIGKILLing it first if it
+    /// runs); waits until it is healthy.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.proc = Self::spawn(self.dir.path(), self.client_port, self.peer_port, self.starts);
+        self.starts += 1;
     }
 
     /// The agent's `--registry` spec: `etcd://127.0.0.1:<port>`.

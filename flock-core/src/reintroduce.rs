@@ -1,0 +1,130 @@
+//! Switches that put a fixed bug back, so a test can show it catches that bug.
+//!
+//! Every fix of a race or trust bug in this workspace keeps its old shape behind
+//! [`reintroduced!`](crate::reintroduced)`("<name>")`. In every real build (no
+//! `--cfg flock_mutants`) the macro is the constant `false` and the old shape is
+//! compiled out. The test script builds the workspace's tests once with
+//! `--cfg flock_mutants`; then `FLOCK_REINTRODUCE="<name> ..."` in a test's
+//! environment (inherited by the binaries it starts) turns those bugs back on, and the
+//! test guarding each fix must fail. One build serves every mutant: before, each
+//! mutant was its own compile-time cfg and its own release build, which cost CI most of
+//! an hour.
+//!
+//! A name not in [`KNOWN`] does not compile, so a typo cannot leave a mutant that
+//! never switches on.
+
+/// Every name [`reintroduced!`](crate::reintroduced) accepts. The repository's
+/// `docs/races.md` and the test script's mutant table say what each one breaks.
+pub const KNOWN: &[&str] = &[
+    "r1",
+    "r3",
+    "r4",
+    "r6",
+    "r7",
+    "r8",
+    "r8-lock",
+    "ledger-shared-hash",
+    "ledger-rewrite",
+    "xds-stale-nonce",
+    "xds-eds-before-cds",
+    "xds-eds-behind-unacked-cds",
+    "xds-break-before-make",
+    "xds-unsubscribed-response",
+    "xds-snapshot-regress",
+    "xds-unbounded-stream",
+    "xds-auth-bypass",
+    "xds-accept-spin",
+    "r4-agent",
+    "r4-kube-resync",
+    "r6-agent",
+    "r6-spire",
+    "gc-unconditional",
+    "install-scan-before-arm",
+    "registry-trust-all",
+    "agent-xds-trust-node",
+    "admin-accept-spin",
+    "cni-any-peer",
+    "regsync-unguarded",
+    "abandoned-add-kept",
+    "del-counts-pending-keys",
+    "svid-wall-rotation",
+    "etcd-resume-compacted",
+    "etcd-relist-replace",
+];
+
+/// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile
+/// time).
+pub const fn is_known(name: &str) -> bool {
+    let mut i = 0;
+    while i < KNOWN.len() {
+        if str_eq(KNOWN[i], name) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether this process was asked to re-introduce `name`: it is one of the
+/// whitespace-separated names in `FLOCK_REINTRODUCE`, read once per process.
+#[cfg(flock_mutants)]
+pub fn active(name: &str) -> bool {
+    // std's OnceLock even under loom: this is configuration read before any model
+    // runs its threads, not state a model explores.
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    NAMES
+        .get_or_init(|| {
+            std::env::var("FLOCK_REINTRODUCE")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
+        .iter()
+        .any(|n| n == name)
+}
+
+/// `reintroduced!("<name>")`: whether the fixed bug `<name>` is switched back on.
+/// Always `false` in a build without `--cfg flock_mutants`. See the
+/// [module docs](crate::reintroduce).
+#[cfg(flock_mutants)]
+#[macro_export]
+macro_rules! reintroduced {
+    ($name:literal) => {{
+        const _: () = assert!(
+            $crate::reintroduce::is_known($name),
+            "not a name in flock_core::reintroduce::KNOWN"
+        );
+        $crate::reintroduce::active($name)
+    }};
+}
+
+/// `reintroduced!("<name>")`: whether the fixed bug `<name>` is switched back on.
+/// Always `false` in a build without `--cfg flock_mutants`. See the
+/// [module docs](crate::reintroduce).
+#[cfg(not(flock_mutants))]
+#[macro_export]
+macro_rules! reintroduced {
+    ($name:literal) => {{
+        const _: () = assert!(
+            $crate::reintroduce::is_known($name),
+            "not a name in flock_core::reintroduce::KNOWN"
+        );
+        false
+    }};
+}
