@@ -12,7 +12,12 @@
 //! etcd answers again both nodes' registry views hold exactly n1's live pods (and n2's
 //! pod) within 2 s, measured from etcd's first healthy answer by polling; and after that
 //! no ghost (an endpoint of a pod that is gone) shows up in either view for two TTLs.
-//! Whether n2 saw n1's endpoints leave (lease expiry) and return is printed.
+//! Whether n2 saw n1's endpoints leave (lease expiry) and return is printed: with the
+//! only etcd member stopped or dead nobody's lease expires (expiry is etcd's own timer,
+//! and a recovering etcd renews every lease), so that is asserted by the third fault:
+//! * a network partition between n1 and a running etcd (n1 in a network namespace of
+//!   its own, an nftables drop on its veth), where n2 sees n1's endpoints expire and
+//!   return.
 //!
 //! The churn stops before etcd comes back, so "the live pods" is a fixed set when
 //! convergence is measured. Figures (operations during each fault, failures, time to
@@ -50,10 +55,16 @@ struct EtcdProc {
     client_port: u16,
     peer_port: u16,
     starts: usize,
+    /// A second address etcd's clients may use (the partition test's veth).
+    also_on: Option<String>,
 }
 
 impl EtcdProc {
     fn start() -> Self {
+        Self::start_also_on(None)
+    }
+
+    fn start_also_on(also_on: Option<String>) -> Self {
         let mut e = Self {
             proc: None,
             dir: tempfile::Builder::new()
@@ -63,13 +74,17 @@ impl EtcdProc {
             client_port: free_port(),
             peer_port: free_port(),
             starts: 0,
+            also_on,
         };
         e.spawn();
         e
     }
 
     fn spawn(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let mut client = format!("http://127.0.0.1:{}", self.client_port);
+        if let Some(host) = &self.also_on {
+            client.push_str(&format!(",http://{host}:{}", self.client_port));
+        }
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let mut cmd = Command::new(etcd_bin());
         cmd.args(["--name", "e1", "--data-dir"])
@@ -309,6 +324,18 @@ fn converge(
     n2_pod: &str,
     fault: &str,
 ) -> Duration {
+    converge_within(n1, n2, live, n2_pod, fault, Duration::from_secs(30))
+}
+
+/// [`converge`], failing after `limit`.
+fn converge_within(
+    n1: &Agent,
+    n2: &Agent,
+    live: &BTreeSet<String>,
+    n2_pod: &str,
+    fault: &str,
+    limit: Duration,
+) -> Duration {
     let t0 = Instant::now();
     let n2_set: BTreeSet<String> = [n2_pod.to_owned()].into();
     let matches = |a: &Agent| {
@@ -320,7 +347,7 @@ fn converge(
         }
         let last = (view_of(n1, "n1"), view_of(n2, "n1"));
         assert!(
-            t0.elapsed() < Duration::from_secs(30),
+            t0.elapsed() < limit,
             "{fault}: never converged: live {} pods, n1 sees {:?}, n2 sees {:?} of n1",
             live.len(),
             last.0.as_ref().map(BTreeSet::len),
@@ -444,4 +471,169 @@ fn cni_keeps_working_through_etcd_hanging_and_dying_and_both_nodes_converge() {
     for line in report {
         println!("{line}");
     }
+}
+
+/// Runs `nft -f -` with `rules` inside `ns`.
+fn nft_in(ns: &NetNs, rules: &str) {
+    use std::io::Write;
+    let mut child = ns
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft (Debian's nftables) is needed: run scripts/test");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(rules.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft -f - in {}: {}\n{rules}",
+        ns.path(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network partition between one agent and etcd, made with a network namespace and a
+/// veth the test controls: n1 runs in its own namespace and reaches etcd over the veth
+/// (n2 and etcd stay on the host's loopback). The partition is an nftables table in
+/// n1's namespace that drops (does not refuse) everything to and from etcd's client
+/// port, for longer than the lease TTL, under the same churn on n1 as above; n1's
+/// admin API (on the veth too) and its CNI socket stay reachable.
+///
+/// Asserted: every CNI ADD and DEL on n1 succeeds during the partition, and an ADD and
+/// DEL on n2 too; n1 stays ready and says the registry is out of sync; n2 sees n1's
+/// endpoints expire (n1's lease is not kept alive, etcd itself runs on) and, once the
+/// partition heals, return: both views hold exactly n1's live pods and n2's pod, with no
+/// ghost for two TTLs after. The time from the heal to that is printed; it includes the
+/// etcd client's reconnection over a TCP connection whose packets were dropped, so it is
+/// bounded here by the keep-alive that declares such a connection dead (10 s), not by
+/// the 2 s of an etcd that answers again on a live connection.
+#[test]
+fn a_partition_between_one_agent_and_etcd_keeps_cni_working_and_the_other_node_sees_expiry_and_return()
+ {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ns = NetNs::new("part");
+    // A /30 of its own per test process, and interface names within IFNAMSIZ.
+    let net = std::process::id() % 250 + 1;
+    let (host_ip, ns_ip) = (format!("10.213.{net}.1"), format!("10.213.{net}.2"));
+    let (host_if, ns_if) = (format!("fkp{net}h"), format!("fkp{net}n"));
+    ip(&[
+        "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+    ]);
+    // Deleting the namespace deletes its end, and with it the pair.
+    ip(&["link", "set", &ns_if, "netns", &ns.path()]);
+    ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_if]);
+    ip(&["link", "set", &host_if, "up"]);
+    let ns_name = ns.path().rsplit('/').next().unwrap().to_owned();
+    ip(&[
+        "-n",
+        &ns_name,
+        "addr",
+        "add",
+        &format!("{ns_ip}/30"),
+        "dev",
+        &ns_if,
+    ]);
+    ip(&["-n", &ns_name, "link", "set", &ns_if, "up"]);
+
+    let etcd = EtcdProc::start_also_on(Some(host_ip.clone()));
+    let ttl = TTL.as_secs().to_string();
+    let flags = ["--registry-ttl", ttl.as_str()];
+    let n1_registry = format!("etcd://{host_ip}:{}", etcd.client_port);
+    let n1 = Agent::start_node_in("n1", &n1_registry, &flags, &ns, &ns_ip);
+    let n2 = Agent::start_node("n2", &etcd.spec(), &flags);
+    let n2_pod = "10.60.0.9";
+    rt.block_on(add(&n2.cni_socket, "n2-pod", n2_pod)).unwrap();
+
+    let churn = Arc::new(Churn::default());
+    let handles = start_churn(&rt, &n1.cni_socket, &churn, 2);
+    let before = churn.ops.load(Ordering::SeqCst);
+    wait_for("churn under way", WAIT, || {
+        churn.ops.load(Ordering::SeqCst) >= before + 50
+    });
+    wait_for("n2 sees n1's endpoints", WAIT, || {
+        view_of(&n2, "n1").is_some_and(|v| !v.is_empty())
+    });
+    let (ops0, fail0) = (
+        churn.ops.load(Ordering::SeqCst),
+        churn.failures.load(Ordering::SeqCst),
+    );
+    let started = Instant::now();
+    let port = etcd.client_port;
+    nft_in(
+        &ns,
+        &format!(
+            "table inet flock_partition {{\n\
+             chain out {{ type filter hook output priority 0; policy accept; ip daddr {host_ip} tcp dport {port} drop; }}\n\
+             chain in {{ type filter hook input priority 0; policy accept; ip saddr {host_ip} tcp sport {port} drop; }}\n\
+             }}\n"
+        ),
+    );
+    // n2's own pods keep working: its registry is reachable.
+    let n2_cni = rt.block_on(async {
+        add(&n2.cni_socket, "n2-during", "10.60.0.10").await?;
+        del(&n2.cni_socket, "n2-during").await
+    });
+    let seen = during_fault(&n1, &n2);
+    let (ops, failures) = (
+        churn.ops.load(Ordering::SeqCst) - ops0,
+        churn.failures.load(Ordering::SeqCst) - fail0,
+    );
+    let held = started.elapsed();
+    stop_churn(&rt, &churn, handles);
+    let live = churn.live.lock().unwrap().clone();
+    nft_in(&ns, "delete table inet flock_partition\n");
+    let took = converge_within(
+        &n1,
+        &n2,
+        &live,
+        n2_pod,
+        "partition",
+        Duration::from_secs(30),
+    );
+    let line = format!(
+        "partition n1 ↔ etcd for {:.1}s (TTL {}s): {ops} CNI ops on n1 during it ({:.0}/s), \
+         {failures} failed; n2 ADD+DEL during it: {}; n1 readyz non-200 {} times, said out of \
+         sync: {}; n2 saw n1's endpoints expire: {}; both nodes converged to the {} live \
+         pods {:.0} ms after the heal; no ghost for {}s after",
+        held.as_secs_f64(),
+        TTL.as_secs(),
+        ops as f64 / held.as_secs_f64(),
+        if n2_cni.is_ok() { "ok" } else { "FAILED" },
+        seen.readyz_not_200,
+        seen.readyz_out_of_sync,
+        seen.n2_lost_n1,
+        live.len(),
+        took.as_secs_f64() * 1000.0,
+        2 * TTL.as_secs(),
+    );
+    println!("{line}");
+    let errors = churn.errors.lock().unwrap().clone();
+    assert_eq!(failures, 0, "partition: n1's CNI ops failed: {errors:?}");
+    n2_cni.expect("partition: n2's CNI failed");
+    assert_eq!(
+        seen.readyz_not_200, 0,
+        "partition: n1 became unready for CNI"
+    );
+    assert!(
+        seen.readyz_out_of_sync,
+        "partition: n1's /readyz never said out of sync"
+    );
+    assert!(
+        seen.n2_lost_n1,
+        "partition: n2 never saw n1's endpoints expire (lease TTL {TTL:?}, partition {held:?})"
+    );
+    assert!(
+        took <= Duration::from_secs(10),
+        "partition: converged {took:?} after the heal, beyond the etcd client's keep-alive bound"
+    );
 }

@@ -117,8 +117,7 @@ fn churn_with_agent_and_etcd_kills_loses_nothing_and_leaks_nothing() {
                 drive(socket, m, &mut round_rng, |_| stop.load(Ordering::SeqCst)).await
             })
         };
-        let fault;
-        if agent_round {
+        let fault = if agent_round {
             // The kill point is random on purpose (as in the crash test).
             let kill_after = Duration::from_millis(200 + rng.below(PERIOD.as_millis() as u64));
             std::thread::sleep(kill_after);
@@ -127,7 +126,7 @@ fn churn_with_agent_and_etcd_kills_loses_nothing_and_leaks_nothing() {
             rt.block_on(driver).unwrap();
             recorder.abort();
             agent_kills += 1;
-            fault = format!("agent SIGKILL after {kill_after:.1?}");
+            format!("agent SIGKILL after {kill_after:.1?}")
         } else {
             // The fault's schedule: churn, etcd down for ETCD_DOWN, churn.
             std::thread::sleep(PERIOD / 2);
@@ -139,8 +138,8 @@ fn churn_with_agent_and_etcd_kills_loses_nothing_and_leaks_nothing() {
             rt.block_on(driver).unwrap();
             recorder.abort();
             etcd_kills += 1;
-            fault = format!("etcd SIGKILL for {ETCD_DOWN:?}");
-        }
+            format!("etcd SIGKILL for {ETCD_DOWN:?}")
+        };
         let log = xds.lock().unwrap().clone();
         assert!(
             log.violations.is_empty(),
@@ -212,7 +211,11 @@ fn churn_with_agent_and_etcd_kills_loses_nothing_and_leaks_nothing() {
         xds_stop.store(true, Ordering::Relaxed);
         rt.block_on(recorder).unwrap();
         let log = xds.lock().unwrap().clone();
-        assert!(log.violations.is_empty(), "xDS: {}", log.violations.join("\n"));
+        assert!(
+            log.violations.is_empty(),
+            "xDS: {}",
+            log.violations.join("\n")
+        );
         {
             let mut keys = model.keys.lock().unwrap();
             for k in &unknown {

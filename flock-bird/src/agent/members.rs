@@ -162,8 +162,7 @@ impl Agent {
             // RemovePod of this key that ran before we took it left no record, and
             // we only got here if the record is live; checking again keeps the rule
             // local and true whoever calls this.
-            let still_live =
-                flock_core::reintroduced!("r4-kube-resync") || self.pods.contains(key);
+            let still_live = flock_core::reintroduced!("r4-kube-resync") || self.pods.contains(key);
             if still_live {
                 lock(&self.own).insert(ep_key.clone(), rev);
             } else {

@@ -226,9 +226,11 @@ impl Agent {
         }
         // (A deadline already past still sees a request that is already applied:
         // the wait is polled before its deadline.)
-        let waited =
-            tokio::time::timeout_at(deadline, rx.wait_for(|s| s.applied >= seq || s.failed >= seq))
-                .await;
+        let waited = tokio::time::timeout_at(
+            deadline,
+            rx.wait_for(|s| s.applied >= seq || s.failed >= seq),
+        )
+        .await;
         match waited {
             Ok(Ok(s)) if s.applied >= seq => Ok(()),
             Ok(Ok(s)) => Err(s

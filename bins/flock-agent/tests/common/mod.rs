@@ -367,6 +367,30 @@ impl Agent {
         extra: &[&str],
         env: &[(&str, &std::ffi::OsStr)],
     ) -> Self {
+        Self::launch(node, registry, extra, env, None)
+    }
+
+    /// [`start_node`](Self::start_node) inside the network namespace `netns` (entered
+    /// with `nsenter --net`), its admin API on `admin_host` (an address of that
+    /// namespace the test reaches; `--allow-non-loopback` is passed). The CNI and xDS
+    /// sockets are files, reachable from any namespace.
+    pub fn start_node_in(
+        node: &str,
+        registry: &str,
+        extra: &[&str],
+        netns: &NetNs,
+        admin_host: &str,
+    ) -> Self {
+        Self::launch(node, registry, extra, &[], Some((netns.path(), admin_host)))
+    }
+
+    fn launch(
+        node: &str,
+        registry: &str,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+        netns: Option<(String, &str)>,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("flock-agent-test-")
             .tempdir()
@@ -374,7 +398,8 @@ impl Agent {
         let state_dir = dir.path().join("state");
         let cni_socket = dir.path().join("cni.sock");
         let xds_socket = dir.path().join("run").join("xds.sock");
-        let admin = format!("127.0.0.1:{}", free_port());
+        let admin_host = netns.as_ref().map_or("127.0.0.1", |(_, host)| *host);
+        let admin = format!("{admin_host}:{}", free_port());
         let mut cmd = node_command(
             node,
             registry,
@@ -385,6 +410,25 @@ impl Agent {
             &admin,
         );
         cmd.envs(env.iter().copied());
+        if let Some((path, _)) = netns {
+            // The admin API on the namespace's veth address, reachable only from this
+            // host's end of the veth.
+            cmd.arg("--allow-non-loopback");
+            // nsenter execs the agent (no fork for a network namespace): the child's
+            // pid is the agent's.
+            let mut wrapped = Command::new("nsenter");
+            wrapped
+                .arg(format!("--net={path}"))
+                .arg("--")
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
+            for (k, v) in cmd.get_envs() {
+                if let Some(v) = v {
+                    wrapped.env(k, v);
+                }
+            }
+            cmd = wrapped;
+        }
         let proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
         let mut agent = Self {
             dir,
@@ -535,7 +579,12 @@ impl Etcd {
     /// runs); waits until it is healthy.
     pub fn restart(&mut self) {
         self.kill9();
-        self.proc = Self::spawn(self.dir.path(), self.client_port, self.peer_port, self.starts);
+        self.proc = Self::spawn(
+            self.dir.path(),
+            self.client_port,
+            self.peer_port,
+            self.starts,
+        );
         self.starts += 1;
     }
 
