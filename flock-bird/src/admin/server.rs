@@ -460,6 +460,13 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
         "ADDs undone because the plugin went away before their answer (the runtime saw them fail)",
         m.adds_undone.load(Ordering::Relaxed),
     );
+    if let Some(provider) = agent.identity() {
+        s.gauge(
+            "flock_identity_subscriptions",
+            "Pods with an identity subscription (one per meshed pod: more is a leak)",
+            provider.view().borrow().subscriptions.len() as u64,
+        );
+    }
     if let Some(issued) = agent.identity().and_then(|p| p.svids_issued()) {
         s.counter(
             "flock_identity_svids_issued",

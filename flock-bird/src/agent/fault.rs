@@ -60,3 +60,38 @@ pub(crate) fn poison_if_armed(mut entries: Entries, store_dir: &std::path::Path)
     }
     entries
 }
+
+/// The failpoint file's name in the store directory: it holds one failpoint name,
+/// optionally followed by ` stop`. See [`failpoint`].
+pub const FAILPOINT: &str = "failpoint";
+
+/// Failpoints: named points of AddPod, RemovePod, the GC sweep and the registry sync
+/// where the agent can be killed (SIGKILL: a crash exactly there) or stopped (SIGSTOP:
+/// an agent that hangs there), deterministically. Armed by writing the point's name
+/// into `store_dir`/[`FAILPOINT`]; the first time the agent reaches that point the
+/// file is removed (so the restarted agent runs on) and the signal is raised. The
+/// names: `add/start`, `add/<step>` after each AddPod step (`add/StoreWrite`, ...,
+/// `add/RegistryRegister`), `remove/start`, `remove/<step>` likewise, `gc/planned`,
+/// `gc/pod-removed`, `gc/endpoint-removed`, `regsync/put`, `regsync/delete`.
+pub(crate) fn failpoint(store_dir: &std::path::Path, name: &str) {
+    let path = store_dir.join(FAILPOINT);
+    let Ok(armed) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let armed = armed.trim();
+    let (point, stop) = match armed.strip_suffix(" stop") {
+        Some(point) => (point, true),
+        None => (armed, false),
+    };
+    if point != name {
+        return;
+    }
+    let _ = std::fs::remove_file(&path);
+    let signal = if stop {
+        nix::sys::signal::Signal::SIGSTOP
+    } else {
+        nix::sys::signal::Signal::SIGKILL
+    };
+    tracing::error!(failpoint = name, %signal, "fault injection: failpoint reached");
+    let _ = nix::sys::signal::raise(signal);
+}

@@ -52,6 +52,9 @@ impl Agent {
         };
         *lock(&self.gc_state) = next;
         self.metrics.gc_sweeps.fetch_add(1, Ordering::Relaxed);
+        if !plan.store.is_empty() || !plan.endpoints.is_empty() {
+            self.failpoint(|| "gc/planned".into());
+        }
         for t in plan.report.tripped() {
             self.metrics
                 .gc_breaker_trips
@@ -67,6 +70,7 @@ impl Agent {
                         .gc_removed_store
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%key, "GC removed a pod the runtime no longer knows");
+                    self.failpoint(|| "gc/pod-removed".into());
                 }
                 Ok(PodOutcome::Ignored(_)) => {}
                 // Kept whole (stored and served); the next sweep tries again.
@@ -93,6 +97,7 @@ impl Agent {
                         .gc_removed_endpoints
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(endpoint = %ep, "GC removed an orphan endpoint");
+                    self.failpoint(|| "gc/endpoint-removed".into());
                 }
                 Ok(false) => {}
                 Err(e) => {

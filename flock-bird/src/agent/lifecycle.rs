@@ -250,6 +250,7 @@ impl Agent {
     async fn add_locked(self: &Arc<Self>, rec: &PodRecord) -> Result<PodOutcome, PodError> {
         let mut version = 0;
         let mut registry_note = String::new();
+        self.failpoint(|| "add/start".into());
         for step in ADD_POD {
             let done = match step {
                 Step::StoreWrite => {
@@ -311,6 +312,7 @@ impl Agent {
                     message,
                 });
             }
+            self.failpoint(|| format!("add/{step}"));
         }
         tracing::info!(pod = %rec.pod_ref(), key = %rec.key, service = %rec.service, service_account = %rec.service_account, ports = rec.ports.len(), version, "pod added");
         if rec.service.is_empty() {
@@ -375,6 +377,7 @@ impl Agent {
         let mut existed = false;
         // The removed record, for the capture removal at the end.
         let mut removed: Option<PodRecord> = None;
+        self.failpoint(|| "remove/start".into());
         for step in Op::RemovePod.steps() {
             match step {
                 Step::StoreDelete => {
@@ -448,6 +451,7 @@ impl Agent {
                 }
                 other => unreachable!("{other} is not a RemovePod step"),
             }
+            self.failpoint(|| format!("remove/{step}"));
         }
         if existed {
             tracing::info!(%key, "pod removed");

@@ -191,6 +191,17 @@ impl Agent {
         self.kube.as_ref()
     }
 
+    /// A failpoint: in test builds with the `fault-injection` feature, the agent is
+    /// killed or stopped here when the point named is armed (see `fault.rs`); nothing
+    /// at all otherwise.
+    #[inline]
+    pub(crate) fn failpoint(&self, name: impl FnOnce() -> String) {
+        #[cfg(feature = "fault-injection")]
+        fault::failpoint(self.store.dir(), &name());
+        #[cfg(not(feature = "fault-injection"))]
+        let _ = name;
+    }
+
     /// The identity provider, if any.
     pub fn identity(&self) -> Option<&Arc<dyn IdentityProvider>> {
         self.identity.as_ref()

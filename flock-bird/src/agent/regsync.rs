@@ -377,7 +377,10 @@ impl Agent {
                 }
                 let put = self.bounded("put", &key, self.registry.put(&value)).await;
                 let rev = match put {
-                    Ok(rev) => rev,
+                    Ok(rev) => {
+                        self.failpoint(|| "regsync/put".into());
+                        rev
+                    }
                     Err(e) => {
                         if guarded {
                             lock(&self.sync.state).unknown.insert(key.clone());
@@ -417,6 +420,7 @@ impl Agent {
                 };
                 match deleted {
                     Ok(_) => {
+                        self.failpoint(|| "regsync/delete".into());
                         lock(&self.sync.state).unknown.remove(&key);
                         lock(&self.own).remove(&key);
                         Ok(())

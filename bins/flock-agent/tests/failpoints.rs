@@ -1,0 +1,282 @@
+//! Failpoints: the real `flock-agent` killed (SIGKILL) at each named step of AddPod,
+//! RemovePod, the orphan-GC sweep and the registry sync in turn, deterministically: the
+//! test binary's agent is built with flock-bird's test-only `fault-injection`
+//! failpoints (flock-bird `agent/fault.rs`), and the test arms one point at a time by
+//! writing its name into `<state-dir>/failpoint`; the agent removes the file and kills
+//! itself the first time it reaches that point. The agent log must show that it died
+//! there.
+//!
+//! After each kill the agent is started again on the same state (`--registry file:`, so
+//! the registry survives it as in the crash test), and the runtime does what the CNI
+//! spec makes it do with the call that got no answer (an ADD that failed is DELeted, a
+//! DEL is retried, a GC is retried), then one CNI GC with the runtime's pods. Then the
+//! store, `/debug/pods`, the registry and a real Delta xDS client agree on exactly the
+//! acknowledged pods: none lost, no ghost endpoint; the agent holds exactly one identity
+//! subscription per pod (none leaked); nothing is quarantined.
+
+mod churnkit;
+mod common;
+
+use churnkit::*;
+use common::{Agent, wait_for};
+use flock_cni::client;
+use flock_cni::proto::v1::{Attachment, GarbageCollectRequest, Outcome};
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the runtime does to reach a failpoint.
+#[derive(Clone, Copy, Debug)]
+enum Trigger {
+    /// ADD a new pod.
+    Add,
+    /// DEL an acknowledged pod.
+    Remove,
+    /// CNI GC (three sweeps: the planner's confirmation) without one acknowledged pod.
+    Gc,
+    /// An orphan endpoint first (a kill right after a DEL's store delete leaves the
+    /// pod's endpoint in the registry without its record), then CNI GC.
+    GcEndpoint,
+}
+
+/// Every failpoint, with what reaches it.
+const POINTS: &[(&str, Trigger)] = &[
+    ("add/start", Trigger::Add),
+    ("add/StoreWrite", Trigger::Add),
+    ("add/CaptureApply", Trigger::Add),
+    ("add/IdentitySubscribe", Trigger::Add),
+    ("add/XdsPublish", Trigger::Add),
+    ("add/RegistryRegister", Trigger::Add),
+    ("regsync/put", Trigger::Add),
+    ("remove/start", Trigger::Remove),
+    ("remove/StoreDelete", Trigger::Remove),
+    ("remove/XdsWithdraw", Trigger::Remove),
+    ("remove/RegistryUnregister", Trigger::Remove),
+    ("remove/IdentityUnsubscribe", Trigger::Remove),
+    ("remove/CaptureRemove", Trigger::Remove),
+    ("regsync/delete", Trigger::Remove),
+    ("gc/planned", Trigger::Gc),
+    ("gc/pod-removed", Trigger::Gc),
+    ("gc/endpoint-removed", Trigger::GcEndpoint),
+];
+
+/// Acknowledged pods before the first kill: enough that one GC removal stays under the
+/// GC breaker's 25 % after the DEL rounds.
+const FILL: usize = 14;
+
+/// A CNI GC listing `valid`; `None` when the agent did not answer (it was killed).
+async fn gc(socket: &std::path::Path, valid: &BTreeSet<usize>) -> Option<u32> {
+    let req = GarbageCollectRequest {
+        network_name: NETWORK.into(),
+        valid_attachments: valid
+            .iter()
+            .map(|k| Attachment {
+                container_id: container(*k),
+                ifname: "eth0".into(),
+            })
+            .collect(),
+    };
+    let resp = client::call(
+        socket,
+        CALL,
+        |mut c| async move { c.garbage_collect(req).await },
+    )
+    .await
+    .ok()?;
+    assert_eq!(resp.outcome, Outcome::Success as i32, "CNI GC: {resp:?}");
+    Some(resp.removed)
+}
+
+/// Arms `point` and waits for the agent to die there; returns how the call that
+/// reached it ended.
+fn arm(agent: &Agent, point: &str) {
+    std::fs::write(agent.state_dir.join("failpoint"), point).unwrap();
+}
+
+fn died_at(agent: &mut Agent, point: &str) {
+    wait_for(
+        &format!("the agent killed at {point}"),
+        common::WAIT,
+        || !agent.proc.running(),
+    );
+    assert!(
+        !agent.state_dir.join("failpoint").exists(),
+        "{point}: the failpoint file was not consumed"
+    );
+    let log = agent.proc.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("failpoint reached") && l.contains(point)),
+        "{point}: the agent died, but not at the failpoint:\n{log}"
+    );
+}
+
+#[test]
+fn a_kill_at_every_named_step_loses_nothing_and_leaks_nothing() {
+    let ns = common::NetNs::new("failpoints");
+    set_netns(ns.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let work = tempfile::Builder::new()
+        .prefix("flock-failpoints-")
+        .tempdir()
+        .unwrap();
+    let registry = format!("file:{}", work.path().join("registry.json").display());
+    // No periodic sweep: only the runtime's CNI GC sweeps, so a gc/* point fires
+    // where the test expects it.
+    let flags = ["--gc-interval", "86400"];
+    let mut agent = Agent::start_node("n1", &registry, &flags);
+    let mut present = BTreeSet::new();
+    for k in 0..FILL {
+        let reply = rt.block_on(call(&agent.cni_socket, k, Op::Add));
+        assert_eq!(reply, Reply::Success, "fill ADD {k}");
+        present.insert(k);
+    }
+    let mut next = FILL;
+    let started = Instant::now();
+    for &(point, trigger) in POINTS {
+        let round = Instant::now();
+        let socket = agent.cni_socket.clone();
+        // The key the runtime's call is about, and whether that call was answered.
+        let (k, answered) = match trigger {
+            Trigger::Add => {
+                let k = next;
+                next += 1;
+                arm(&agent, point);
+                (k, rt.block_on(call(&socket, k, Op::Add)))
+            }
+            Trigger::Remove => {
+                let k = *present.first().unwrap();
+                arm(&agent, point);
+                (k, rt.block_on(call(&socket, k, Op::Remove)))
+            }
+            Trigger::Gc | Trigger::GcEndpoint => {
+                let k = *present.first().unwrap();
+                if let Trigger::GcEndpoint = trigger {
+                    arm(&agent, "remove/StoreDelete");
+                    let r = rt.block_on(call(&socket, k, Op::Remove));
+                    assert!(matches!(r, Reply::NoAnswer(_)), "{point}: {r:?}");
+                    died_at(&mut agent, "remove/StoreDelete");
+                    agent.respawn("n1", &registry, &flags);
+                    agent.wait_ready(common::WAIT);
+                }
+                arm(&agent, point);
+                let valid: BTreeSet<usize> = present.iter().copied().filter(|p| *p != k).collect();
+                let mut answered = Reply::Success;
+                for _ in 0..3 {
+                    if rt.block_on(gc(&agent.cni_socket, &valid)).is_none() {
+                        answered = Reply::NoAnswer("GC".into());
+                        break;
+                    }
+                }
+                (k, answered)
+            }
+        };
+        died_at(&mut agent, point);
+        agent.respawn("n1", &registry, &flags);
+        agent.wait_ready(common::WAIT);
+
+        // The runtime's side of the call that got no answer.
+        let socket = agent.cni_socket.clone();
+        match (trigger, &answered) {
+            (Trigger::Add, Reply::Success) => {
+                present.insert(k);
+            }
+            (Trigger::Add, _) => {
+                // A failed ADD is DELeted (CNI spec).
+                let r = rt.block_on(call(&socket, k, Op::Remove));
+                assert!(
+                    matches!(r, Reply::Success | Reply::Ignored),
+                    "{point}: the DEL of the failed ADD: {r:?}"
+                );
+            }
+            (Trigger::Remove, _) => {
+                // A DEL is retried until it succeeds.
+                let r = rt.block_on(call(&socket, k, Op::Remove));
+                assert!(
+                    matches!(r, Reply::Success | Reply::Ignored),
+                    "{point}: the retried DEL: {r:?}"
+                );
+                present.remove(&k);
+            }
+            (Trigger::Gc | Trigger::GcEndpoint, _) => {
+                present.remove(&k);
+            }
+        }
+        if let Trigger::GcEndpoint = trigger {
+            // The DEL whose answer the first kill swallowed, retried.
+            let r = rt.block_on(call(&socket, k, Op::Remove));
+            assert!(
+                matches!(r, Reply::Success | Reply::Ignored),
+                "{point}: {r:?}"
+            );
+        }
+        // One CNI GC with the runtime's pods (three sweeps: the planner confirms).
+        let removed: u32 = rt.block_on(async {
+            let mut n = 0;
+            for _ in 0..3 {
+                n += gc(&socket, &present).await.expect("GC after the restart");
+            }
+            n
+        });
+
+        let xds = Arc::new(Mutex::new(XdsLog::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let recorder = rt.spawn(record_xds(
+            agent.xds_target(),
+            Arc::clone(&xds),
+            Arc::clone(&stop),
+        ));
+        let agreed = settle(
+            &agent,
+            &xds,
+            &present,
+            &BTreeSet::new(),
+            Duration::from_millis(300),
+            Duration::from_secs(20),
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        rt.block_on(recorder).unwrap();
+        let log = xds.lock().unwrap().clone();
+        assert!(
+            log.violations.is_empty(),
+            "{point}: xDS: {}",
+            log.violations.join("\n")
+        );
+        assert_eq!(agreed, present, "{point}: the agreed pods");
+        let subscriptions = metric(&agent, "flock_identity_subscriptions");
+        assert_eq!(
+            subscriptions,
+            present.len() as u64,
+            "{point}: identity subscriptions (one per pod)"
+        );
+        let quarantine = agent.state_dir.join(flock_bird::store::QUARANTINE_DIR);
+        let quarantined: Vec<_> = std::fs::read_dir(&quarantine)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            quarantined.is_empty(),
+            "{point}: quarantined: {quarantined:?}"
+        );
+        println!(
+            "{point:28} killed there; the call: {:?}; restarted, GC removed {removed}; store, \
+             /debug/pods, registry and xDS agree on {} pods, {subscriptions} identity \
+             subscriptions ({:.2?})",
+            match &answered {
+                Reply::NoAnswer(_) => "no answer".to_string(),
+                other => format!("{other:?}"),
+            },
+            agreed.len(),
+            round.elapsed()
+        );
+    }
+    println!(
+        "{} failpoints, each a kill and a restart, in {:.1?}",
+        POINTS.len(),
+        started.elapsed()
+    );
+}
