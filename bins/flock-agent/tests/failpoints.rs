@@ -3,8 +3,9 @@
 //! test binary's agent is built with flock-bird's test-only `fault-injection`
 //! failpoints (flock-bird `agent/fault.rs`), and the test arms one point at a time by
 //! writing its name into `<state-dir>/failpoint`; the agent removes the file and kills
-//! itself the first time it reaches that point. The agent log must show that it died
-//! there.
+//! itself the first time it reaches that point (or stops itself, for the points armed
+//! with ` stop`: the runtime's call times out, then the hung agent is SIGKILLed). The
+//! agent log must show that it died there.
 //!
 //! After each kill the agent is started again on the same state (`--registry file:`, so
 //! the registry survives it as in the crash test), and the runtime does what the CNI
@@ -59,7 +60,45 @@ const POINTS: &[(&str, Trigger)] = &[
     ("gc/planned", Trigger::Gc),
     ("gc/pod-removed", Trigger::Gc),
     ("gc/endpoint-removed", Trigger::GcEndpoint),
+    // Stopped instead of killed (` stop`): an agent that hangs mid-operation. The
+    // plugin's call times out; the agent is then SIGKILLed, as a hung agent is by its
+    // liveness probe.
+    ("add/XdsPublish stop", Trigger::Add),
+    ("remove/RegistryUnregister stop", Trigger::Remove),
 ];
+
+/// How long the runtime's call waits for a stopped agent.
+const STOPPED_CALL: Duration = Duration::from_secs(2);
+
+/// The runtime's call on `k` for `point`: a short timeout when the point stops the
+/// agent (it never answers), the CNI driver's otherwise.
+async fn call_for(point: &str, socket: &std::path::Path, k: usize, op: Op) -> Reply {
+    if !point.ends_with(" stop") {
+        return call(socket, k, op).await;
+    }
+    let r = match op {
+        Op::Add => {
+            let req = add_request(k);
+            client::call(
+                socket,
+                STOPPED_CALL,
+                |mut c| async move { c.add_pod(req).await },
+            )
+            .await
+        }
+        Op::Remove => {
+            let req = remove_request(k);
+            client::call(socket, STOPPED_CALL, |mut c| async move {
+                c.remove_pod(req).await
+            })
+            .await
+        }
+    };
+    match r {
+        Ok(resp) => panic!("{point}: a stopped agent answered: {resp:?}"),
+        Err(e) => Reply::NoAnswer(e.to_string()),
+    }
+}
 
 /// Acknowledged pods before the first kill: enough that one GC removal stays under the
 /// GC breaker's 25 % after the DEL rounds.
@@ -88,13 +127,28 @@ async fn gc(socket: &std::path::Path, valid: &BTreeSet<usize>) -> Option<u32> {
     Some(resp.removed)
 }
 
-/// Arms `point` and waits for the agent to die there; returns how the call that
-/// reached it ended.
+/// Arms `point` (the agent reads the file at every failpoint).
 fn arm(agent: &Agent, point: &str) {
     std::fs::write(agent.state_dir.join("failpoint"), point).unwrap();
 }
 
+/// Waits until the agent died at `point` (a stopped one is SIGKILLed once stopped).
 fn died_at(agent: &mut Agent, point: &str) {
+    if let Some(name) = point.strip_suffix(" stop") {
+        let pid = agent.proc.pid();
+        wait_for(
+            &format!("the agent stopped at {name}"),
+            common::WAIT,
+            || {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                    s.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T'))
+                })
+            },
+        );
+        agent.kill9();
+    }
+    let point = point.strip_suffix(" stop").unwrap_or(point);
     wait_for(
         &format!("the agent killed at {point}"),
         common::WAIT,
@@ -147,12 +201,12 @@ fn a_kill_at_every_named_step_loses_nothing_and_leaks_nothing() {
                 let k = next;
                 next += 1;
                 arm(&agent, point);
-                (k, rt.block_on(call(&socket, k, Op::Add)))
+                (k, rt.block_on(call_for(point, &socket, k, Op::Add)))
             }
             Trigger::Remove => {
                 let k = *present.first().unwrap();
                 arm(&agent, point);
-                (k, rt.block_on(call(&socket, k, Op::Remove)))
+                (k, rt.block_on(call_for(point, &socket, k, Op::Remove)))
             }
             Trigger::Gc | Trigger::GcEndpoint => {
                 let k = *present.first().unwrap();
@@ -263,7 +317,7 @@ fn a_kill_at_every_named_step_loses_nothing_and_leaks_nothing() {
             "{point}: quarantined: {quarantined:?}"
         );
         println!(
-            "{point:28} killed there; the call: {:?}; restarted, GC removed {removed}; store, \
+            "{point:30} reached; the call: {:?}; restarted, GC removed {removed}; store, \
              /debug/pods, registry and xDS agree on {} pods, {subscriptions} identity \
              subscriptions ({:.2?})",
             match &answered {
