@@ -117,14 +117,7 @@ fn sigkill_at_random_points_during_churn_loses_no_acknowledged_pod_and_store_reg
         // Restart on the same state and registry file.
         agent.respawn("n1", &registry, &flags);
         agent.wait_ready(common::WAIT);
-        let quarantine = agent.state_dir.join(flock_bird::store::QUARANTINE_DIR);
-        let quarantined: Vec<_> = std::fs::read_dir(&quarantine)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
-            .unwrap_or_default();
-        assert!(
-            quarantined.is_empty(),
-            "quarantined after SIGKILL: {quarantined:?}"
-        );
+        assert_nothing_quarantined(&agent, "after SIGKILL");
         let corrupt: Vec<_> = std::fs::read_dir(work.path())
             .unwrap()
             .flatten()
@@ -137,38 +130,7 @@ fn sigkill_at_random_points_during_churn_loses_no_acknowledged_pod_and_store_reg
         // three sweeps for the planner's confirmation.
         let present = model.set(Known::Present);
         let valid: BTreeSet<usize> = present.union(&unknown).copied().collect();
-        let xds = Arc::new(Mutex::new(XdsLog::default()));
-        let xds_stop = Arc::new(AtomicBool::new(false));
-        let recorder = rt.spawn(record_xds(
-            agent.xds_target(),
-            Arc::clone(&xds),
-            Arc::clone(&xds_stop),
-        ));
-        let socket = agent.cni_socket.clone();
-        let removed: u32 = rt.block_on(async {
-            let mut n = 0;
-            for _ in 0..3 {
-                n += cni_gc(&socket, &valid).await;
-            }
-            n
-        });
-        let agreed = settle(
-            &agent,
-            &xds,
-            &present,
-            &unknown,
-            Duration::from_millis(300),
-            Duration::from_secs(20),
-        );
-        xds_stop.store(true, Ordering::Relaxed);
-        rt.block_on(recorder).unwrap();
-        let log = xds.lock().unwrap().clone();
-        assert!(
-            log.violations.is_empty(),
-            "xDS: {}",
-            log.violations.join("\n")
-        );
-        assert!(log.ended.is_none(), "the xDS stream ended: {:?}", log.ended);
+        let (agreed, removed) = gc_and_settle(&rt, &agent, Some(&valid), &present, &unknown);
         let trips = metric(&agent, "flock_agent_gc_breaker_trips_total");
         assert_eq!(trips, 0, "the GC breaker tripped");
         println!(

@@ -21,10 +21,7 @@ mod common;
 use churnkit::*;
 use common::{Agent, wait_for};
 use flock_cni::client;
-use flock_cni::proto::v1::{Attachment, GarbageCollectRequest, Outcome};
 use std::collections::BTreeSet;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the runtime does to reach a failpoint.
@@ -103,29 +100,6 @@ async fn call_for(point: &str, socket: &std::path::Path, k: usize, op: Op) -> Re
 /// Acknowledged pods before the first kill: enough that one GC removal stays under the
 /// GC breaker's 25 % after the DEL rounds.
 const FILL: usize = 14;
-
-/// A CNI GC listing `valid`; `None` when the agent did not answer (it was killed).
-async fn gc(socket: &std::path::Path, valid: &BTreeSet<usize>) -> Option<u32> {
-    let req = GarbageCollectRequest {
-        network_name: NETWORK.into(),
-        valid_attachments: valid
-            .iter()
-            .map(|k| Attachment {
-                container_id: container(*k),
-                ifname: "eth0".into(),
-            })
-            .collect(),
-    };
-    let resp = client::call(
-        socket,
-        CALL,
-        |mut c| async move { c.garbage_collect(req).await },
-    )
-    .await
-    .ok()?;
-    assert_eq!(resp.outcome, Outcome::Success as i32, "CNI GC: {resp:?}");
-    Some(resp.removed)
-}
 
 /// Arms `point` (the agent reads the file at every failpoint).
 fn arm(agent: &Agent, point: &str) {
@@ -222,7 +196,7 @@ fn a_kill_at_every_named_step_loses_nothing_and_leaks_nothing() {
                 let valid: BTreeSet<usize> = present.iter().copied().filter(|p| *p != k).collect();
                 let mut answered = Reply::Success;
                 for _ in 0..3 {
-                    if rt.block_on(gc(&agent.cni_socket, &valid)).is_none() {
+                    if rt.block_on(try_cni_gc(&agent.cni_socket, &valid)).is_err() {
                         answered = Reply::NoAnswer("GC".into());
                         break;
                     }
@@ -270,37 +244,8 @@ fn a_kill_at_every_named_step_loses_nothing_and_leaks_nothing() {
             );
         }
         // One CNI GC with the runtime's pods (three sweeps: the planner confirms).
-        let removed: u32 = rt.block_on(async {
-            let mut n = 0;
-            for _ in 0..3 {
-                n += gc(&socket, &present).await.expect("GC after the restart");
-            }
-            n
-        });
-
-        let xds = Arc::new(Mutex::new(XdsLog::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let recorder = rt.spawn(record_xds(
-            agent.xds_target(),
-            Arc::clone(&xds),
-            Arc::clone(&stop),
-        ));
-        let agreed = settle(
-            &agent,
-            &xds,
-            &present,
-            &BTreeSet::new(),
-            Duration::from_millis(300),
-            Duration::from_secs(20),
-        );
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        rt.block_on(recorder).unwrap();
-        let log = xds.lock().unwrap().clone();
-        assert!(
-            log.violations.is_empty(),
-            "{point}: xDS: {}",
-            log.violations.join("\n")
-        );
+        let (agreed, removed) =
+            gc_and_settle(&rt, &agent, Some(&present), &present, &BTreeSet::new());
         assert_eq!(agreed, present, "{point}: the agreed pods");
         let subscriptions = metric(&agent, "flock_identity_subscriptions");
         assert_eq!(
@@ -308,14 +253,7 @@ fn a_kill_at_every_named_step_loses_nothing_and_leaks_nothing() {
             present.len() as u64,
             "{point}: identity subscriptions (one per pod)"
         );
-        let quarantine = agent.state_dir.join(flock_bird::store::QUARANTINE_DIR);
-        let quarantined: Vec<_> = std::fs::read_dir(&quarantine)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
-            .unwrap_or_default();
-        assert!(
-            quarantined.is_empty(),
-            "{point}: quarantined: {quarantined:?}"
-        );
+        assert_nothing_quarantined(&agent, point);
         println!(
             "{point:30} reached; the call: {:?}; restarted, GC removed {removed}; store, \
              /debug/pods, registry and xDS agree on {} pods, {subscriptions} identity \

@@ -167,55 +167,23 @@ fn churn_with_agent_and_etcd_kills_loses_nothing_and_leaks_nothing() {
             agent.wait_ready(common::WAIT);
             incarnation += 1;
         }
-        let quarantine = agent.state_dir.join(flock_bird::store::QUARANTINE_DIR);
-        let quarantined: Vec<_> = std::fs::read_dir(&quarantine)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
-            .unwrap_or_default();
-        assert!(quarantined.is_empty(), "quarantined: {quarantined:?}");
+        assert_nothing_quarantined(&agent, &format!("after round {round}"));
 
-        // The runtime's CNI GC (acknowledged + unknown are valid), then agreement.
-        let present = model.set(Known::Present);
-        let valid: BTreeSet<usize> = present.union(&unknown).copied().collect();
-        let xds = Arc::new(Mutex::new(XdsLog::default()));
-        let xds_stop = Arc::new(AtomicBool::new(false));
-        let recorder = rt.spawn(record_xds(
-            agent.xds_target(),
-            Arc::clone(&xds),
-            Arc::clone(&xds_stop),
-        ));
         // After an etcd round nothing is left for the GC: the registry sync alone must
         // bring the registry back to exactly the live pods. After an agent kill, the
-        // runtime's CNI GC decides the operations that were in flight.
-        let socket = agent.cni_socket.clone();
-        let removed: u32 = if agent_round {
-            rt.block_on(async {
-                let mut n = 0;
-                for _ in 0..3 {
-                    n += cni_gc(&socket, &valid).await;
-                }
-                n
-            })
-        } else {
-            0
-        };
+        // runtime's CNI GC (acknowledged + unknown are valid) decides the operations
+        // that were in flight.
+        let present = model.set(Known::Present);
+        let valid: BTreeSet<usize> = present.union(&unknown).copied().collect();
         let converge = Instant::now();
-        let agreed = settle(
+        let (agreed, removed) = gc_and_settle(
+            &rt,
             &agent,
-            &xds,
+            agent_round.then_some(&valid),
             &present,
             &unknown,
-            Duration::from_millis(300),
-            Duration::from_secs(30),
         );
         let converged = converge.elapsed();
-        xds_stop.store(true, Ordering::Relaxed);
-        rt.block_on(recorder).unwrap();
-        let log = xds.lock().unwrap().clone();
-        assert!(
-            log.violations.is_empty(),
-            "xDS: {}",
-            log.violations.join("\n")
-        );
         {
             let mut keys = model.keys.lock().unwrap();
             for k in &unknown {

@@ -362,6 +362,13 @@ pub async fn drive(
 /// Sends a CNI GC of [`NETWORK`] listing `valid` as the runtime's attachments; the
 /// number removed.
 pub async fn cni_gc(socket: &Path, valid: &BTreeSet<usize>) -> u32 {
+    try_cni_gc(socket, valid)
+        .await
+        .unwrap_or_else(|e| panic!("CNI GC: {e}"))
+}
+
+/// [`cni_gc`], or why the agent did not answer (it was killed meanwhile).
+pub async fn try_cni_gc(socket: &Path, valid: &BTreeSet<usize>) -> Result<u32, String> {
     let req = GarbageCollectRequest {
         network_name: NETWORK.into(),
         valid_attachments: valid
@@ -378,9 +385,70 @@ pub async fn cni_gc(socket: &Path, valid: &BTreeSet<usize>) -> u32 {
         |mut c| async move { c.garbage_collect(req).await },
     )
     .await
-    .unwrap_or_else(|e| panic!("CNI GC: {e}"));
+    .map_err(|e| e.to_string())?;
     assert_eq!(resp.outcome, Outcome::Success as i32, "CNI GC: {resp:?}");
-    resp.removed
+    Ok(resp.removed)
+}
+
+/// Fails unless the agent's store quarantined nothing (a kill never leaves a torn
+/// record).
+pub fn assert_nothing_quarantined(agent: &Agent, when: &str) {
+    let quarantine = agent.state_dir.join(flock_bird::store::QUARANTINE_DIR);
+    let quarantined: Vec<_> = std::fs::read_dir(&quarantine)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        quarantined.is_empty(),
+        "quarantined {when}: {quarantined:?}"
+    );
+}
+
+/// After a restart or a fault: `gc_valid`, if given, is sent as the runtime's CNI GC
+/// (three sweeps: the planner's confirmation); then [`settle`] with a fresh xDS
+/// recorder, whose log must show no violation and no ended stream. Returns the agreed
+/// pods and how many the GC removed.
+pub fn gc_and_settle(
+    rt: &tokio::runtime::Runtime,
+    agent: &Agent,
+    gc_valid: Option<&BTreeSet<usize>>,
+    present: &BTreeSet<usize>,
+    unknown: &BTreeSet<usize>,
+) -> (BTreeSet<usize>, u32) {
+    let xds = Arc::new(Mutex::new(XdsLog::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let recorder = rt.spawn(record_xds(
+        agent.xds_target(),
+        Arc::clone(&xds),
+        Arc::clone(&stop),
+    ));
+    let removed = match gc_valid {
+        Some(valid) => rt.block_on(async {
+            let mut n = 0;
+            for _ in 0..3 {
+                n += cni_gc(&agent.cni_socket, valid).await;
+            }
+            n
+        }),
+        None => 0,
+    };
+    let agreed = settle(
+        agent,
+        &xds,
+        present,
+        unknown,
+        Duration::from_millis(300),
+        Duration::from_secs(30),
+    );
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(recorder).unwrap();
+    let log = xds.lock().unwrap().clone();
+    assert!(
+        log.violations.is_empty(),
+        "xDS: {}",
+        log.violations.join("\n")
+    );
+    assert!(log.ended.is_none(), "the xDS stream ended: {:?}", log.ended);
+    (agreed, removed)
 }
 
 /// What one Delta ADS stream (node `user_agent_name: envoy`, LDS/CDS/EDS wildcard,
