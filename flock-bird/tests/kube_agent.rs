@@ -142,7 +142,21 @@ async fn setup_with(
     agent.load().await.unwrap();
     let (stop, stop_rx) = watch::channel(false);
     if background_resync {
-        tokio::spawn(Arc::clone(&agent).run_kube_resync(stop_rx));
+        tokio::spawn(Arc::clone(&agent).run_kube_resync(stop_rx.clone()));
+        // The runtime's refresher, as the agent binary runs it: a registry write that
+        // lands after a membership change's own publish (the registry sync's, say) is
+        // published too, so the snapshot follows the registry as in production.
+        let a = Arc::clone(&agent);
+        let ids = agent.identity().map(|p| p.view());
+        tokio::spawn(flock_bird::runtime::refresh_loop(
+            agent.registry().view(),
+            ids,
+            Duration::from_millis(20),
+            move || {
+                a.publish();
+            },
+            stop_rx,
+        ));
     }
     Setup {
         api,
