@@ -12,9 +12,11 @@
 //! etcd answers again both nodes' registry views hold exactly n1's live pods (and n2's
 //! pod) within 2 s, measured from etcd's first healthy answer by polling; and after that
 //! no ghost (an endpoint of a pod that is gone) shows up in either view for two TTLs.
-//! Whether n2 saw n1's endpoints leave (lease expiry) and return is printed: with the
-//! only etcd member stopped or dead nobody's lease expires (expiry is etcd's own timer,
-//! and a recovering etcd renews every lease), so that is asserted by the third fault:
+//! Whether n2 saw n1's endpoints leave (lease expiry) and return is printed: while the
+//! only etcd member is stopped or dead its lease timers are stopped too, and n2 cannot
+//! read anything; afterwards a restarted etcd renews every lease, and a resumed one
+//! races its expiry check against the keep-alives queued meanwhile. So the expiry is
+//! asserted by the third fault:
 //! * a network partition between n1 and a running etcd (n1 in a network namespace of
 //!   its own, an nftables drop on its veth), where n2 sees n1's endpoints expire and
 //!   return.
