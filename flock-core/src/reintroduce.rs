@@ -99,10 +99,16 @@ pub fn active(name: &str) -> bool {
         .any(|n| n == name)
 }
 
-/// `reintroduced!("<name>")`: whether the fixed bug `<name>` is switched back on.
-/// Always `false` in a build without `--cfg flock_mutants`. See the
-/// [module docs](crate::reintroduce).
-#[cfg(flock_mutants)]
+/// Without `--cfg flock_mutants` (every real build) nothing is ever re-introduced.
+#[cfg(not(flock_mutants))]
+#[inline(always)]
+pub const fn active(_name: &str) -> bool {
+    false
+}
+
+/// `reintroduced!("<name>")`: whether the fixed bug `<name>` is switched back on
+/// ([`active`]); always `false` in a build without `--cfg flock_mutants`. A name not in
+/// [`KNOWN`] does not compile. See the [module docs](crate::reintroduce).
 #[macro_export]
 macro_rules! reintroduced {
     ($name:literal) => {{
@@ -111,20 +117,5 @@ macro_rules! reintroduced {
             "not a name in flock_core::reintroduce::KNOWN"
         );
         $crate::reintroduce::active($name)
-    }};
-}
-
-/// `reintroduced!("<name>")`: whether the fixed bug `<name>` is switched back on.
-/// Always `false` in a build without `--cfg flock_mutants`. See the
-/// [module docs](crate::reintroduce).
-#[cfg(not(flock_mutants))]
-#[macro_export]
-macro_rules! reintroduced {
-    ($name:literal) => {{
-        const _: () = assert!(
-            $crate::reintroduce::is_known($name),
-            "not a name in flock_core::reintroduce::KNOWN"
-        );
-        false
     }};
 }
