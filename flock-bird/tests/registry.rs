@@ -529,7 +529,7 @@ mod whole_view {
                 .filter(|(k, e)| check_entry(&e.entry_fields(k), &trust).is_ok())
                 .collect();
             // Not vacuous: most generated entries pass (see `mostly`).
-            let v = View { endpoints: accepted, ..View::default() };
+            let v = View { endpoints: accepted.into_iter().collect(), ..View::default() };
             let (serving, _) = serving_endpoints(&v);
             for svc in service_models(serving) {
                 let name = format!("{}.{}", svc.name, svc.namespace);

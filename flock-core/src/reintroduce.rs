@@ -50,6 +50,8 @@ pub const KNOWN: &[&str] = &[
     "svid-wall-rotation",
     "etcd-resume-compacted",
     "etcd-relist-replace",
+    "service-table-delta-over-gap",
+    "service-table-exclusions-in-one-pass",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile

@@ -566,7 +566,11 @@ impl Views for AgentViews {
             synced: view.synced,
             revision: view.revision,
             generation: view.generation,
-            endpoints: view.endpoints.clone(),
+            endpoints: view
+                .endpoints
+                .iter()
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect(),
         }
     }
 

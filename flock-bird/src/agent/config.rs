@@ -33,6 +33,10 @@ pub struct AgentConfig {
     /// How long ADD and DEL wait for the registry sync before answering anyway (the
     /// sync keeps retrying): bounds what a down registry adds to CNI latency.
     pub register_wait: Duration,
+    /// Recompute the registry's services from the whole view on every publish, as
+    /// the agent did before its service table was incremental. Only the scale
+    /// benchmark's baseline sets it (`FLOCK_PUBLISH_FROM_SCRATCH=1`).
+    pub publish_from_scratch: bool,
 }
 
 impl AgentConfig {
@@ -50,6 +54,7 @@ impl AgentConfig {
             capture: NodeCapture::default(),
             registry_op_timeout: Duration::from_secs(5),
             register_wait: Duration::from_secs(1),
+            publish_from_scratch: false,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! translation accepts.
 
 use super::{Agent, AgentConfig};
+use crate::identity::IdentityView;
 use crate::model::{Endpoint, Health, OUTBOUND_PORT, PodRecord};
 use crate::registry::View;
 use flock_core::pod::MAX_PORTS;
@@ -11,6 +12,7 @@ use flock_core::registry::Reject;
 use flock_core::sync::lock;
 use flock_xds::translate::{self, Mesh};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// The registry endpoints a pod registers, one per app port, placed on this node.
 pub fn endpoints(
@@ -184,72 +186,60 @@ fn problems(errors: &[translate::ValidationError]) -> String {
         .join("; ")
 }
 
+/// The secrets made from one identity view (held weakly: the cache must not keep an
+/// old view's keys alive).
+pub(super) type SecretsOf = (std::sync::Weak<IdentityView>, Arc<Vec<translate::Secret>>);
+
+/// What one publish translates: the registry's services (shared with the service
+/// table, unchanged ones the very same `Arc`s as last time), the live pods and the
+/// secrets.
+pub(super) struct MeshParts {
+    pub services: Arc<Vec<Arc<translate::Service>>>,
+    pub pods: Vec<translate::Pod>,
+    pub secrets: Arc<Vec<translate::Secret>>,
+}
+
 impl Agent {
-    /// Builds the mesh from the live pods and the registry view. A service or pod the
-    /// translation refuses is left out (and logged), so one bad entry never blocks
-    /// the rest of the mesh.
-    pub(super) fn mesh(&self, view: &View) -> Mesh {
-        let mut mesh = Mesh::default();
-        // Remote entries were checked one by one by the registry backend; what is left
-        // to decide here needs the whole view.
-        let (serving, excluded) = serving_endpoints(view);
-        if let Some(r) = self.registry.rejections() {
-            r.set_excluded(&self.registry.describe(), excluded);
-        }
+    /// The mesh from the live pods, the registry view and the identity view. A
+    /// service or pod the translation refuses is left out (and logged), so one bad
+    /// entry never blocks the rest of the mesh. The services come from the
+    /// incremental [`ServiceTable`](super::services::ServiceTable): a change of one
+    /// endpoint re-derives one service, not the registry.
+    pub(super) fn mesh_parts(&self, view: &Arc<View>) -> MeshParts {
         // Kube mode, whatever the registry: a Service's ClusterIPs are host names of
-        // its ports too. A VIP already given to another Service (the API never assigns
-        // one twice; a stale snapshot might) is left out: the shared route
-        // configuration must not hold one domain twice.
+        // its ports too (the snapshot's address names its state).
         let kube = self.kube.as_ref().map(|k| k.snapshot());
-        let mut vips_taken: BTreeSet<std::net::IpAddr> = BTreeSet::new();
-        for mut svc in service_models(serving) {
-            if let Some(snapshot) = &kube {
-                for vip in crate::registry::kube::service_vips(snapshot, &svc.namespace, &svc.name)
-                {
-                    if vips_taken.insert(vip) {
-                        svc.vips.push(vip);
-                    } else {
-                        tracing::warn!(service = %svc.name, namespace = %svc.namespace, %vip, "cluster IP also another Service's; not a host name of this one");
-                    }
-                }
+        let vips_of = |ns: &str, name: &str| match &kube {
+            Some(snapshot) => crate::registry::kube::service_vips(snapshot, ns, name),
+            None => Vec::new(),
+        };
+        let vips = kube.as_ref().map(|k| {
+            (
+                Arc::as_ptr(k) as usize,
+                &vips_of as &dyn Fn(&str, &str) -> Vec<_>,
+            )
+        });
+        let services = if self.cfg.publish_from_scratch {
+            // The scale benchmark's baseline: everything recomputed, nothing shared.
+            let (services, excluded) = super::services::served_services(view, vips);
+            if let Some(r) = self.registry.rejections() {
+                r.set_excluded(&self.registry.describe(), excluded);
             }
-            let one = Mesh {
-                services: vec![svc],
-                ..Mesh::default()
-            };
-            match one.validate() {
-                Ok(()) => mesh.services.extend(one.services),
-                Err(errors) => tracing::warn!(
-                    service = %one.services[0].name,
-                    "registry entries of this service are inconsistent; not served: {}",
-                    problems(&errors)
-                ),
+            Arc::new(services.into_iter().map(Arc::new).collect())
+        } else {
+            let mut table = lock(&self.services);
+            let excluded_before = table.excluded_generation();
+            table.update(view, vips);
+            if table.excluded_generation() != excluded_before
+                && let Some(r) = self.registry.rejections()
+            {
+                r.set_excluded(&self.registry.describe(), table.excluded().clone());
             }
-        }
+            Arc::clone(table.services())
+        };
         let identity = self.identity_view();
-        if let Some(view) = &identity {
-            // Certificates named by SPIFFE ID, bundles by trust domain (the names the
-            // translation's TLS contexts refer to).
-            for svid in view.svids.values() {
-                mesh.secrets.push(translate::Secret {
-                    name: svid.spiffe_id.clone(),
-                    kind: translate::SecretKind::TlsCertificate {
-                        certificate_chain_pem: svid.cert_chain_pem.clone(),
-                        private_key_pem: translate::PrivateKeyPem(
-                            svid.private_key_pem.expose().to_string(),
-                        ),
-                    },
-                });
-            }
-            for bundle in view.bundles.values() {
-                mesh.secrets.push(translate::Secret {
-                    name: bundle.trust_domain.clone(),
-                    kind: translate::SecretKind::ValidationContext {
-                        trusted_ca_pem: bundle.ca_pem.clone(),
-                    },
-                });
-            }
-        }
+        let secrets = self.secrets(identity.as_ref());
+        let mut pods = Vec::new();
         for rec in self.pods.snapshot().into_values() {
             // Envoy refuses a whole listener update if one netns path is missing:
             // a pod whose namespace is gone (DEL never came) is left to the GC.
@@ -270,7 +260,7 @@ impl Agent {
                 ..Mesh::default()
             };
             match one.validate() {
-                Ok(()) => mesh.pods.extend(one.pods),
+                Ok(()) => pods.extend(one.pods),
                 Err(errors) => tracing::warn!(
                     pod = %rec.pod_ref(),
                     "pod not served: {}",
@@ -278,6 +268,48 @@ impl Agent {
                 ),
             }
         }
-        mesh
+        MeshParts {
+            services,
+            pods,
+            secrets,
+        }
+    }
+
+    /// The secrets of the identity view: certificates named by SPIFFE ID, bundles by
+    /// trust domain (the names the translation's TLS contexts refer to). Kept per
+    /// view, so the private keys are copied once per identity change, not per publish.
+    fn secrets(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<translate::Secret>> {
+        let Some(view) = identity else {
+            return Arc::default();
+        };
+        let mut cached = lock(&self.secrets_cache);
+        if let Some((seen, secrets)) = &*cached
+            && std::ptr::eq(seen.as_ptr(), Arc::as_ptr(view))
+        {
+            return Arc::clone(secrets);
+        }
+        let mut secrets = Vec::new();
+        for svid in view.svids.values() {
+            secrets.push(translate::Secret {
+                name: svid.spiffe_id.clone(),
+                kind: translate::SecretKind::TlsCertificate {
+                    certificate_chain_pem: svid.cert_chain_pem.clone(),
+                    private_key_pem: translate::PrivateKeyPem(
+                        svid.private_key_pem.expose().to_string(),
+                    ),
+                },
+            });
+        }
+        for bundle in view.bundles.values() {
+            secrets.push(translate::Secret {
+                name: bundle.trust_domain.clone(),
+                kind: translate::SecretKind::ValidationContext {
+                    trusted_ca_pem: bundle.ca_pem.clone(),
+                },
+            });
+        }
+        let secrets = Arc::new(secrets);
+        *cached = Some((Arc::downgrade(view), Arc::clone(&secrets)));
+        secrets
     }
 }

@@ -51,6 +51,7 @@ mod metrics;
 mod publish;
 mod regsync;
 mod request;
+pub mod services;
 
 pub use capture::CaptureMetrics;
 pub use config::AgentConfig;
@@ -115,6 +116,8 @@ pub struct Agent {
     first_published: AtomicBool,
     envoy_memo: Mutex<Memo>,
     grpc_memo: Mutex<Memo>,
+    services: Mutex<services::ServiceTable>,
+    secrets_cache: Mutex<Option<mesh::SecretsOf>>,
     /// Pods whose network namespace file was missing when last checked (at AddPod,
     /// load, and every liveness round). Kept here so a publish makes no syscall per
     /// pod (a `stat` of a netns link costs ~10 µs: 1,000 pods made it the dominant
@@ -159,6 +162,8 @@ impl Agent {
             first_published: AtomicBool::new(false),
             envoy_memo: Mutex::new(Memo::new(Flavor::Envoy)),
             grpc_memo: Mutex::new(Memo::new(Flavor::Grpc)),
+            services: Mutex::new(services::ServiceTable::new()),
+            secrets_cache: Mutex::new(None),
             netns_missing: Mutex::new(BTreeSet::new()),
             sync: Arc::new(regsync::RegSync::new()),
             registry_synced_once: AtomicBool::new(false),

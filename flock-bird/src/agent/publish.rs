@@ -30,13 +30,14 @@ impl Agent {
             let first = publisher.latest().version() == 0;
             let published = publisher.try_publish(|prev| {
                 let view = self.registry.view().borrow().clone();
-                let mesh = self.mesh(&view);
+                let parts = self.mesh_parts(&view);
                 let mut memo = lock(if group == ENVOY_GROUP {
                     &self.envoy_memo
                 } else {
                     &self.grpc_memo
                 });
-                let entries = memo.translate(&mesh, &opts);
+                let entries =
+                    memo.translate_shared(&parts.services, &parts.pods, &parts.secrets, &opts);
                 #[cfg(feature = "fault-injection")]
                 let entries = if group == ENVOY_GROUP {
                     super::fault::poison_if_armed(entries, self.store.dir())

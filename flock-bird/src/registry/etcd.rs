@@ -36,7 +36,7 @@
 //! watch events for the same or older revisions of a key are then ignored, so the view
 //! never moves backwards.
 
-use super::{Delta, Registry, RegistryError, RegistryOptions, Rejections, View};
+use super::{Delta, OrdMap, Registry, RegistryError, RegistryOptions, Rejections, View};
 use crate::model::Endpoint;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
@@ -178,10 +178,11 @@ struct Ops {
 
 #[derive(Default)]
 struct ViewState {
-    /// Endpoints by key.
-    entries: BTreeMap<String, Endpoint>,
-    /// The mod revision of each entry in `entries`, by key.
-    revs: BTreeMap<String, i64>,
+    /// Endpoints by key: a persistent map, so publishing a view shares it instead of
+    /// copying every endpoint (a change then costs O(log n), not O(registry)).
+    entries: OrdMap<String, Endpoint>,
+    /// The mod revision of each entry in `entries`, by key (persistent, as `entries`).
+    revs: OrdMap<String, u64>,
     /// Own deletes applied before the watch reported them: key → delete revision, so an
     /// older put event replayed by the watch does not resurrect the key.
     tombstones: BTreeMap<String, i64>,
@@ -234,13 +235,14 @@ impl ViewState {
     /// Puts `ep` at `rev` unless the view holds a newer write of `key` (or a newer own
     /// delete). Returns true if the view changed.
     fn apply_put(&mut self, key: String, ep: Endpoint, rev: i64) -> bool {
-        if self.revs.get(&key).is_some_and(|r| *r >= rev)
+        let rev_u = u64::try_from(rev).unwrap_or(0);
+        if self.revs.get(&key).is_some_and(|r| *r >= rev_u)
             || self.tombstones.get(&key).is_some_and(|r| *r >= rev)
         {
             return false;
         }
         self.tombstones.remove(&key);
-        self.revs.insert(key.clone(), rev);
+        self.revs.insert(key.clone(), rev_u);
         match self.entries.get_mut(&key) {
             Some(old) if *old == ep => {}
             Some(old) => {
@@ -256,7 +258,11 @@ impl ViewState {
     }
 
     fn apply_delete(&mut self, key: String, rev: i64) -> bool {
-        if self.revs.get(&key).is_some_and(|r| *r > rev) {
+        if self
+            .revs
+            .get(&key)
+            .is_some_and(|r| *r > u64::try_from(rev).unwrap_or(0))
+        {
             return false;
         }
         let removed = self.entries.remove(&key).is_some();
@@ -287,7 +293,11 @@ impl ViewState {
             .entries
             .keys()
             .filter(|k| !listed.contains_key(*k))
-            .filter(|k| self.revs.get(*k).is_none_or(|r| *r <= at))
+            .filter(|k| {
+                self.revs
+                    .get(*k)
+                    .is_none_or(|r| *r <= u64::try_from(at).unwrap_or(0))
+            })
             .cloned()
             .collect();
         for key in gone {
@@ -321,12 +331,9 @@ impl ViewState {
             self.delta = Arc::new(delta);
         }
         View {
+            // O(1): the persistent maps are shared, not copied.
             endpoints: self.entries.clone(),
-            revisions: self
-                .revs
-                .iter()
-                .map(|(k, rev)| (k.clone(), u64::try_from(*rev).unwrap_or(0)))
-                .collect(),
+            revisions: self.revs.clone(),
             revision: u64::try_from(self.revision).unwrap_or(0),
             synced: self.synced,
             generation: self.generation,

@@ -154,7 +154,7 @@ struct ViewBuilder {
     generation: u64,
     was_erroring: bool,
     /// The endpoints of the last view built, and the revision they got.
-    last_endpoints: BTreeMap<String, Endpoint>,
+    last_endpoints: super::OrdMap<String, Endpoint>,
     view_revision: u64,
 }
 
@@ -169,7 +169,7 @@ impl ViewBuilder {
             revision: 0,
             generation: 0,
             was_erroring: false,
-            last_endpoints: BTreeMap::new(),
+            last_endpoints: super::OrdMap::new(),
             view_revision: 0,
         }
     }

@@ -61,6 +61,7 @@ use crate::model::Endpoint;
 use flock_core::registry::{MAX_ENTRY_BYTES, Reject, Rejected, Trust};
 use flock_core::sync::lock;
 use flock_telemetry::prometheus_client;
+pub use imbl::OrdMap;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -103,12 +104,14 @@ pub fn decode_entry(key: &str, value: &[u8], trust: &Trust<'_>) -> Result<Endpoi
 /// Everything in the registry (all nodes), as the backend currently knows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct View {
-    /// The endpoints by [`Endpoint::key`].
-    pub endpoints: BTreeMap<String, Endpoint>,
+    /// The endpoints by [`Endpoint::key`]. A persistent map: a backend publishes each
+    /// change as a new view sharing all unchanged entries with the last one, so a view
+    /// costs O(log n) per change instead of a copy of the registry.
+    pub endpoints: OrdMap<String, Endpoint>,
     /// The mod revision of each endpoint's last write, by key (etcd: the key's
     /// `mod_revision`; memory/file: the counter at the write), for deletes that must
     /// not take a newer registration than the one seen ([`Registry::delete_if_revision`]).
-    pub revisions: BTreeMap<String, u64>,
+    pub revisions: OrdMap<String, u64>,
     /// The revision of the view: for etcd the store revision of the last change seen,
     /// for memory/file a counter incremented by every change.
     pub revision: u64,

@@ -54,6 +54,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
 };
 use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, UInt32Value};
 use prost::Message;
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -561,10 +562,14 @@ fn cidr(ip: IpAddr) -> CidrRange {
 ///   no original destination, and passing it through would connect Envoy to itself;
 /// * everything else (the default chain) → the pod's `passthrough|<ns>/<pod>` over a
 ///   TCP proxy, so destinations outside the mesh keep working.
-pub fn capture_listener(pod: &Pod, services: &[Service], opts: &EnvoyOptions) -> Option<Resource> {
+pub fn capture_listener<S: Borrow<Service>>(
+    pod: &Pod,
+    services: &[S],
+    opts: &EnvoyOptions,
+) -> Option<Resource> {
     pod.capture.as_ref()?;
     let stat_prefix = outbound_stat_prefix(pod);
-    let mut sorted: Vec<&Service> = services.iter().collect();
+    let mut sorted: Vec<&Service> = services.iter().map(Borrow::borrow).collect();
     sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let loopbacks: Vec<IpAddr> = match pod.ip {
         IpAddr::V4(_) => vec![std::net::Ipv4Addr::LOCALHOST.into()],
@@ -693,9 +698,9 @@ pub fn capture_listener(pod: &Pod, services: &[Service], opts: &EnvoyOptions) ->
 /// `identity` ([`caller_resources`] makes those of the HTTP/gRPC ports; without
 /// capture nothing routes to a TCP port's mTLS cluster, so they exist only for
 /// captured callers). Empty if `identity` is not a SPIFFE ID.
-pub fn capture_caller_resources(
+pub fn capture_caller_resources<S: Borrow<Service>>(
     identity: &str,
-    services: &[Service],
+    services: &[S],
     opts: &EnvoyOptions,
 ) -> Vec<Resource> {
     let Some(td) = trust_domain(identity) else {
@@ -703,6 +708,7 @@ pub fn capture_caller_resources(
     };
     let mut out = Vec::new();
     for s in services {
+        let s = s.borrow();
         let mut seen = std::collections::BTreeSet::new();
         for p in s.ports.iter().filter(|p| !p.protocol.is_http()) {
             if !seen.insert(p.port) {
@@ -934,7 +940,7 @@ fn domains(
 /// Virtual hosts are sorted by namespace, name and port order, so the result does
 /// not depend on the order of `services`. Domains are unique: the bare `<svc>`
 /// names are only used for a service name that exists in one namespace only.
-pub fn outbound_routes(services: &[Service], opts: &EnvoyOptions) -> Resource {
+pub fn outbound_routes<S: Borrow<Service>>(services: &[S], opts: &EnvoyOptions) -> Resource {
     routes(names::OUTBOUND_ROUTE, services, opts, &|s, port| {
         names::outbound_cluster(s, port)
     })
@@ -1033,14 +1039,14 @@ fn outbound_service_routes(cluster: &str, opts: &EnvoyOptions) -> Vec<Route> {
 
 /// The outbound route configuration `name`, routing each service port to the cluster
 /// `cluster_for` names ([`outbound_service_routes`]).
-fn routes(
+fn routes<S: Borrow<Service>>(
     name: &str,
-    services: &[Service],
+    services: &[S],
     opts: &EnvoyOptions,
     cluster_for: &dyn Fn(&Service, u16) -> String,
 ) -> Resource {
     let ambiguous = ambiguous_service_names(services);
-    let mut sorted: Vec<&Service> = services.iter().collect();
+    let mut sorted: Vec<&Service> = services.iter().map(Borrow::borrow).collect();
     sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     sorted.dedup_by(|a, b| (&a.namespace, &a.name) == (&b.namespace, &b.name));
     let mut virtual_hosts = Vec::new();
@@ -1190,43 +1196,76 @@ fn mtls_peers(service: &Service, port: u16) -> Option<Vec<MatchPattern>> {
 /// mTLS cluster that presents the caller's certificate and accepts only those
 /// endpoints' IDs. Only ports where no endpoint has an identity route to the plain
 /// cluster. Empty if `identity` is not a SPIFFE ID.
-pub fn caller_resources(
+pub fn caller_resources<S: Borrow<Service>>(
     identity: &str,
-    services: &[Service],
+    services: &[S],
     opts: &EnvoyOptions,
 ) -> Vec<Resource> {
+    if trust_domain(identity).is_none() {
+        return Vec::new();
+    }
+    let mut out: Vec<Resource> = Vec::new();
+    let mut mtls = std::collections::BTreeSet::new();
+    for s in services {
+        for r in caller_service_clusters(identity, s.borrow(), opts) {
+            // Two services of one name (an invalid mesh) would make one cluster twice.
+            if mtls.insert(r.name.clone()) {
+                out.push(r);
+            }
+        }
+    }
+    out.push(caller_routes(identity, services, opts, &|name| {
+        mtls.contains(name)
+    }));
+    out
+}
+
+/// The mTLS clusters of one service's HTTP/gRPC ports for callers with `identity`
+/// (the per-service part of [`caller_resources`]: it depends on this service alone,
+/// so a memo can keep it while the service is unchanged). Empty if `identity` is not
+/// a SPIFFE ID or no port of the service is mTLS.
+pub fn caller_service_clusters(identity: &str, s: &Service, opts: &EnvoyOptions) -> Vec<Resource> {
     let Some(td) = trust_domain(identity) else {
         return Vec::new();
     };
     let mut out = Vec::new();
-    let mut mtls = std::collections::BTreeSet::new();
-    for s in services {
-        for p in s.ports.iter().filter(|p| p.protocol.is_http()) {
-            let Some(peers) = mtls_peers(s, p.port) else {
-                continue;
-            };
-            let name = names::mtls_cluster(s, p.port, identity);
-            if !mtls.insert(name.clone()) {
-                continue;
-            }
-            let local = opts.local_locality.as_ref();
-            mtls_cluster(s, p, identity, td, peers, local, &mut out);
+    let mut seen = std::collections::BTreeSet::new();
+    for p in s.ports.iter().filter(|p| p.protocol.is_http()) {
+        if !seen.insert(p.port) {
+            continue;
         }
+        let Some(peers) = mtls_peers(s, p.port) else {
+            continue;
+        };
+        let local = opts.local_locality.as_ref();
+        mtls_cluster(s, p, identity, td, peers, local, &mut out);
     }
-    out.push(routes(
+    out
+}
+
+/// The outbound routes `outbound|http|<identity>` of [`caller_resources`]: each
+/// service port routes to its mTLS cluster for `identity` where `has_cluster` says
+/// that cluster exists ([`caller_service_clusters`] made it), else to the plain
+/// outbound cluster.
+pub fn caller_routes<S: Borrow<Service>>(
+    identity: &str,
+    services: &[S],
+    opts: &EnvoyOptions,
+    has_cluster: &dyn Fn(&str) -> bool,
+) -> Resource {
+    routes(
         &names::outbound_route_for(identity),
         services,
         opts,
         &|s, port| {
             let name = names::mtls_cluster(s, port, identity);
-            if mtls.contains(&name) {
+            if has_cluster(&name) {
                 name
             } else {
                 names::outbound_cluster(s, port)
             }
         },
-    ));
-    out
+    )
 }
 
 /// The mTLS cluster `outbound|<port>|<svc>.<ns>|<identity>` of a service port for

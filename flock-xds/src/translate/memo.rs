@@ -17,17 +17,18 @@
 //! the previous call's starts over.
 
 use super::envoy::{
-    EnvoyOptions, blackhole_cluster, caller_resources, capture_caller_resources, capture_listener,
-    outbound_routes, pod_resources, secret_resource, service_resources,
+    EnvoyOptions, blackhole_cluster, caller_routes, caller_service_clusters,
+    capture_caller_resources, capture_listener, outbound_routes, pod_resources, secret_resource,
+    service_resources,
 };
 use super::grpc::grpc_service_resources;
-use super::model::{Mesh, Pod, Service};
+use super::model::{Mesh, Pod, Secret, Service};
 use super::{Resource, sort_dedup};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 use envoy_types::pb::google::protobuf::Any;
 use flock_core::ContentHash;
 use flock_core::resources::Name;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Which node group a memo translates for.
@@ -51,6 +52,18 @@ pub type Entries = BTreeMap<&'static str, Vec<(Name, ContentHash, Arc<Any>)>>;
 /// bytes.
 type Translated = Arc<Vec<(&'static str, Name, ContentHash, Arc<Any>)>>;
 
+/// One service's memo entry: the model translated, its own resources, and per
+/// caller identity its mTLS clusters ([`caller_service_clusters`]), all made from
+/// this model alone.
+#[derive(Debug)]
+struct ServiceMemo {
+    model: Arc<Service>,
+    own: Translated,
+    callers: HashMap<String, Translated>,
+    /// The pass that last saw the service (entries not seen by a pass are dropped).
+    seen: u64,
+}
+
 /// The per-entity translation memo of one node group. See the [module docs](self).
 #[derive(Debug)]
 pub struct Memo {
@@ -59,7 +72,19 @@ pub struct Memo {
     opts: Option<EnvoyOptions>,
     /// By (namespace, name): unique in a valid mesh.
     pods: HashMap<(String, String), (Pod, Translated)>,
-    services: HashMap<(String, String), (Service, Translated)>,
+    /// By namespace, then name, so a lookup borrows the model's strings instead of
+    /// allocating a key per service per publish.
+    services: HashMap<String, HashMap<String, ServiceMemo>>,
+    pass: u64,
+}
+
+/// Appends an entity's resources to the translation's entries.
+fn push(out: &mut Entries, t: &Translated) {
+    for (type_url, name, hash, any) in t.iter() {
+        out.entry(type_url)
+            .or_default()
+            .push((name.clone(), *hash, Arc::clone(any)));
+    }
 }
 
 fn share(resources: Vec<Resource>) -> Translated {
@@ -79,12 +104,13 @@ impl Memo {
             opts: None,
             pods: HashMap::new(),
             services: HashMap::new(),
+            pass: 0,
         }
     }
 
     /// How many pods and services the memo holds translations of.
     pub fn len(&self) -> usize {
-        self.pods.len() + self.services.len()
+        self.pods.len() + self.services.values().map(HashMap::len).sum::<usize>()
     }
 
     /// Whether the memo holds nothing.
@@ -97,61 +123,136 @@ impl Memo {
     /// exactly `mesh`'s pods and services (what went away is forgotten). Nothing is
     /// reused if `opts` differ from the last call's.
     pub fn translate(&mut self, mesh: &Mesh, opts: &EnvoyOptions) -> Entries {
+        let services: Vec<Arc<Service>> = mesh.services.iter().cloned().map(Arc::new).collect();
+        self.translate_shared(&services, &mesh.pods, &mesh.secrets, opts)
+    }
+
+    /// [`Memo::translate`] of the mesh with these services, pods and secrets, for a
+    /// caller that keeps its services shared: a service passed as the same `Arc` as
+    /// last time is known unchanged without comparing it (a pointer comparison instead
+    /// of walking its endpoints), so a publish after one endpoint change compares
+    /// O(services) pointers and translates one service. Its mTLS clusters for each
+    /// caller are kept with it too. What stays O(services) per publish: the route
+    /// configurations (one virtual host per service port in each) and, for captured
+    /// pods, their outbound listeners.
+    pub fn translate_shared(
+        &mut self,
+        services: &[Arc<Service>],
+        pods: &[Pod],
+        secrets: &[Secret],
+        opts: &EnvoyOptions,
+    ) -> Entries {
         if self.opts.as_ref() != Some(opts) {
             self.pods.clear();
             self.services.clear();
             self.opts = Some(opts.clone());
         }
+        self.pass += 1;
+        let pass = self.pass;
         let envoy = self.flavor == Flavor::Envoy;
         let mut out: Entries = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET]
             .into_iter()
             .map(|t| (t, Vec::new()))
             .collect();
-        let mut push = |t: &Translated| {
-            for (type_url, name, hash, any) in t.iter() {
-                out.entry(type_url)
-                    .or_default()
-                    .push((name.clone(), *hash, Arc::clone(any)));
-            }
-        };
-        let mut pods = HashMap::new();
+        let mut next_pods = HashMap::new();
         if envoy {
-            pods.reserve(mesh.pods.len());
-            for pod in &mesh.pods {
+            next_pods.reserve(pods.len());
+            for pod in pods {
                 let id = (pod.namespace.clone(), pod.name.clone());
                 let t = match self.pods.remove(&id) {
                     Some((cached, t)) if &cached == pod => t,
                     _ => share(pod_resources(pod, opts)),
                 };
-                push(&t);
-                pods.insert(id, (pod.clone(), t));
+                push(&mut out, &t);
+                next_pods.insert(id, (pod.clone(), t));
             }
         }
-        let mut services = HashMap::with_capacity(mesh.services.len());
-        for svc in &mesh.services {
-            let id = (svc.namespace.clone(), svc.name.clone());
-            let t = match self.services.remove(&id) {
-                Some((cached, t)) if &cached == svc => t,
-                _ if envoy => share(service_resources(svc, opts)),
-                _ => share(grpc_service_resources(svc, opts)),
-            };
-            push(&t);
-            services.insert(id, (svc.clone(), t));
-        }
-        if envoy {
-            push(&share(vec![outbound_routes(&mesh.services, opts)]));
-            let callers: BTreeSet<&str> = mesh
-                .pods
-                .iter()
+        let callers: BTreeSet<&str> = if envoy {
+            pods.iter()
                 .filter(|p| p.outbound_port != 0)
                 .filter_map(|p| p.identity.as_deref())
-                .collect();
-            for identity in callers {
-                push(&share(caller_resources(identity, &mesh.services, opts)));
+                .filter(|id| super::model::trust_domain(id).is_some())
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        // The mTLS cluster names per caller, for its routes.
+        let mut mtls: BTreeMap<&str, HashSet<Name>> =
+            callers.iter().map(|c| (*c, HashSet::new())).collect();
+        for svc in services {
+            let by_name = match self.services.get_mut(svc.namespace.as_str()) {
+                Some(m) => m,
+                None => self.services.entry(svc.namespace.clone()).or_default(),
+            };
+            let entry = match by_name.get_mut(svc.name.as_str()) {
+                Some(e) if Arc::ptr_eq(&e.model, svc) || *e.model == **svc => {
+                    e.model = Arc::clone(svc);
+                    e
+                }
+                _ => {
+                    let own = if envoy {
+                        share(service_resources(svc, opts))
+                    } else {
+                        share(grpc_service_resources(svc, opts))
+                    };
+                    by_name.insert(
+                        svc.name.clone(),
+                        ServiceMemo {
+                            model: Arc::clone(svc),
+                            own,
+                            callers: HashMap::new(),
+                            seen: pass,
+                        },
+                    );
+                    by_name.get_mut(svc.name.as_str()).expect("just inserted")
+                }
+            };
+            // The same (namespace, name) twice in one pass is an invalid mesh: both
+            // are translated, as a whole translation would, and the later one is kept.
+            entry.seen = pass;
+            push(&mut out, &entry.own);
+            entry.callers.retain(|id, _| callers.contains(id.as_str()));
+            for caller in &callers {
+                let t = match entry.callers.get(*caller) {
+                    Some(t) => Arc::clone(t),
+                    None => {
+                        let t = share(caller_service_clusters(caller, svc, opts));
+                        entry.callers.insert((*caller).to_string(), Arc::clone(&t));
+                        t
+                    }
+                };
+                let names = mtls.get_mut(caller).expect("one set per caller");
+                // Two services of one name (an invalid mesh) make the same clusters:
+                // they are emitted once.
+                if t.iter()
+                    .any(|(ty, n, ..)| *ty == CLUSTER && names.contains(n))
+                {
+                    continue;
+                }
+                names.extend(
+                    t.iter()
+                        .filter(|(ty, ..)| *ty == CLUSTER)
+                        .map(|(_, n, ..)| n.clone()),
+                );
+                push(&mut out, &t);
+            }
+        }
+        for by_name in self.services.values_mut() {
+            by_name.retain(|_, e| e.seen == pass);
+        }
+        self.services.retain(|_, m| !m.is_empty());
+        if envoy {
+            push(&mut out, &share(vec![outbound_routes(services, opts)]));
+            for (caller, names) in &mtls {
+                let has = |name: &str| names.contains(name);
+                push(
+                    &mut out,
+                    &share(vec![caller_routes(caller, services, opts, &has)]),
+                );
             }
             // A captured pod's outbound listener routes by the services' addresses,
             // so it changes with any service: translated every time, like the routes.
-            let captured: Vec<&Pod> = mesh.pods.iter().filter(|p| p.capture.is_some()).collect();
+            let captured: Vec<&Pod> = pods.iter().filter(|p| p.capture.is_some()).collect();
             let capture_callers: BTreeSet<&str> = captured
                 .iter()
                 .filter_map(|p| p.identity.as_deref())
@@ -160,19 +261,21 @@ impl Memo {
             capture.extend(
                 captured
                     .iter()
-                    .filter_map(|p| capture_listener(p, &mesh.services, opts)),
+                    .filter_map(|p| capture_listener(p, services, opts)),
             );
             for identity in capture_callers {
-                capture.extend(capture_caller_resources(identity, &mesh.services, opts));
+                capture.extend(capture_caller_resources(identity, services, opts));
             }
             if !captured.is_empty() {
                 capture.push(blackhole_cluster());
             }
-            push(&share(capture));
-            push(&share(mesh.secrets.iter().map(secret_resource).collect()));
+            push(&mut out, &share(capture));
+            push(
+                &mut out,
+                &share(secrets.iter().map(secret_resource).collect()),
+            );
         }
-        self.pods = pods;
-        self.services = services;
+        self.pods = next_pods;
         out
     }
 }

@@ -921,10 +921,13 @@ pub fn port_endpoints(service: &Service, port: u16) -> PortEndpoints<'_> {
 
 /// Service names that occur in more than one namespace (their bare name is
 /// ambiguous as a host name).
-pub(crate) fn ambiguous_service_names(services: &[Service]) -> BTreeSet<&str> {
+pub(crate) fn ambiguous_service_names<S: std::borrow::Borrow<Service>>(
+    services: &[S],
+) -> BTreeSet<&str> {
     let mut by_name: HashMap<&str, &str> = HashMap::new();
     let mut out = BTreeSet::new();
     for s in services {
+        let s = s.borrow();
         if let Some(ns) = by_name.insert(&s.name, &s.namespace)
             && ns != s.namespace
         {

@@ -1,0 +1,380 @@
+//! The registry's services as the translation serves them, kept incrementally.
+//!
+//! [`served_services`] is the definition: every endpoint of the registry view goes
+//! through the whole-view rules ([`serving_endpoints`]), is grouped into services
+//! ([`service_models`]), each service gets its Kubernetes cluster IPs (a VIP already
+//! given to a Service earlier in (namespace, name) order is left out), and each
+//! service the translation's validation refuses is left out alone. Computed that way
+//! on every publish, a change of one endpoint costs O(registry): at 50,000 remote
+//! endpoints the agent spent most of a second per change there.
+//!
+//! [`ServiceTable`] gives the same result while doing O(changed services) work per
+//! change. Every rule above is per service, except the VIP rule, which depends on
+//! which services exist and the Kubernetes snapshot: so a change of endpoints
+//! re-derives only the services its keys belonged to or now belong to, and the VIPs
+//! are reassigned only when the set of services or the snapshot changes. The view's
+//! [`Delta`](crate::registry::Delta) names the changed keys when the table saw the
+//! view just before; otherwise (a missed view, a backend without deltas) the table is
+//! rebuilt from the whole view. A proptest checks that the table equals
+//! [`served_services`] after every step of random change sequences, with missed views
+//! and VIP collisions.
+
+use super::mesh::{service_models, serving_endpoints};
+use crate::registry::View;
+use flock_core::registry::Reject;
+use flock_xds::translate::{self, Mesh};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Weak};
+
+/// The cluster IPs of services: `(token, vips_of)`. The token names the source's
+/// state (the Kubernetes snapshot): a different token means any service's VIPs may
+/// have changed.
+pub type Vips<'a> = (usize, &'a dyn Fn(&str, &str) -> Vec<IpAddr>);
+
+type ServiceId = (String, String);
+
+/// The services [`ServiceTable`] serves, computed from the whole view: the valid
+/// services in (namespace, name) order, and the keys the whole-view rules left out.
+/// The definition the table is checked against, and the baseline of the scale
+/// benchmark.
+pub fn served_services(
+    view: &View,
+    vips: Option<Vips<'_>>,
+) -> (Vec<translate::Service>, BTreeMap<String, Reject>) {
+    let (serving, excluded) = serving_endpoints(view);
+    let mut taken: BTreeSet<IpAddr> = BTreeSet::new();
+    let mut out = Vec::new();
+    for mut svc in service_models(serving) {
+        if let Some((_, vips_of)) = vips {
+            svc.vips = claim_vips(&svc, vips_of(&svc.namespace, &svc.name), &mut taken);
+        }
+        if let Some(svc) = validated(svc) {
+            out.push(svc);
+        }
+    }
+    (out, excluded)
+}
+
+/// The VIPs of `svc` not already `taken` by a service before it (the API never
+/// assigns one twice; a stale snapshot might, and the shared route configuration must
+/// not hold one domain twice).
+fn claim_vips(
+    svc: &translate::Service,
+    candidates: Vec<IpAddr>,
+    taken: &mut BTreeSet<IpAddr>,
+) -> Vec<IpAddr> {
+    let mut vips = Vec::new();
+    for vip in candidates {
+        if taken.insert(vip) {
+            vips.push(vip);
+        } else {
+            tracing::warn!(service = %svc.name, namespace = %svc.namespace, %vip, "cluster IP also another Service's; not a host name of this one");
+        }
+    }
+    vips
+}
+
+/// `svc` if the translation accepts it, else `None` (logged: one inconsistent
+/// service never blocks the rest of the mesh).
+fn validated(svc: translate::Service) -> Option<translate::Service> {
+    let one = Mesh {
+        services: vec![svc],
+        ..Mesh::default()
+    };
+    match one.validate() {
+        Ok(()) => one.services.into_iter().next(),
+        Err(errors) => {
+            tracing::warn!(
+                service = %one.services[0].name,
+                namespace = %one.services[0].namespace,
+                "registry entries of this service are inconsistent; not served: {}",
+                errors
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            None
+        }
+    }
+}
+
+/// One service of the table.
+#[derive(Debug, Default)]
+struct Entry {
+    /// The registry keys of its endpoints.
+    keys: BTreeSet<String>,
+    /// The model of its serving endpoints, without VIPs; `None` if every endpoint is
+    /// left out (the service is then not formed at all, and claims no VIP).
+    base: Option<translate::Service>,
+    /// The keys the whole-view rules left out.
+    excluded: Vec<(String, Reject)>,
+    /// The VIPs it claimed.
+    vips: Vec<IpAddr>,
+    /// What is served: `base` with `vips`, if valid.
+    served: Option<Arc<translate::Service>>,
+}
+
+/// How the table last caught up with the registry view.
+#[derive(Debug)]
+struct Seen {
+    /// The view itself (weak: the table must not keep an old registry alive), for
+    /// backends that do not count their changes.
+    view: Weak<View>,
+    seq: u64,
+}
+
+/// [`served_services`], kept incrementally (see the [module docs](self)).
+#[derive(Debug, Default)]
+pub struct ServiceTable {
+    seen: Option<Seen>,
+    services: BTreeMap<ServiceId, Entry>,
+    /// The service of each key in the table.
+    service_of: HashMap<String, ServiceId>,
+    /// The VIP source's token at the last assignment (`None`: no VIPs).
+    vips_token: Option<usize>,
+    excluded: BTreeMap<String, Reject>,
+    /// The served services in order, rebuilt when one of them changed.
+    served: Arc<Vec<Arc<translate::Service>>>,
+    /// Counts the changes of `served`.
+    generation: u64,
+    excluded_generation: u64,
+}
+
+/// What catching up with a view takes.
+enum CatchUp {
+    Nothing,
+    Delta,
+    Rebuild,
+}
+
+impl ServiceTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The served services, in (namespace, name) order.
+    pub fn services(&self) -> &Arc<Vec<Arc<translate::Service>>> {
+        &self.served
+    }
+
+    /// The keys left out by the whole-view rules.
+    pub fn excluded(&self) -> &BTreeMap<String, Reject> {
+        &self.excluded
+    }
+
+    /// Counts the changes of [`ServiceTable::services`].
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Counts the changes of [`ServiceTable::excluded`].
+    pub fn excluded_generation(&self) -> u64 {
+        self.excluded_generation
+    }
+
+    /// Catches up with `view` and the VIP source. Returns whether the served
+    /// services changed.
+    pub fn update(&mut self, view: &Arc<View>, vips: Option<Vips<'_>>) -> bool {
+        let before = self.generation;
+        let before_excluded = self.excluded_generation;
+        let mut dirty: BTreeSet<ServiceId> = BTreeSet::new();
+        // A backend that counts its changes (`seq`) names the keys of each change;
+        // for one that does not, a different view may differ anywhere.
+        let catch_up = match &self.seen {
+            Some(seen) if view.seq != 0 && seen.seq == view.seq => CatchUp::Nothing,
+            Some(seen) if view.seq == 0 && std::ptr::eq(seen.view.as_ptr(), Arc::as_ptr(view)) => {
+                CatchUp::Nothing
+            }
+            // The watch channel keeps only the newest view: a delta says how a view
+            // differs from the one just before it, and applied over a missed view it
+            // would lose that view's changes.
+            Some(seen)
+                if view.seq != 0
+                    && (view.seq == seen.seq + 1
+                        || flock_core::reintroduced!("service-table-delta-over-gap")) =>
+            {
+                CatchUp::Delta
+            }
+            _ => CatchUp::Rebuild,
+        };
+        match catch_up {
+            CatchUp::Nothing => {}
+            CatchUp::Delta => {
+                let delta = &view.delta;
+                for key in delta
+                    .added
+                    .iter()
+                    .chain(&delta.changed)
+                    .chain(&delta.removed)
+                {
+                    self.move_key(key, view, &mut dirty);
+                }
+            }
+            CatchUp::Rebuild => self.rebuild(view, &mut dirty),
+        }
+        self.seen = Some(Seen {
+            view: Arc::downgrade(view),
+            seq: view.seq,
+        });
+        // Re-derive the touched services; note whether the set of formed services
+        // changed (VIPs are claimed in service order).
+        let mut formed_changed = false;
+        let mut excluded_changed = false;
+        // A key that moved between two dirty services may be left out by the one and
+        // was by the other: every old exclusion goes before any new one is added.
+        let mut newly_excluded = Vec::new();
+        for id in &dirty {
+            let Some(entry) = self.services.get_mut(id) else {
+                continue;
+            };
+            let was_formed = entry.base.is_some();
+            let (base, excluded) = classify(view, &entry.keys);
+            if entry.excluded != excluded {
+                for (key, _) in &entry.excluded {
+                    self.excluded.remove(key);
+                }
+                if flock_core::reintroduced!("service-table-exclusions-in-one-pass") {
+                    self.excluded.extend(excluded.iter().cloned());
+                } else {
+                    newly_excluded.extend(excluded.iter().cloned());
+                }
+                entry.excluded = excluded;
+                excluded_changed = true;
+            }
+            formed_changed |= was_formed != base.is_some();
+            entry.base = base;
+            if entry.keys.is_empty() {
+                formed_changed |= was_formed;
+                self.services.remove(id);
+            }
+        }
+        self.excluded.extend(newly_excluded);
+        let token = vips.map(|v| v.0);
+        let mut served_changed = false;
+        if formed_changed || token != self.vips_token {
+            // Reassign every service's VIPs in order; re-derive those that moved.
+            let mut taken = BTreeSet::new();
+            for (id, entry) in self.services.iter_mut() {
+                let vips = match (&entry.base, vips) {
+                    (Some(base), Some((_, vips_of))) => {
+                        claim_vips(base, vips_of(&id.0, &id.1), &mut taken)
+                    }
+                    _ => Vec::new(),
+                };
+                if vips != entry.vips {
+                    entry.vips = vips;
+                    dirty.insert(id.clone());
+                }
+            }
+            self.vips_token = token;
+        }
+        for id in &dirty {
+            let Some(entry) = self.services.get_mut(id) else {
+                served_changed = true;
+                continue;
+            };
+            let served = entry.base.clone().and_then(|mut svc| {
+                svc.vips = entry.vips.clone();
+                validated(svc)
+            });
+            if entry.served.as_deref() != served.as_ref() {
+                entry.served = served.map(Arc::new);
+                served_changed = true;
+            }
+        }
+        if served_changed {
+            self.served = Arc::new(
+                self.services
+                    .values()
+                    .filter_map(|e| e.served.clone())
+                    .collect(),
+            );
+            self.generation += 1;
+        }
+        if excluded_changed {
+            self.excluded_generation += 1;
+        }
+        self.generation != before || self.excluded_generation != before_excluded
+    }
+
+    /// Files `key` under the service its endpoint in `view` names (or under none if
+    /// it is gone), marking the old and the new service dirty.
+    fn move_key(&mut self, key: &str, view: &View, dirty: &mut BTreeSet<ServiceId>) {
+        let now = view
+            .endpoints
+            .get(key)
+            .map(|e| (e.namespace.clone(), e.service.clone()));
+        let before = self.service_of.get(key).cloned();
+        if let Some(id) = &before
+            && before != now
+        {
+            if let Some(entry) = self.services.get_mut(id) {
+                entry.keys.remove(key);
+            }
+            self.service_of.remove(key);
+        }
+        if let Some(id) = &before {
+            dirty.insert(id.clone());
+        }
+        if let Some(id) = now {
+            if before.as_ref() != Some(&id) {
+                self.services
+                    .entry(id.clone())
+                    .or_default()
+                    .keys
+                    .insert(key.to_string());
+                self.service_of.insert(key.to_string(), id.clone());
+            }
+            dirty.insert(id);
+        }
+    }
+
+    /// Forgets everything and files every key of `view`.
+    fn rebuild(&mut self, view: &View, dirty: &mut BTreeSet<ServiceId>) {
+        dirty.extend(self.services.keys().cloned());
+        for entry in self.services.values_mut() {
+            entry.keys.clear();
+        }
+        self.service_of.clear();
+        for (key, e) in &view.endpoints {
+            let id = (e.namespace.clone(), e.service.clone());
+            self.services
+                .entry(id.clone())
+                .or_default()
+                .keys
+                .insert(key.clone());
+            self.service_of.insert(key.clone(), id.clone());
+            dirty.insert(id);
+        }
+    }
+}
+
+/// One service's model and left-out keys: the whole-view rules of
+/// [`serving_endpoints`] restricted to its keys (each rule looks at one service's
+/// endpoints only).
+fn classify(
+    view: &View,
+    keys: &BTreeSet<String>,
+) -> (Option<translate::Service>, Vec<(String, Reject)>) {
+    let mut sub = View::default();
+    for key in keys {
+        if let Some(e) = view.endpoints.get(key) {
+            sub.endpoints.insert(key.clone(), e.clone());
+        }
+    }
+    debug_assert!(
+        sub.endpoints
+            .values()
+            .map(|e| (&e.namespace, &e.service))
+            .collect::<BTreeSet<_>>()
+            .len()
+            <= 1,
+        "one service's keys"
+    );
+    let (serving, excluded) = serving_endpoints(&sub);
+    let base = service_models(serving).into_iter().next();
+    (base, excluded.into_iter().collect())
+}
