@@ -539,7 +539,7 @@ mod props {
         /// Incremental == from scratch: a memo fed a sequence of meshes and local
         /// localities (the options change too) gives, at every step, what a fresh
         /// memo gives for that step's mesh and options; and the Envoy flavor equals
-        /// the one-shot translation.
+        /// the one-shot translation; its route configurations equal the whole builds.
         #[test]
         fn a_memo_over_any_sequence_translates_like_a_fresh_one(
             steps in prop::collection::vec(
@@ -559,6 +559,25 @@ mod props {
                     .map(|r| (r.type_url.to_string(), r.name, r.hash))
                     .collect();
                 prop_assert_eq!(&e, &once);
+                // The route configurations, joined from per-service parts in the memo,
+                // are byte for byte the whole builds.
+                let routes: BTreeSet<_> = e.iter().filter(|(t, ..)| t == ROUTE).cloned().collect();
+                let mut whole = vec![translate::outbound_routes(&m.services, &opts)];
+                let callers: BTreeSet<&str> = m
+                    .pods
+                    .iter()
+                    .filter(|p| p.outbound_port != 0)
+                    .filter_map(|p| p.identity.as_deref())
+                    .collect();
+                for id in callers {
+                    whole.extend(translate::caller_resources(id, &m.services, &opts));
+                }
+                let whole: BTreeSet<_> = whole
+                    .into_iter()
+                    .filter(|r| r.type_url == ROUTE)
+                    .map(|r| (r.type_url.to_string(), r.name, r.hash))
+                    .collect();
+                prop_assert_eq!(&routes, &whole);
                 let g = flat(&grpc.translate(&m, &opts));
                 prop_assert_eq!(&g, &flat(&Memo::new(Flavor::Grpc).translate(&m, &opts)));
                 // Priorities are dense: 0..n without gaps, in every assignment.

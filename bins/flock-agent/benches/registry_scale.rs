@@ -9,10 +9,14 @@
 //!   etcd, the agent's snapshot changes (`flock_agent_publishes` moves), the next
 //!   change follows; the agent's user+system CPU (`/proc/<pid>/stat`) over all changes
 //!   divided by their number, less the CPU of the `/metrics` polls that saw them
-//!   (measured on the idle agent in the same run). Every publish today rebuilds the
-//!   whole mesh model, so this is the full-rebuild cost;
+//!   (measured on the idle agent in the same run);
 //! * resident memory once settled, its peak (`VmHWM`: the initial list's transient),
 //!   and the resident bytes per remote endpoint over the agent with none.
+//!
+//! Each size runs twice: the agent as it is (its service table re-derives only the
+//! services a change touches), and the baseline, the same agent recomputing every
+//! service from the whole registry view on every publish
+//! (`FLOCK_PUBLISH_FROM_SCRATCH=1`, what it did before the table).
 //!
 //! Each size gets a fresh etcd (`FLOCK_ETCD_BIN`), filled before the agent starts with
 //! valid entries written in transactions of 128 puts (etcd's default
@@ -202,6 +206,10 @@ async fn fill(addr: &str, n: usize) -> Duration {
 
 struct Sample {
     n: usize,
+    /// The agent recomputed the registry's services from the whole view on every
+    /// publish (`FLOCK_PUBLISH_FROM_SCRATCH=1`, the agent before its incremental
+    /// service table): the baseline.
+    baseline: bool,
     fill: Duration,
     ready: Duration,
     /// Agent CPU per remote change (ms), and the wall time from the etcd write to the
@@ -284,7 +292,7 @@ async fn add_local_pod(socket: &Path, i: usize, services: usize) {
     assert_eq!(resp.outcome, Outcome::Success as i32, "{}", resp.message);
 }
 
-fn run(n: usize, local: usize, changes: usize) -> Sample {
+fn run(n: usize, local: usize, changes: usize, baseline: bool) -> Sample {
     let dir = tempfile::Builder::new()
         .prefix("flock-bench-registry-")
         .tempdir()
@@ -308,6 +316,10 @@ fn run(n: usize, local: usize, changes: usize) -> Sample {
         // No liveness probes in the measurement.
         .args(["--probe-interval-ms", "600000"])
         .env("RUST_LOG", "warn")
+        .env(
+            "FLOCK_PUBLISH_FROM_SCRATCH",
+            if baseline { "1" } else { "0" },
+        )
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -406,6 +418,7 @@ fn run(n: usize, local: usize, changes: usize) -> Sample {
     });
     Sample {
         n,
+        baseline,
         fill,
         ready,
         change,
@@ -425,13 +438,14 @@ fn main() {
         .map(|s| s.trim().parse().unwrap())
         .unwrap_or(40);
     const LOCAL: usize = 100;
-    let base = run(0, LOCAL, 0);
+    let base = run(0, LOCAL, 0, false);
     println!(
         "registry_scale: agent (--registry etcd://, {LOCAL} local pods) with N other nodes' \
          endpoints in a real etcd; {changes} remote changes per size"
     );
     println!(
-        "{:>8} {:>9} {:>10} {:>14} {:>15} {:>10} {:>10} {:>14}",
+        "{:>13} {:>8} {:>9} {:>10} {:>14} {:>15} {:>10} {:>10} {:>14}",
+        "publish",
         "N",
         "fill",
         "start",
@@ -455,7 +469,12 @@ fn main() {
             None => ("-".to_string(), "-".to_string()),
         };
         println!(
-            "{:>8} {:>8.1}s {:>9.2}s {:>14} {:>15} {:>10.1} {:>10.1} {:>14}",
+            "{:>13} {:>8} {:>8.1}s {:>9.2}s {:>14} {:>15} {:>10.1} {:>10.1} {:>14}",
+            if s.baseline {
+                "from scratch"
+            } else {
+                "incremental"
+            },
             s.n,
             s.fill.as_secs_f64(),
             s.ready.as_secs_f64(),
@@ -467,7 +486,13 @@ fn main() {
         );
     };
     row(&base);
+    // Each size twice in the same run: the incremental agent, and the baseline
+    // (`FLOCK_BENCH_BASELINE=0` skips the baseline).
+    let baseline = std::env::var("FLOCK_BENCH_BASELINE").map_or(true, |v| v != "0");
     for n in sizes {
-        row(&run(n, LOCAL, changes));
+        row(&run(n, LOCAL, changes, false));
+        if baseline {
+            row(&run(n, LOCAL, changes, true));
+        }
     }
 }

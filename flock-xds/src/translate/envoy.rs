@@ -1056,23 +1056,13 @@ fn routes<S: Borrow<Service>>(
     let mut emitted = std::collections::HashSet::new();
     for s in sorted {
         let short = !ambiguous.contains(s.name.as_str());
-        let mut first = true;
-        let mut seen = std::collections::BTreeSet::new();
-        for p in s.ports.iter().filter(|p| p.protocol.is_http()) {
-            if !seen.insert(p.port) {
-                continue; // an invalid mesh; never emit a duplicate domain
-            }
-            let cluster = cluster_for(s, p.port);
-            let mut domains = domains(s, p.port, first, short, &opts.cluster_domain);
-            domains.retain(|d| emitted.insert(d.clone()));
-            virtual_hosts.push(VirtualHost {
-                name: names::service_authority(s, p.port),
-                domains,
-                routes: outbound_service_routes(&cluster, opts),
-                ..Default::default()
-            });
-            first = false;
-        }
+        virtual_hosts.extend(service_virtual_hosts(
+            s,
+            short,
+            opts,
+            cluster_for,
+            &mut emitted,
+        ));
     }
     let rc = RouteConfiguration {
         name: name.to_string(),
@@ -1080,6 +1070,83 @@ fn routes<S: Borrow<Service>>(
         ..Default::default()
     };
     resource(ROUTE, name.to_string(), any(ROUTE, &rc))
+}
+
+/// The virtual hosts of one service in an outbound route configuration: one per
+/// HTTP/gRPC port, with the domains not already `emitted` (`short`: the bare service
+/// name is a domain too).
+fn service_virtual_hosts(
+    s: &Service,
+    short: bool,
+    opts: &EnvoyOptions,
+    cluster_for: &dyn Fn(&Service, u16) -> String,
+    emitted: &mut std::collections::HashSet<String>,
+) -> Vec<VirtualHost> {
+    let mut out = Vec::new();
+    let mut first = true;
+    let mut seen = std::collections::BTreeSet::new();
+    for p in s.ports.iter().filter(|p| p.protocol.is_http()) {
+        if !seen.insert(p.port) {
+            continue; // an invalid mesh; never emit a duplicate domain
+        }
+        let cluster = cluster_for(s, p.port);
+        let mut domains = domains(s, p.port, first, short, &opts.cluster_domain);
+        domains.retain(|d| emitted.insert(d.clone()));
+        out.push(VirtualHost {
+            name: names::service_authority(s, p.port),
+            domains,
+            routes: outbound_service_routes(&cluster, opts),
+            ..Default::default()
+        });
+        first = false;
+    }
+    out
+}
+
+/// One service's part of an outbound route configuration, encoded: its virtual hosts
+/// as the bytes of `RouteConfiguration.virtual_hosts` entries (field 2, tag
+/// included). A memo keeps it per service and [`routes_from_parts`] joins the parts,
+/// so a change re-encodes one service's virtual hosts, not every service's. Valid
+/// only where no two services share a domain (see [`routes_from_parts`]).
+pub(crate) fn encoded_service_routes(
+    s: &Service,
+    short: bool,
+    opts: &EnvoyOptions,
+    cluster_for: &dyn Fn(&Service, u16) -> String,
+) -> Vec<u8> {
+    let mut emitted = std::collections::HashSet::new();
+    let mut buf = Vec::new();
+    for vh in service_virtual_hosts(s, short, opts, cluster_for, &mut emitted) {
+        prost::encoding::message::encode(2, &vh, &mut buf);
+    }
+    buf
+}
+
+/// The route configuration `name` from its services' [`encoded_service_routes`], in
+/// service order: the same bytes as [`routes`] gives when no domain is in two
+/// services (protobuf encodes a repeated message field as one tagged entry per
+/// element, after the lower-numbered `name`), without building or encoding any
+/// virtual host again.
+pub(crate) fn routes_from_parts<'a>(
+    name: &str,
+    parts: impl IntoIterator<Item = &'a [u8]>,
+) -> Resource {
+    let mut value = RouteConfiguration {
+        name: name.to_string(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    for part in parts {
+        value.extend_from_slice(part);
+    }
+    resource(
+        ROUTE,
+        name.to_string(),
+        Any {
+            type_url: ROUTE.to_string(),
+            value,
+        },
+    )
 }
 
 /// An SDS reference to the secret `name`, served over ADS.

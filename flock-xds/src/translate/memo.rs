@@ -18,11 +18,13 @@
 
 use super::envoy::{
     EnvoyOptions, blackhole_cluster, caller_routes, caller_service_clusters,
-    capture_caller_resources, capture_listener, outbound_routes, pod_resources, secret_resource,
-    service_resources,
+    capture_caller_resources, capture_listener, encoded_service_routes, outbound_routes,
+    pod_resources, routes_from_parts, secret_resource, service_resources,
 };
 use super::grpc::grpc_service_resources;
+use super::model::ambiguous_service_names;
 use super::model::{Mesh, Pod, Secret, Service};
+use super::names;
 use super::{Resource, sort_dedup};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 use envoy_types::pb::google::protobuf::Any;
@@ -60,6 +62,9 @@ struct ServiceMemo {
     model: Arc<Service>,
     own: Translated,
     callers: HashMap<String, Translated>,
+    /// Its part of each route configuration ([`encoded_service_routes`]), by caller
+    /// (`None`: the shared outbound routes) and whether its bare name is a domain.
+    routes: HashMap<(Option<String>, bool), Arc<Vec<u8>>>,
     /// The pass that last saw the service (entries not seen by a pass are dropped).
     seen: u64,
 }
@@ -179,7 +184,21 @@ impl Memo {
         // The mTLS cluster names per caller, for its routes.
         let mut mtls: BTreeMap<&str, HashSet<Name>> =
             callers.iter().map(|c| (*c, HashSet::new())).collect();
-        for svc in services {
+        // The route configurations are joined from per-service parts when no domain
+        // can be in two services; otherwise (an invalid mesh) they are built whole,
+        // which drops the later duplicate domains.
+        let order = if envoy { joinable(services) } else { None };
+        let ambiguous = if order.is_some() {
+            ambiguous_service_names(services)
+        } else {
+            BTreeSet::new()
+        };
+        let mut route_parts: BTreeMap<Option<&str>, Vec<Arc<Vec<u8>>>> = BTreeMap::new();
+        let iteration: Vec<&Arc<Service>> = match &order {
+            Some(sorted) => sorted.clone(),
+            None => services.iter().collect(),
+        };
+        for svc in iteration {
             let by_name = match self.services.get_mut(svc.namespace.as_str()) {
                 Some(m) => m,
                 None => self.services.entry(svc.namespace.clone()).or_default(),
@@ -201,6 +220,7 @@ impl Memo {
                             model: Arc::clone(svc),
                             own,
                             callers: HashMap::new(),
+                            routes: HashMap::new(),
                             seen: pass,
                         },
                     );
@@ -212,6 +232,18 @@ impl Memo {
             entry.seen = pass;
             push(&mut out, &entry.own);
             entry.callers.retain(|id, _| callers.contains(id.as_str()));
+            if order.is_some() {
+                let short = !ambiguous.contains(svc.name.as_str());
+                entry
+                    .routes
+                    .retain(|(id, _), _| id.as_deref().is_none_or(|id| callers.contains(id)));
+                let part = entry.routes.entry((None, short)).or_insert_with(|| {
+                    Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
+                        names::outbound_cluster(s, port)
+                    }))
+                });
+                route_parts.entry(None).or_default().push(Arc::clone(part));
+            }
             for caller in &callers {
                 let t = match entry.callers.get(*caller) {
                     Some(t) => Arc::clone(t),
@@ -235,13 +267,58 @@ impl Memo {
                         .map(|(_, n, ..)| n.clone()),
                 );
                 push(&mut out, &t);
+                if order.is_some() {
+                    let short = !ambiguous.contains(svc.name.as_str());
+                    let part = entry
+                        .routes
+                        .entry((Some((*caller).to_string()), short))
+                        .or_insert_with(|| {
+                            let has = |name: &str| {
+                                t.iter().any(|(ty, n, ..)| *ty == CLUSTER && &**n == name)
+                            };
+                            Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
+                                let name = names::mtls_cluster(s, port, caller);
+                                if has(&name) {
+                                    name
+                                } else {
+                                    names::outbound_cluster(s, port)
+                                }
+                            }))
+                        });
+                    route_parts
+                        .entry(Some(*caller))
+                        .or_default()
+                        .push(Arc::clone(part));
+                }
             }
         }
         for by_name in self.services.values_mut() {
             by_name.retain(|_, e| e.seen == pass);
         }
         self.services.retain(|_, m| !m.is_empty());
-        if envoy {
+        if envoy && order.is_some() {
+            let empty = Vec::new();
+            let parts = |key: Option<&str>| -> Vec<Arc<Vec<u8>>> {
+                route_parts.get(&key).unwrap_or(&empty).clone()
+            };
+            push(
+                &mut out,
+                &share(vec![routes_from_parts(
+                    names::OUTBOUND_ROUTE,
+                    parts(None).iter().map(|p| p.as_slice()),
+                )]),
+            );
+            for caller in mtls.keys() {
+                let name = names::outbound_route_for(caller);
+                push(
+                    &mut out,
+                    &share(vec![routes_from_parts(
+                        &name,
+                        parts(Some(*caller)).iter().map(|p| p.as_slice()),
+                    )]),
+                );
+            }
+        } else if envoy {
             push(&mut out, &share(vec![outbound_routes(services, opts)]));
             for (caller, names) in &mtls {
                 let has = |name: &str| names.contains(name);
@@ -250,6 +327,8 @@ impl Memo {
                     &share(vec![caller_routes(caller, services, opts, &has)]),
                 );
             }
+        }
+        if envoy {
             // A captured pod's outbound listener routes by the services' addresses,
             // so it changes with any service: translated every time, like the routes.
             let captured: Vec<&Pod> = pods.iter().filter(|p| p.capture.is_some()).collect();
@@ -278,6 +357,34 @@ impl Memo {
         self.pods = next_pods;
         out
     }
+}
+
+/// The services in (namespace, name) order if the route configurations can be
+/// joined from per-service parts: no (namespace, name) twice and no VIP in two
+/// services (the only ways two services of a mesh share a domain: names are DNS
+/// labels, so a name-derived domain is one service's alone). `None` otherwise.
+fn joinable(services: &[Arc<Service>]) -> Option<Vec<&Arc<Service>>> {
+    fn key(s: &Service) -> (&str, &str) {
+        (s.namespace.as_str(), s.name.as_str())
+    }
+    let mut sorted: Vec<&Arc<Service>> = services.iter().collect();
+    // The agent's services come sorted: check before sorting.
+    if !sorted.windows(2).all(|w| key(w[0]) <= key(w[1])) {
+        sorted.sort_by(|a, b| key(a).cmp(&key(b)));
+    }
+    if sorted.windows(2).any(|w| key(w[0]) == key(w[1])) {
+        return None;
+    }
+    let mut vips = HashSet::new();
+    for s in &sorted {
+        let mut own = HashSet::new();
+        for vip in &s.vips {
+            if own.insert(*vip) && !vips.insert(*vip) {
+                return None;
+            }
+        }
+    }
+    Some(sorted)
 }
 
 /// A whole translation with a fresh memo, as a sorted list of owned resources.
