@@ -190,12 +190,21 @@ fn problems(errors: &[translate::ValidationError]) -> String {
 /// old view's keys alive).
 pub(super) type SecretsOf = (std::sync::Weak<IdentityView>, Arc<Vec<translate::Secret>>);
 
+/// The pod models derived from one state of the pod table, identity view and
+/// missing-netns set.
+pub(super) struct PodsOf {
+    version: u64,
+    identity: Option<std::sync::Weak<IdentityView>>,
+    missing: BTreeSet<flock_core::pod::PodKey>,
+    pods: Arc<Vec<translate::Pod>>,
+}
+
 /// What one publish translates: the registry's services (shared with the service
 /// table, unchanged ones the very same `Arc`s as last time), the live pods and the
 /// secrets.
 pub(super) struct MeshParts {
     pub services: Arc<Vec<Arc<translate::Service>>>,
-    pub pods: Vec<translate::Pod>,
+    pub pods: Arc<Vec<translate::Pod>>,
     pub secrets: Arc<Vec<translate::Secret>>,
 }
 
@@ -239,11 +248,39 @@ impl Agent {
         };
         let identity = self.identity_view();
         let secrets = self.secrets(identity.as_ref());
+        let pods = self.pod_models(identity.as_ref());
+        MeshParts {
+            services,
+            pods,
+            secrets,
+        }
+    }
+
+    /// The live pods as the translation sees them, re-derived only when the pod
+    /// table, the identity view or the set of pods whose netns is missing changed
+    /// (each publish used to clone and re-validate every pod, twice: once per node
+    /// group).
+    fn pod_models(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<translate::Pod>> {
+        let missing = lock(&self.netns_missing).clone();
+        let mut cached = lock(&self.pods_cache);
+        let version = self.pods.version();
+        if let Some(c) = &*cached
+            && c.version == version
+            && match (&c.identity, identity) {
+                (None, None) => true,
+                (Some(seen), Some(now)) => std::ptr::eq(seen.as_ptr(), Arc::as_ptr(now)),
+                _ => false,
+            }
+            && c.missing == missing
+        {
+            return Arc::clone(&c.pods);
+        }
+        let (version, snapshot) = self.pods.versioned_snapshot();
         let mut pods = Vec::new();
-        for rec in self.pods.snapshot().into_values() {
+        for rec in snapshot.into_values() {
             // Envoy refuses a whole listener update if one netns path is missing:
             // a pod whose namespace is gone (DEL never came) is left to the GC.
-            if lock(&self.netns_missing).contains(&rec.key) {
+            if missing.contains(&rec.key) {
                 tracing::debug!(pod = %rec.pod_ref(), netns = %rec.netns, "netns missing; pod not served");
                 continue;
             }
@@ -268,11 +305,14 @@ impl Agent {
                 ),
             }
         }
-        MeshParts {
-            services,
-            pods,
-            secrets,
-        }
+        let pods = Arc::new(pods);
+        *cached = Some(PodsOf {
+            version,
+            identity: identity.map(Arc::downgrade),
+            missing,
+            pods: Arc::clone(&pods),
+        });
+        pods
     }
 
     /// The secrets of the identity view: certificates named by SPIFFE ID, bundles by

@@ -23,6 +23,7 @@
 //! * `locks`: the per-pod locks; `lifecycle`: AddPod, RemovePod, CHECK and startup load;
 //! * `liveness`: the probe round and the guarded re-registration;
 //! * [`mesh`]: the registry view and the live pods as a translation model;
+//!   [`services`]: the registry's services kept incrementally from the view's deltas;
 //! * `publish`: the one publish point, translating through each node group's
 //!   `flock_xds::translate::Memo`; `gc`: the orphan-GC executor;
 //! * `members`: kube mode's registrations (one endpoint per Service port the pod is a
@@ -118,6 +119,7 @@ pub struct Agent {
     grpc_memo: Mutex<Memo>,
     services: Mutex<services::ServiceTable>,
     secrets_cache: Mutex<Option<mesh::SecretsOf>>,
+    pods_cache: Mutex<Option<mesh::PodsOf>>,
     /// Pods whose network namespace file was missing when last checked (at AddPod,
     /// load, and every liveness round). Kept here so a publish makes no syscall per
     /// pod (a `stat` of a netns link costs ~10 µs: 1,000 pods made it the dominant
@@ -164,6 +166,7 @@ impl Agent {
             grpc_memo: Mutex::new(Memo::new(Flavor::Grpc)),
             services: Mutex::new(services::ServiceTable::new()),
             secrets_cache: Mutex::new(None),
+            pods_cache: Mutex::new(None),
             netns_missing: Mutex::new(BTreeSet::new()),
             sync: Arc::new(regsync::RegSync::new()),
             registry_synced_once: AtomicBool::new(false),

@@ -91,7 +91,14 @@ where
 /// loops. Every method takes the lock once; no caller code runs under it.
 #[derive(Debug)]
 pub struct PodTable<K, V> {
-    inner: Mutex<BTreeMap<K, V>>,
+    inner: Mutex<Table<K, V>>,
+}
+
+#[derive(Debug)]
+struct Table<K, V> {
+    pods: BTreeMap<K, V>,
+    /// Counts the changes of `pods` (inserts, removes, merges that added).
+    version: u64,
 }
 
 impl<K: Ord, V> Default for PodTable<K, V> {
@@ -104,33 +111,49 @@ impl<K: Ord, V> PodTable<K, V> {
     /// An empty table.
     pub fn new() -> Self {
         Self {
-            inner: Mutex::new(BTreeMap::new()),
+            inner: Mutex::new(Table {
+                pods: BTreeMap::new(),
+                version: 0,
+            }),
         }
     }
 
     /// Inserts or updates a pod (the `AddPod` path); returns the previous value.
     pub fn insert(&self, key: K, value: V) -> Option<V> {
-        lock(&self.inner).insert(key, value)
+        let mut t = lock(&self.inner);
+        t.version += 1;
+        t.pods.insert(key, value)
     }
 
     /// Removes a pod (the `RemovePod` path); returns its value.
     pub fn remove(&self, key: &K) -> Option<V> {
-        lock(&self.inner).remove(key)
+        let mut t = lock(&self.inner);
+        let removed = t.pods.remove(key);
+        if removed.is_some() {
+            t.version += 1;
+        }
+        removed
     }
 
     /// Whether the pod is in the table.
     pub fn contains(&self, key: &K) -> bool {
-        lock(&self.inner).contains_key(key)
+        lock(&self.inner).pods.contains_key(key)
     }
 
     /// Number of pods in the table.
     pub fn len(&self) -> usize {
-        lock(&self.inner).len()
+        lock(&self.inner).pods.len()
     }
 
     /// Whether the table is empty.
     pub fn is_empty(&self) -> bool {
-        lock(&self.inner).is_empty()
+        lock(&self.inner).pods.is_empty()
+    }
+
+    /// Counts the changes of the table: equal versions, equal tables (so a reader can
+    /// keep what it derived from the table until the version moves).
+    pub fn version(&self) -> u64 {
+        lock(&self.inner).version
     }
 
     /// Merges pods loaded from storage (see [`merge_loaded`]): adds absent keys,
@@ -140,19 +163,29 @@ impl<K: Ord, V> PodTable<K, V> {
         K: Clone,
     {
         let mut guard = lock(&self.inner);
-        merge_loaded(&mut guard, loaded)
+        let report = merge_loaded(&mut guard.pods, loaded);
+        if !report.added.is_empty() {
+            guard.version += 1;
+        }
+        report
     }
 }
 
 impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
     /// The pod's value, cloned.
     pub fn get(&self, key: &K) -> Option<V> {
-        lock(&self.inner).get(key).cloned()
+        lock(&self.inner).pods.get(key).cloned()
     }
 
     /// A consistent copy of the whole table.
     pub fn snapshot(&self) -> BTreeMap<K, V> {
-        lock(&self.inner).clone()
+        lock(&self.inner).pods.clone()
+    }
+
+    /// A consistent copy of the whole table and its [`PodTable::version`].
+    pub fn versioned_snapshot(&self) -> (u64, BTreeMap<K, V>) {
+        let t = lock(&self.inner);
+        (t.version, t.pods.clone())
     }
 }
 
