@@ -52,6 +52,7 @@ pub const KNOWN: &[&str] = &[
     "etcd-relist-replace",
     "service-table-delta-over-gap",
     "service-table-exclusions-in-one-pass",
+    "memo-changes-keep-gone",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile

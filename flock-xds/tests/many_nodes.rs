@@ -539,7 +539,8 @@ mod props {
         /// Incremental == from scratch: a memo fed a sequence of meshes and local
         /// localities (the options change too) gives, at every step, what a fresh
         /// memo gives for that step's mesh and options; and the Envoy flavor equals
-        /// the one-shot translation; its route configurations equal the whole builds.
+        /// the one-shot translation; its route configurations equal the whole builds;
+        /// the changes it reports, applied step by step, give the whole lists' set.
         #[test]
         fn a_memo_over_any_sequence_translates_like_a_fresh_one(
             steps in prop::collection::vec(
@@ -549,10 +550,37 @@ mod props {
         ) {
             let mut envoy = Memo::new(Flavor::Envoy);
             let mut grpc = Memo::new(Flavor::Grpc);
+            // The set a publisher keeps by applying each translation's changes (when
+            // the memo has them) to the last set, beside the set replaced whole.
+            let mut applied =
+                flock_core::resources::ResourceSet::<envoy_types::pb::google::protobuf::Any>::new();
             for (m, local_locality) in steps {
                 prop_assume!(m.validate().is_ok());
                 let opts = EnvoyOptions { local_locality, ..EnvoyOptions::default() };
-                let e = flat(&envoy.translate(&m, &opts));
+                let entries = envoy.translate(&m, &opts);
+                let mut whole = applied.edit();
+                for (t, list) in &entries {
+                    whole.replace_type(t, list.iter().cloned());
+                }
+                let whole = whole.build();
+                applied = match envoy.take_changes() {
+                    Some(changes) => {
+                        let mut b = applied.edit();
+                        for (t, n) in &changes.removes {
+                            b.remove(t, n);
+                        }
+                        for (t, n, h, a) in changes.upserts {
+                            b.upsert_shared(t, &n, h, a);
+                        }
+                        b.build()
+                    }
+                    None => whole.clone(),
+                };
+                prop_assert!(
+                    flock_core::resources::diff_full(&applied, &whole).is_empty(),
+                    "changes applied != whole lists"
+                );
+                let e = flat(&entries);
                 prop_assert_eq!(&e, &flat(&Memo::new(Flavor::Envoy).translate(&m, &opts)));
                 let once: BTreeSet<_> = translate::envoy_resources(&m, &opts)
                     .into_iter()

@@ -2,9 +2,20 @@
 //! closure (R1).
 
 use super::{Agent, ENVOY_GROUP, GRPC_GROUP};
+use envoy_types::pb::google::protobuf::Any;
+use flock_core::resources::ResourceSet;
 use flock_core::sync::lock;
-use flock_xds::translate::{EnvoyOptions, Locality};
+use flock_xds::translate::{Entries, EnvoyOptions, Locality};
 use std::sync::atomic::Ordering;
+
+/// `prev` with each type replaced by the translation's whole list.
+fn replace_all(prev: &ResourceSet<Any>, entries: &Entries) -> ResourceSet<Any> {
+    let mut b = prev.edit();
+    for (type_url, list) in entries {
+        b.replace_type(type_url, list.iter().cloned());
+    }
+    b.build()
+}
 
 impl Agent {
     /// Publishes the current state to both node groups; returns the Envoy group's
@@ -38,17 +49,46 @@ impl Agent {
                 });
                 let entries =
                     memo.translate_shared(&parts.services, &parts.pods, &parts.secrets, &opts);
+                #[allow(unused_mut)]
+                let mut changes = memo.take_changes();
                 #[cfg(feature = "fault-injection")]
-                let entries = if group == ENVOY_GROUP {
+                let entries = if group == ENVOY_GROUP
+                    && self.store.dir().join(super::fault::SWITCH).exists()
+                {
+                    // What is published is not what the memo translated: the next
+                    // publish starts from the whole lists again.
+                    memo.forget_output();
+                    changes = None;
                     super::fault::poison_if_armed(entries, self.store.dir())
                 } else {
                     entries
                 };
-                let mut b = prev.edit();
-                for (type_url, list) in entries {
-                    b.replace_type(type_url, list);
-                }
-                let next = b.build();
+                let next = match changes {
+                    // O(changed entities): the memo's changes applied to the set its
+                    // previous translation built.
+                    Some(changes) => {
+                        let mut b = prev.edit();
+                        for (type_url, name) in &changes.removes {
+                            b.remove(type_url, name);
+                        }
+                        for (type_url, name, hash, any) in changes.upserts {
+                            b.upsert_shared(type_url, &name, hash, any);
+                        }
+                        let next = b.build();
+                        // A cheap check that the two agree (every entry list of a valid
+                        // mesh names each resource once): else the whole lists.
+                        if entries.iter().all(|(t, list)| next.len_of(t) == list.len()) {
+                            next
+                        } else {
+                            tracing::debug!(
+                                group,
+                                "incremental publish disagreed with the whole lists; replacing every type"
+                            );
+                            replace_all(prev, &entries)
+                        }
+                    }
+                    None => replace_all(prev, &entries),
+                };
                 let changed = !flock_core::resources::diff(prev, &next).is_empty();
                 (changed || first).then_some(next)
             });

@@ -81,6 +81,66 @@ pub struct Memo {
     /// allocating a key per service per publish.
     services: HashMap<String, HashMap<String, ServiceMemo>>,
     pass: u64,
+    /// The resources translated every time (routes, capture, secrets) last time.
+    always: Option<Translated>,
+    /// The last translation was of a mesh with no (namespace, name) twice, with the
+    /// options of the one before it: the changes it recorded are exact.
+    clean: bool,
+    /// What the last translation changed against the one before, if exact.
+    changes: Option<Changes>,
+}
+
+/// What one translation changed against the memo's previous one: resources to
+/// remove, then resources to upsert (an upsert of an unchanged hash is a no-op for
+/// [`ResourceSetBuilder::upsert_shared`](flock_core::resources::ResourceSetBuilder::upsert_shared)).
+/// Applied to the set the previous translation produced, it gives the set of this
+/// one in O(changed entities) instead of O(resources).
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Resources gone, by (type URL, name).
+    pub removes: Vec<(&'static str, Name)>,
+    /// Resources new or possibly changed.
+    pub upserts: Vec<(&'static str, Name, ContentHash, Arc<Any>)>,
+}
+
+impl Changes {
+    fn added(&mut self, t: &Translated) {
+        for (type_url, name, hash, any) in t.iter() {
+            self.upserts
+                .push((type_url, name.clone(), *hash, Arc::clone(any)));
+        }
+    }
+
+    fn gone(&mut self, t: &Translated) {
+        // The mutant forgets to remove what went away: a deleted pod's listener
+        // would stay in the published set.
+        if flock_core::reintroduced!("memo-changes-keep-gone") {
+            return;
+        }
+        for (type_url, name, ..) in t.iter() {
+            self.removes.push((type_url, name.clone()));
+        }
+    }
+
+    fn replaced(&mut self, old: &Translated, new: &Translated) {
+        if Arc::ptr_eq(old, new) {
+            return;
+        }
+        let kept: HashSet<(&str, &Name)> = new.iter().map(|(t, n, ..)| (*t, n)).collect();
+        let before: HashMap<(&str, &Name), ContentHash> =
+            old.iter().map(|(t, n, h, _)| ((*t, n), *h)).collect();
+        for (type_url, name, ..) in old.iter() {
+            if !kept.contains(&(*type_url, name)) {
+                self.removes.push((type_url, name.clone()));
+            }
+        }
+        for (type_url, name, hash, any) in new.iter() {
+            if before.get(&(*type_url, name)) != Some(hash) {
+                self.upserts
+                    .push((type_url, name.clone(), *hash, Arc::clone(any)));
+            }
+        }
+    }
 }
 
 /// Appends an entity's resources to the translation's entries.
@@ -110,7 +170,26 @@ impl Memo {
             pods: HashMap::new(),
             services: HashMap::new(),
             pass: 0,
+            always: None,
+            clean: false,
+            changes: None,
         }
+    }
+
+    /// What the last translation changed against the one before it, if the memo
+    /// knows exactly: not after the first translation, a change of options, a mesh
+    /// with a (namespace, name) twice, or [`Memo::forget_output`]. A publisher applies
+    /// it to the set it built from the previous translation; `None` means replace
+    /// every type with the translation's entries.
+    pub fn take_changes(&mut self) -> Option<Changes> {
+        self.changes.take()
+    }
+
+    /// The previous translation's output was not published as it was (a test's
+    /// fault injection altered it): the next translation records no changes.
+    pub fn forget_output(&mut self) {
+        self.clean = false;
+        self.changes = None;
     }
 
     /// How many pods and services the memo holds translations of.
@@ -150,8 +229,12 @@ impl Memo {
         if self.opts.as_ref() != Some(opts) {
             self.pods.clear();
             self.services.clear();
+            self.always = None;
+            self.clean = false;
             self.opts = Some(opts.clone());
         }
+        let mut exact = self.clean;
+        let mut ch = Changes::default();
         self.pass += 1;
         let pass = self.pass;
         let envoy = self.flavor == Flavor::Envoy;
@@ -166,11 +249,23 @@ impl Memo {
                 let id = (pod.namespace.clone(), pod.name.clone());
                 let t = match self.pods.remove(&id) {
                     Some((cached, t)) if &cached == pod => t,
-                    _ => share(pod_resources(pod, opts)),
+                    old => {
+                        let t = share(pod_resources(pod, opts));
+                        match old {
+                            Some((_, old)) => ch.replaced(&old, &t),
+                            None => ch.added(&t),
+                        }
+                        t
+                    }
                 };
                 push(&mut out, &t);
-                next_pods.insert(id, (pod.clone(), t));
+                if next_pods.insert(id, (pod.clone(), t)).is_some() {
+                    exact = false;
+                }
             }
+        }
+        for (_, (_, t)) in self.pods.drain() {
+            ch.gone(&t);
         }
         let callers: BTreeSet<&str> = if envoy {
             pods.iter()
@@ -187,7 +282,10 @@ impl Memo {
         // The route configurations are joined from per-service parts when no domain
         // can be in two services; otherwise (an invalid mesh) they are built whole,
         // which drops the later duplicate domains.
-        let order = if envoy { joinable(services) } else { None };
+        let order = joinable(services);
+        let order_clean = order.is_some() && next_pods.len() == pods_len(envoy, pods);
+        exact &= order.is_some();
+        let order = if envoy { order } else { None };
         let ambiguous = if order.is_some() {
             ambiguous_service_names(services)
         } else {
@@ -203,17 +301,25 @@ impl Memo {
                 Some(m) => m,
                 None => self.services.entry(svc.namespace.clone()).or_default(),
             };
+            let mut old_callers = HashMap::new();
             let entry = match by_name.get_mut(svc.name.as_str()) {
                 Some(e) if Arc::ptr_eq(&e.model, svc) || *e.model == **svc => {
                     e.model = Arc::clone(svc);
                     e
                 }
-                _ => {
+                old => {
                     let own = if envoy {
                         share(service_resources(svc, opts))
                     } else {
                         share(grpc_service_resources(svc, opts))
                     };
+                    match old {
+                        Some(old) => {
+                            ch.replaced(&old.own, &own);
+                            old_callers = std::mem::take(&mut old.callers);
+                        }
+                        None => ch.added(&own),
+                    }
                     by_name.insert(
                         svc.name.clone(),
                         ServiceMemo {
@@ -231,7 +337,13 @@ impl Memo {
             // are translated, as a whole translation would, and the later one is kept.
             entry.seen = pass;
             push(&mut out, &entry.own);
-            entry.callers.retain(|id, _| callers.contains(id.as_str()));
+            entry.callers.retain(|id, t| {
+                let keep = callers.contains(id.as_str());
+                if !keep {
+                    ch.gone(t);
+                }
+                keep
+            });
             if order.is_some() {
                 let short = !ambiguous.contains(svc.name.as_str());
                 entry
@@ -249,6 +361,10 @@ impl Memo {
                     Some(t) => Arc::clone(t),
                     None => {
                         let t = share(caller_service_clusters(caller, svc, opts));
+                        match old_callers.remove(*caller) {
+                            Some(old) => ch.replaced(&old, &t),
+                            None => ch.added(&t),
+                        }
                         entry.callers.insert((*caller).to_string(), Arc::clone(&t));
                         t
                     }
@@ -291,41 +407,47 @@ impl Memo {
                         .push(Arc::clone(part));
                 }
             }
+            for old in old_callers.values() {
+                ch.gone(old);
+            }
         }
         for by_name in self.services.values_mut() {
-            by_name.retain(|_, e| e.seen == pass);
+            by_name.retain(|_, e| {
+                let keep = e.seen == pass;
+                if !keep {
+                    ch.gone(&e.own);
+                    for t in e.callers.values() {
+                        ch.gone(t);
+                    }
+                }
+                keep
+            });
         }
         self.services.retain(|_, m| !m.is_empty());
+        // The resources translated every time, as one group: compared with last
+        // time's as a whole (they are few: routes, captured pods, secrets).
+        let mut always: Vec<Resource> = Vec::new();
         if envoy && order.is_some() {
             let empty = Vec::new();
             let parts = |key: Option<&str>| -> Vec<Arc<Vec<u8>>> {
                 route_parts.get(&key).unwrap_or(&empty).clone()
             };
-            push(
-                &mut out,
-                &share(vec![routes_from_parts(
-                    names::OUTBOUND_ROUTE,
-                    parts(None).iter().map(|p| p.as_slice()),
-                )]),
-            );
+            always.push(routes_from_parts(
+                names::OUTBOUND_ROUTE,
+                parts(None).iter().map(|p| p.as_slice()),
+            ));
             for caller in mtls.keys() {
                 let name = names::outbound_route_for(caller);
-                push(
-                    &mut out,
-                    &share(vec![routes_from_parts(
-                        &name,
-                        parts(Some(*caller)).iter().map(|p| p.as_slice()),
-                    )]),
-                );
+                always.push(routes_from_parts(
+                    &name,
+                    parts(Some(*caller)).iter().map(|p| p.as_slice()),
+                ));
             }
         } else if envoy {
-            push(&mut out, &share(vec![outbound_routes(services, opts)]));
+            always.push(outbound_routes(services, opts));
             for (caller, names) in &mtls {
                 let has = |name: &str| names.contains(name);
-                push(
-                    &mut out,
-                    &share(vec![caller_routes(caller, services, opts, &has)]),
-                );
+                always.push(caller_routes(caller, services, opts, &has));
             }
         }
         if envoy {
@@ -348,15 +470,28 @@ impl Memo {
             if !captured.is_empty() {
                 capture.push(blackhole_cluster());
             }
-            push(&mut out, &share(capture));
-            push(
-                &mut out,
-                &share(secrets.iter().map(secret_resource).collect()),
-            );
+            always.extend(capture);
+            always.extend(secrets.iter().map(secret_resource));
         }
+        let always = share(always);
+        push(&mut out, &always);
+        match &self.always {
+            Some(old) => ch.replaced(old, &always),
+            None => ch.added(&always),
+        }
+        self.always = Some(always);
         self.pods = next_pods;
+        self.changes = exact.then_some(ch);
+        // A mesh with a (namespace, name) twice is translated whole, and the memo
+        // keeps one of the two: the next translation records no changes either.
+        self.clean = order_clean;
         out
     }
+}
+
+/// How many pods a translation of `flavor` models (the gRPC group has none).
+fn pods_len(envoy: bool, pods: &[Pod]) -> usize {
+    if envoy { pods.len() } else { 0 }
 }
 
 /// The services in (namespace, name) order if the route configurations can be
