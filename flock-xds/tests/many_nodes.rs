@@ -564,16 +564,7 @@ mod props {
                 }
                 let whole = whole.build();
                 applied = match envoy.take_changes() {
-                    Some(changes) => {
-                        let mut b = applied.edit();
-                        for (t, n) in &changes.removes {
-                            b.remove(t, n);
-                        }
-                        for (t, n, h, a) in changes.upserts {
-                            b.upsert_shared(t, &n, h, a);
-                        }
-                        b.build()
-                    }
+                    Some(changes) => changes.apply(&applied),
                     None => whole.clone(),
                 };
                 prop_assert!(

@@ -67,14 +67,7 @@ impl Agent {
                     // O(changed entities): the memo's changes applied to the set its
                     // previous translation built.
                     Some(changes) => {
-                        let mut b = prev.edit();
-                        for (type_url, name) in &changes.removes {
-                            b.remove(type_url, name);
-                        }
-                        for (type_url, name, hash, any) in changes.upserts {
-                            b.upsert_shared(type_url, &name, hash, any);
-                        }
-                        let next = b.build();
+                        let next = changes.apply(prev);
                         // A cheap check that the two agree (every entry list of a valid
                         // mesh names each resource once): else the whole lists.
                         if entries.iter().all(|(t, list)| next.len_of(t) == list.len()) {

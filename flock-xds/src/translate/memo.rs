@@ -29,7 +29,7 @@ use super::{Resource, sort_dedup};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 use envoy_types::pb::google::protobuf::Any;
 use flock_core::ContentHash;
-use flock_core::resources::Name;
+use flock_core::resources::{Name, ResourceSet};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -104,6 +104,19 @@ pub struct Changes {
 }
 
 impl Changes {
+    /// `prev` (the set the previous translation built) with these changes applied:
+    /// the removes, then the upserts.
+    pub fn apply(self, prev: &ResourceSet<Any>) -> ResourceSet<Any> {
+        let mut b = prev.edit();
+        for (type_url, name) in &self.removes {
+            b.remove(type_url, name);
+        }
+        for (type_url, name, hash, any) in self.upserts {
+            b.upsert_shared(type_url, &name, hash, any);
+        }
+        b.build()
+    }
+
     fn added(&mut self, t: &Translated) {
         for (type_url, name, hash, any) in t.iter() {
             self.upserts
