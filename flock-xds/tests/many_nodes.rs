@@ -557,6 +557,23 @@ mod props {
             for (m, local_locality) in steps {
                 prop_assume!(m.validate().is_ok());
                 let opts = EnvoyOptions { local_locality, ..EnvoyOptions::default() };
+                // Each generated mesh, then small edits of it that keep most of it
+                // equal (so the memo reuses entries across the edit): its caller pod
+                // gone and back, a secret rotated, a service gone.
+                let mut no_caller = m.clone();
+                no_caller.pods.retain(|p| p.identity.is_none());
+                let mut rotated = m.clone();
+                for secret in &mut rotated.secrets {
+                    if let translate::SecretKind::TlsCertificate { certificate_chain_pem, .. } = &mut secret.kind {
+                        certificate_chain_pem.push_str("-ROTATED");
+                    }
+                }
+                let mut fewer = m.clone();
+                fewer.services.pop();
+                for m in [m.clone(), no_caller, m.clone(), rotated, m.clone(), fewer] {
+                if m.validate().is_err() {
+                    continue;
+                }
                 let entries = envoy.translate(&m, &opts);
                 let mut whole = applied.edit();
                 for (t, list) in &entries {
@@ -604,6 +621,7 @@ mod props {
                     let cla: ClusterLoadAssignment = decode(r);
                     let ps: BTreeSet<u32> = cla.endpoints.iter().map(|g| g.priority).collect();
                     prop_assert_eq!(ps.iter().copied().collect::<Vec<_>>(), (0..ps.len() as u32).collect::<Vec<_>>());
+                }
                 }
             }
         }

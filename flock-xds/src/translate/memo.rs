@@ -52,7 +52,18 @@ pub type Entries = BTreeMap<&'static str, Vec<(Name, ContentHash, Arc<Any>)>>;
 
 /// One entity's translated resources, shared (`Arc`) so reuse copies pointers, not
 /// bytes.
-type Translated = Arc<Vec<(&'static str, Name, ContentHash, Arc<Any>)>>;
+type Translated = Arc<Vec<Shared>>;
+
+/// One translated resource, shared.
+type Shared = (&'static str, Name, ContentHash, Arc<Any>);
+
+/// A route configuration as last joined: the parts it was joined from (in order)
+/// and the result.
+#[derive(Debug)]
+struct Joined {
+    parts: Vec<Arc<Vec<u8>>>,
+    route: Shared,
+}
 
 /// One service's memo entry: the model translated, its own resources, and per
 /// caller identity its mTLS clusters ([`caller_service_clusters`]), all made from
@@ -62,9 +73,11 @@ struct ServiceMemo {
     model: Arc<Service>,
     own: Translated,
     callers: HashMap<String, Translated>,
-    /// Its part of each route configuration ([`encoded_service_routes`]), by caller
-    /// (`None`: the shared outbound routes) and whether its bare name is a domain.
-    routes: HashMap<(Option<String>, bool), Arc<Vec<u8>>>,
+    /// Its part of the shared outbound route configuration
+    /// ([`encoded_service_routes`]), with whether its bare name was a domain in it.
+    route: Option<(bool, Arc<Vec<u8>>)>,
+    /// Its part of each caller's route configuration, likewise.
+    caller_routes: HashMap<String, (bool, Arc<Vec<u8>>)>,
     /// The pass that last saw the service (entries not seen by a pass are dropped).
     seen: u64,
 }
@@ -83,6 +96,17 @@ pub struct Memo {
     pass: u64,
     /// The resources translated every time (routes, capture, secrets) last time.
     always: Option<Translated>,
+    /// The caller identities (pods with an outbound listener) of the last pass.
+    callers: Vec<String>,
+    /// Each route configuration as last joined, by caller (`None`: the shared
+    /// outbound routes). A configuration whose parts are the same as last time (by
+    /// pointer, or by bytes for a re-translated service whose part came out equal)
+    /// is reused: an endpoint change alters no route, so it neither re-joins nor
+    /// re-hashes some megabytes of route configuration per publish.
+    joined: HashMap<Option<String>, Joined>,
+    /// Each secret as last translated, by name: an equal secret reuses its resource
+    /// instead of re-encoding and re-hashing its PEMs.
+    secrets: HashMap<String, (Secret, Shared)>,
     /// The last translation was of a mesh with no (namespace, name) twice, with the
     /// options of the one before it: the changes it recorded are exact.
     clean: bool,
@@ -157,21 +181,43 @@ impl Changes {
 }
 
 /// Appends an entity's resources to the translation's entries.
-fn push(out: &mut Entries, t: &Translated) {
+fn push(out: &mut Lists, t: &Translated) {
     for (type_url, name, hash, any) in t.iter() {
-        out.entry(type_url)
-            .or_default()
-            .push((name.clone(), *hash, Arc::clone(any)));
+        out[slot(type_url)].push((name.clone(), *hash, Arc::clone(any)));
     }
 }
 
+/// The five xDS types, in the order of a translation's [`Lists`].
+const TYPES: [&str; 5] = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET];
+
+/// A translation's entries while it is built: one list per type of [`TYPES`]
+/// (indexed, not a map lookup of a 50-byte type URL per resource per publish).
+type Lists = [Vec<(Name, ContentHash, Arc<Any>)>; 5];
+
+/// `type_url`'s index in [`TYPES`]: by pointer (the constants themselves) first.
+fn slot(type_url: &str) -> usize {
+    TYPES
+        .iter()
+        .position(|t| std::ptr::eq(*t, type_url))
+        .or_else(|| TYPES.iter().position(|t| *t == type_url))
+        .expect("one of the five xDS types")
+}
+
 fn share(resources: Vec<Resource>) -> Translated {
-    Arc::new(
-        resources
-            .into_iter()
-            .map(|r| (r.type_url, Name::from(r.name), r.hash, Arc::new(r.any)))
-            .collect(),
-    )
+    Arc::new(resources.into_iter().map(shared).collect())
+}
+
+fn shared(r: Resource) -> Shared {
+    (r.type_url, Name::from(r.name), r.hash, Arc::new(r.any))
+}
+
+/// Whether two lists of route parts are the same: pointers first, bytes for a part
+/// re-encoded this pass.
+fn same_parts(a: &[Arc<Vec<u8>>], b: &[Arc<Vec<u8>>]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| Arc::ptr_eq(x, y) || x.as_slice() == y.as_slice())
 }
 
 impl Memo {
@@ -184,6 +230,9 @@ impl Memo {
             services: HashMap::new(),
             pass: 0,
             always: None,
+            callers: Vec::new(),
+            joined: HashMap::new(),
+            secrets: HashMap::new(),
             clean: false,
             changes: None,
         }
@@ -243,6 +292,8 @@ impl Memo {
             self.pods.clear();
             self.services.clear();
             self.always = None;
+            self.joined.clear();
+            self.secrets.clear();
             self.clean = false;
             self.opts = Some(opts.clone());
         }
@@ -251,10 +302,7 @@ impl Memo {
         self.pass += 1;
         let pass = self.pass;
         let envoy = self.flavor == Flavor::Envoy;
-        let mut out: Entries = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET]
-            .into_iter()
-            .map(|t| (t, Vec::new()))
-            .collect();
+        let mut out: Lists = Default::default();
         let mut next_pods = HashMap::new();
         if envoy {
             next_pods.reserve(pods.len());
@@ -304,7 +352,20 @@ impl Memo {
         } else {
             BTreeSet::new()
         };
-        let mut route_parts: BTreeMap<Option<&str>, Vec<Arc<Vec<u8>>>> = BTreeMap::new();
+        // Per route configuration (the shared one, then each caller's in `callers`
+        // order), its parts in service order.
+        let mut route_parts: Vec<Vec<Arc<Vec<u8>>>> = if order.is_some() {
+            (0..=callers.len())
+                .map(|_| Vec::with_capacity(services.len()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // With the same callers as last pass, a kept entry holds exactly this pass's
+        // callers: the per-entry clean-up below is skipped (O(1) per unchanged
+        // service instead of a set lookup per caller).
+        let callers_same = self.callers.len() == callers.len()
+            && self.callers.iter().zip(&callers).all(|(a, b)| a == b);
         let iteration: Vec<&Arc<Service>> = match &order {
             Some(sorted) => sorted.clone(),
             None => services.iter().collect(),
@@ -339,7 +400,8 @@ impl Memo {
                             model: Arc::clone(svc),
                             own,
                             callers: HashMap::new(),
-                            routes: HashMap::new(),
+                            route: None,
+                            caller_routes: HashMap::new(),
                             seen: pass,
                         },
                     );
@@ -350,26 +412,34 @@ impl Memo {
             // are translated, as a whole translation would, and the later one is kept.
             entry.seen = pass;
             push(&mut out, &entry.own);
-            entry.callers.retain(|id, t| {
-                let keep = callers.contains(id.as_str());
-                if !keep {
-                    ch.gone(t);
-                }
-                keep
-            });
-            if order.is_some() {
-                let short = !ambiguous.contains(svc.name.as_str());
-                entry
-                    .routes
-                    .retain(|(id, _), _| id.as_deref().is_none_or(|id| callers.contains(id)));
-                let part = entry.routes.entry((None, short)).or_insert_with(|| {
-                    Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
-                        names::outbound_cluster(s, port)
-                    }))
+            if !callers_same {
+                entry.callers.retain(|id, t| {
+                    let keep = callers.contains(id.as_str());
+                    if !keep {
+                        ch.gone(t);
+                    }
+                    keep
                 });
-                route_parts.entry(None).or_default().push(Arc::clone(part));
+                entry
+                    .caller_routes
+                    .retain(|id, _| callers.contains(id.as_str()));
             }
-            for caller in &callers {
+            let short = order.is_some() && !ambiguous.contains(svc.name.as_str());
+            if order.is_some() {
+                let part = match &entry.route {
+                    Some((was, part)) if *was == short => Arc::clone(part),
+                    _ => {
+                        let part =
+                            Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
+                                names::outbound_cluster(s, port)
+                            }));
+                        entry.route = Some((short, Arc::clone(&part)));
+                        part
+                    }
+                };
+                route_parts[0].push(part);
+            }
+            for (index, caller) in callers.iter().enumerate() {
                 let t = match entry.callers.get(*caller) {
                     Some(t) => Arc::clone(t),
                     None => {
@@ -382,42 +452,46 @@ impl Memo {
                         t
                     }
                 };
-                let names = mtls.get_mut(caller).expect("one set per caller");
-                // Two services of one name (an invalid mesh) make the same clusters:
-                // they are emitted once.
-                if t.iter()
-                    .any(|(ty, n, ..)| *ty == CLUSTER && names.contains(n))
-                {
-                    continue;
+                if order.is_none() {
+                    // Two services of one name (an invalid mesh) make the same
+                    // clusters: they are emitted once. (A joinable mesh has no
+                    // (namespace, name) twice, so its cluster names are unique.)
+                    let names = mtls.get_mut(caller).expect("one set per caller");
+                    if t.iter()
+                        .any(|(ty, n, ..)| *ty == CLUSTER && names.contains(n))
+                    {
+                        continue;
+                    }
+                    names.extend(
+                        t.iter()
+                            .filter(|(ty, ..)| *ty == CLUSTER)
+                            .map(|(_, n, ..)| n.clone()),
+                    );
                 }
-                names.extend(
-                    t.iter()
-                        .filter(|(ty, ..)| *ty == CLUSTER)
-                        .map(|(_, n, ..)| n.clone()),
-                );
                 push(&mut out, &t);
                 if order.is_some() {
-                    let short = !ambiguous.contains(svc.name.as_str());
-                    let part = entry
-                        .routes
-                        .entry((Some((*caller).to_string()), short))
-                        .or_insert_with(|| {
+                    let part = match entry.caller_routes.get(*caller) {
+                        Some((was, part)) if *was == short => Arc::clone(part),
+                        _ => {
                             let has = |name: &str| {
                                 t.iter().any(|(ty, n, ..)| *ty == CLUSTER && &**n == name)
                             };
-                            Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
-                                let name = names::mtls_cluster(s, port, caller);
-                                if has(&name) {
-                                    name
-                                } else {
-                                    names::outbound_cluster(s, port)
-                                }
-                            }))
-                        });
-                    route_parts
-                        .entry(Some(*caller))
-                        .or_default()
-                        .push(Arc::clone(part));
+                            let part =
+                                Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
+                                    let name = names::mtls_cluster(s, port, caller);
+                                    if has(&name) {
+                                        name
+                                    } else {
+                                        names::outbound_cluster(s, port)
+                                    }
+                                }));
+                            entry
+                                .caller_routes
+                                .insert((*caller).to_string(), (short, Arc::clone(&part)));
+                            part
+                        }
+                    };
+                    route_parts[index + 1].push(part);
                 }
             }
             for old in old_callers.values() {
@@ -439,28 +513,32 @@ impl Memo {
         self.services.retain(|_, m| !m.is_empty());
         // The resources translated every time, as one group: compared with last
         // time's as a whole (they are few: routes, captured pods, secrets).
-        let mut always: Vec<Resource> = Vec::new();
+        let mut always: Vec<Shared> = Vec::new();
         if envoy && order.is_some() {
-            let empty = Vec::new();
-            let parts = |key: Option<&str>| -> Vec<Arc<Vec<u8>>> {
-                route_parts.get(&key).unwrap_or(&empty).clone()
-            };
-            always.push(routes_from_parts(
-                names::OUTBOUND_ROUTE,
-                parts(None).iter().map(|p| p.as_slice()),
-            ));
-            for caller in mtls.keys() {
-                let name = names::outbound_route_for(caller);
-                always.push(routes_from_parts(
-                    &name,
-                    parts(Some(*caller)).iter().map(|p| p.as_slice()),
-                ));
+            let mut joined = HashMap::with_capacity(mtls.len() + 1);
+            let keys = std::iter::once(None).chain(callers.iter().map(|c| Some(*c)));
+            for (key, parts) in keys.zip(route_parts) {
+                let key = key.map(str::to_string);
+                let route = match self.joined.remove(&key) {
+                    Some(last) if same_parts(&last.parts, &parts) => last.route,
+                    _ => {
+                        let name = match &key {
+                            None => names::OUTBOUND_ROUTE.to_string(),
+                            Some(caller) => names::outbound_route_for(caller),
+                        };
+                        shared(routes_from_parts(&name, parts.iter().map(|p| p.as_slice())))
+                    }
+                };
+                always.push(route.clone());
+                joined.insert(key, Joined { parts, route });
             }
+            self.joined = joined;
         } else if envoy {
-            always.push(outbound_routes(services, opts));
+            self.joined.clear();
+            always.push(shared(outbound_routes(services, opts)));
             for (caller, names) in &mtls {
                 let has = |name: &str| names.contains(name);
-                always.push(caller_routes(caller, services, opts, &has));
+                always.push(shared(caller_routes(caller, services, opts, &has)));
             }
         }
         if envoy {
@@ -483,10 +561,20 @@ impl Memo {
             if !captured.is_empty() {
                 capture.push(blackhole_cluster());
             }
-            always.extend(capture);
-            always.extend(secrets.iter().map(secret_resource));
+            always.extend(capture.into_iter().map(shared));
+            let mut next_secrets = HashMap::with_capacity(secrets.len());
+            for secret in secrets {
+                // Equal: the kept copy moves over (no copy of key material).
+                let kept = match self.secrets.remove(&secret.name) {
+                    Some((last, r)) if last == *secret => (last, r),
+                    _ => (secret.clone(), shared(secret_resource(secret))),
+                };
+                always.push(kept.1.clone());
+                next_secrets.insert(secret.name.clone(), kept);
+            }
+            self.secrets = next_secrets;
         }
-        let always = share(always);
+        let always = Arc::new(always);
         push(&mut out, &always);
         match &self.always {
             Some(old) => ch.replaced(old, &always),
@@ -494,11 +582,14 @@ impl Memo {
         }
         self.always = Some(always);
         self.pods = next_pods;
+        if !callers_same {
+            self.callers = callers.iter().map(|c| (*c).to_string()).collect();
+        }
         self.changes = exact.then_some(ch);
         // A mesh with a (namespace, name) twice is translated whole, and the memo
         // keeps one of the two: the next translation records no changes either.
         self.clean = order_clean;
-        out
+        TYPES.into_iter().zip(out).collect()
     }
 }
 
