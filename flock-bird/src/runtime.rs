@@ -598,7 +598,10 @@ async fn refresher(agent: Arc<Agent>, stop: watch::Receiver<bool>) {
 /// Calls `publish` after changes of `view` or `ids`, through a
 /// [`flock_core::debounce::Debounce`]: a burst of changes becomes one publish `quiet`
 /// after its last change, and a stream that never goes quiet still publishes every
-/// `10 × quiet` (the cap). Reads the monotonic clock once per event (a change or a
+/// `2 × quiet` (the cap). The cap bounds the change-to-Envoy latency under constant
+/// churn (a rolling restart of a big Deployment): with publish cost proportional to
+/// what changed, five publishes a second cost little, where a cap of ten quiet
+/// periods held every change of a churning cluster back for up to a second. Reads the monotonic clock once per event (a change or a
 /// deadline); returns when `stop` turns true or a sender is gone.
 pub async fn refresh_loop<A, B>(
     mut view: watch::Receiver<A>,
@@ -608,7 +611,7 @@ pub async fn refresh_loop<A, B>(
     mut stop: watch::Receiver<bool>,
 ) {
     let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
-    let mut debounce = Debounce::new(quiet_ms).with_cap(quiet_ms.saturating_mul(10));
+    let mut debounce = Debounce::new(quiet_ms).with_cap(quiet_ms.saturating_mul(2));
     loop {
         let deadline = debounce.deadline();
         let changed = tokio::select! {

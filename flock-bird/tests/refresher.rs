@@ -1,7 +1,7 @@
 //! The registry refresher's timing on a paused tokio clock: a burst of changes
 //! publishes once, a quiet period after its last change; an identity change alone
 //! publishes too; a stream of changes that never goes quiet still publishes at the
-//! cap (10 quiet periods after the first change of the burst); stop ends the loop.
+//! cap (2 quiet periods after the first change of the burst); stop ends the loop.
 
 use flock_bird::runtime::refresh_loop;
 use flock_core::MonoMs;
@@ -47,21 +47,27 @@ async fn bursts_publish_once_after_the_quiet_period_and_streams_at_the_cap() {
     sleep(Duration::from_millis(500)).await; // now 1090
     assert_eq!(at(), [160, 690]);
 
-    // A change every 30 ms from 1090 to 2860: the first burst is cut at its cap
-    // (1090 + 1000); the next starts at 2110 and ends 100 ms after the last change.
+    // A change every 30 ms from 1090 to 2860: each burst is cut at its cap (its
+    // first change + 200: 1090 → 1290, 1300 → 1500, ...); the last, from 2770, ends
+    // 100 ms after the last change (2960, before its cap at 2970).
     for _ in 0..60 {
         view_tx.send_modify(|v| *v += 1);
         sleep(Duration::from_millis(30)).await;
     }
     sleep(Duration::from_millis(500)).await;
-    assert_eq!(at(), [160, 690, 2090, 2960]);
+    assert_eq!(
+        at(),
+        [
+            160, 690, 1290, 1500, 1710, 1920, 2130, 2340, 2550, 2760, 2960
+        ]
+    );
 
     stop_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(1), task)
         .await
         .expect("the loop stops")
         .unwrap();
-    assert_eq!(at().len(), 4, "nothing published after stop");
+    assert_eq!(at().len(), 11, "nothing published after stop");
 }
 
 #[tokio::test(start_paused = true)]

@@ -13,6 +13,20 @@
 //! * resident memory once settled, its peak (`VmHWM`: the initial list's transient),
 //!   and the resident bytes per remote endpoint over the agent with none.
 //!
+//! * idle CPU: the agent's CPU over 3 s with no change and no poll, as a rate; the
+//!   change figure is also given less that rate over the changes' wall time (the
+//!   marginal cost: what a change adds over an agent at rest, whose timers and
+//!   watches run anyway).
+//!
+//! A churn run at the largest size (`FLOCK_BENCH_CHURN_RATE` changes per second,
+//! default 200, for `FLOCK_BENCH_CHURN_SECS`, default 30; `FLOCK_BENCH_CHURN=0`
+//! skips it): remote endpoints change address at that rate, each a different one,
+//! while a Delta ADS client in the Envoy node group (on the agent's xDS socket,
+//! subscribed to every ClusterLoadAssignment, ACKing each response) waits for each
+//! new address; reported: the agent's user+system CPU seconds over the run, the
+//! p50/p99/max time from the etcd write to the client holding the change, changes
+//! not seen within 30 s of the last write, and the RSS after.
+//!
 //! Each size runs twice: the agent as it is (its service table re-derives only the
 //! services a change touches), and the baseline, the same agent recomputing every
 //! service from the whole registry view on every publish
@@ -218,6 +232,165 @@ struct Sample {
     change: Option<(f64, f64)>,
     rss_kib: u64,
     hwm_kib: u64,
+    /// The idle agent's CPU, ms per second.
+    idle_ms_per_s: f64,
+    /// Agent CPU per change less the idle rate over the changes' wall time.
+    marginal: Option<f64>,
+    churn: Option<Churn>,
+}
+
+/// What a churn run measured.
+struct Churn {
+    rate: usize,
+    secs: u64,
+    changes: usize,
+    cpu_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    unseen: usize,
+    rss_kib: u64,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// The outbound ClusterLoadAssignment of remote endpoint `i`'s service.
+fn cla_name(i: usize, n: usize) -> String {
+    format!("outbound|8080|svc-{}.default", i % services(n))
+}
+
+/// `rate` remote changes per second for `secs` against the agent whose xDS socket is
+/// `xds`, starting at change number `first` (each change moves a different endpoint);
+/// a raw Delta ADS client in the Envoy group times each until it holds it.
+async fn churn(
+    etcd_addr: &str,
+    xds: &Path,
+    pid: u32,
+    n: usize,
+    first: usize,
+    rate: usize,
+    secs: u64,
+) -> Churn {
+    use envoy_types::pb::envoy::config::core::v3::{Node, address};
+    use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    use prost::Message as _;
+    use std::collections::{HashMap, HashSet};
+    use std::sync::{Arc, Mutex};
+    const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+    let channel = flock_xds::client::connect(&format!("unix:{}", xds.display()))
+        .await
+        .expect("connecting to the agent's xDS socket");
+    let mut ads = flock_xds::client::delta(channel)
+        .await
+        .expect("opening Delta ADS");
+    let node = Node {
+        id: "envoy-bench".into(),
+        cluster: "bench".into(),
+        user_agent_name: "envoy".into(),
+        ..Node::default()
+    };
+    let request = move |subscribe: Vec<String>, nonce: String| DeltaDiscoveryRequest {
+        node: Some(node.clone()),
+        type_url: ENDPOINT.into(),
+        resource_names_subscribe: subscribe,
+        response_nonce: nonce,
+        ..DeltaDiscoveryRequest::default()
+    };
+    ads.send(request(vec!["*".into()], String::new())).unwrap();
+    // (cluster, address) → when it was written.
+    let pending: Arc<Mutex<HashMap<(String, String), Instant>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let held: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let reader = {
+        let (pending, seen, held) = (Arc::clone(&pending), Arc::clone(&seen), Arc::clone(&held));
+        tokio::spawn(async move {
+            while let Ok(resp) = ads.recv(Duration::from_secs(3600)).await {
+                let now = Instant::now();
+                ads.send(request(Vec::new(), resp.nonce.clone())).unwrap();
+                for r in resp.resources {
+                    let Some(any) = r.resource else { continue };
+                    let cla = ClusterLoadAssignment::decode(any.value.as_slice())
+                        .expect("a ClusterLoadAssignment");
+                    held.lock().unwrap().insert(r.name.clone());
+                    let mut pending = pending.lock().unwrap();
+                    if pending.is_empty() {
+                        continue;
+                    }
+                    for ep in cla.endpoints.iter().flat_map(|g| &g.lb_endpoints) {
+                        let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = &ep.host_identifier
+                        else {
+                            continue;
+                        };
+                        let Some(address::Address::SocketAddress(sa)) =
+                            e.address.as_ref().and_then(|a| a.address.as_ref())
+                        else {
+                            continue;
+                        };
+                        if let Some(t) = pending.remove(&(r.name.clone(), sa.address.clone())) {
+                            seen.lock()
+                                .unwrap()
+                                .push(now.duration_since(t).as_secs_f64() * 1e3);
+                        }
+                    }
+                }
+            }
+        })
+    };
+    // The client holds the whole initial state before the churn starts.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while held.lock().unwrap().len() < services(n) {
+        assert!(
+            Instant::now() < deadline,
+            "the xDS client did not get every CLA"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = etcd_client::Client::connect([format!("http://{etcd_addr}")], None)
+        .await
+        .unwrap();
+    let total = rate * secs as usize;
+    let cpu_before = cpu_ms(pid);
+    let start = Instant::now();
+    let mut kv = client.kv_client();
+    for k in 0..total {
+        let at = start + Duration::from_secs_f64(k as f64 / rate as f64);
+        tokio::time::sleep_until(at.into()).await;
+        let i = ((first + k) * 7919 + 13) % n;
+        let ep = remote(i, n, first + k + 1);
+        let (key, value) = entry(&ep);
+        pending
+            .lock()
+            .unwrap()
+            .insert((cla_name(i, n), ep.address.to_string()), Instant::now());
+        kv.put(key, value, None).await.unwrap();
+    }
+    let written = Instant::now();
+    while !pending.lock().unwrap().is_empty() && written.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cpu_s = (cpu_ms(pid) - cpu_before) / 1e3;
+    reader.abort();
+    let mut lat = seen.lock().unwrap().clone();
+    lat.sort_by(f64::total_cmp);
+    let unseen = pending.lock().unwrap().len();
+    Churn {
+        rate,
+        secs,
+        changes: total,
+        cpu_s,
+        p50_ms: pct(&lat, 0.5),
+        p99_ms: pct(&lat, 0.99),
+        max_ms: pct(&lat, 1.0),
+        unseen,
+        rss_kib: status_kib(pid, "VmRSS:"),
+    }
 }
 
 /// The agent's user+system CPU in ms (`/proc/<pid>/stat` fields 14 and 15, in
@@ -292,7 +465,13 @@ async fn add_local_pod(socket: &Path, i: usize, services: usize) {
     assert_eq!(resp.outcome, Outcome::Success as i32, "{}", resp.message);
 }
 
-fn run(n: usize, local: usize, changes: usize, baseline: bool) -> Sample {
+fn run(
+    n: usize,
+    local: usize,
+    changes: usize,
+    baseline: bool,
+    churn_at: Option<(usize, u64)>,
+) -> Sample {
     let dir = tempfile::Builder::new()
         .prefix("flock-bench-registry-")
         .tempdir()
@@ -372,6 +551,12 @@ fn run(n: usize, local: usize, changes: usize, baseline: bool) -> Sample {
         last = now;
     }
 
+    // The idle agent: timers, watches and lease keep-alives, no change, no poll.
+    const IDLE: Duration = Duration::from_secs(3);
+    let before = cpu_ms(pid);
+    std::thread::sleep(IDLE);
+    let idle_ms_per_s = (cpu_ms(pid) - before) / IDLE.as_secs_f64();
+
     let change = (n > 0 && changes > 0).then(|| {
         // What one `/metrics` poll costs the agent, to take out of the change figure.
         const POLLS: usize = 300;
@@ -416,6 +601,18 @@ fn run(n: usize, local: usize, changes: usize, baseline: bool) -> Sample {
             wall.as_secs_f64() * 1e3 / changes as f64,
         )
     });
+    let marginal = change.map(|(cpu, wall_ms)| cpu - idle_ms_per_s * wall_ms / 1e3);
+    let churn = churn_at.filter(|_| n > 0).map(|(rate, secs)| {
+        rt.block_on(churn(
+            &etcd_addr,
+            &dir.path().join("run/xds.sock"),
+            pid,
+            n,
+            changes,
+            rate,
+            secs,
+        ))
+    });
     Sample {
         n,
         baseline,
@@ -424,7 +621,21 @@ fn run(n: usize, local: usize, changes: usize, baseline: bool) -> Sample {
         change,
         rss_kib: last,
         hwm_kib: status_kib(pid, "VmHWM:"),
+        idle_ms_per_s,
+        marginal,
+        churn,
     }
+}
+
+fn env_num<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .map(|s| {
+            s.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}: a number"))
+        })
+        .unwrap_or(default)
 }
 
 fn main() {
@@ -433,29 +644,23 @@ fn main() {
         .ok()
         .map(|s| s.split(',').map(|x| x.trim().parse().unwrap()).collect())
         .unwrap_or_else(|| vec![500, 5_000, 50_000]);
-    let changes: usize = std::env::var("FLOCK_BENCH_CHANGES")
-        .ok()
-        .map(|s| s.trim().parse().unwrap())
-        .unwrap_or(40);
+    let changes: usize = env_num("FLOCK_BENCH_CHANGES", 40);
+    let churn_rate: usize = env_num("FLOCK_BENCH_CHURN_RATE", 200);
+    let churn_secs: u64 = env_num("FLOCK_BENCH_CHURN_SECS", 30);
+    let churn_on = std::env::var("FLOCK_BENCH_CHURN").map_or(true, |v| v != "0");
+    let largest = sizes.iter().copied().max().unwrap_or(0);
     const LOCAL: usize = 100;
-    let base = run(0, LOCAL, 0, false);
+    let base = run(0, LOCAL, 0, false, None);
     println!(
         "registry_scale: agent (--registry etcd://, {LOCAL} local pods) with N other nodes' \
          endpoints in a real etcd; {changes} remote changes per size"
     );
     println!(
-        "{:>13} {:>8} {:>9} {:>10} {:>14} {:>15} {:>10} {:>10} {:>14}",
-        "publish",
-        "N",
-        "fill",
-        "start",
-        "CPU/change ms",
-        "change→publish",
-        "RSS MiB",
-        "peak MiB",
-        "bytes/endpoint"
+        "| publish | N | fill | start | CPU/change | marginal CPU/change | idle CPU | change→publish | RSS | peak | bytes/endpoint |"
     );
-    let row = |s: &Sample| {
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut churns = Vec::new();
+    let mut row = |s: &Sample| {
         let per = if s.n == 0 {
             "-".to_string()
         } else {
@@ -465,34 +670,56 @@ fn main() {
             )
         };
         let (cpu, wall) = match s.change {
-            Some((c, w)) => (format!("{c:.2}"), format!("{w:.1} ms")),
+            Some((c, w)) => (format!("{c:.2} ms"), format!("{w:.1} ms")),
             None => ("-".to_string(), "-".to_string()),
         };
+        let marginal = s.marginal.map_or("-".to_string(), |m| format!("{m:.2} ms"));
+        let publish = if s.baseline {
+            "from scratch"
+        } else {
+            "incremental"
+        };
         println!(
-            "{:>13} {:>8} {:>8.1}s {:>9.2}s {:>14} {:>15} {:>10.1} {:>10.1} {:>14}",
-            if s.baseline {
-                "from scratch"
-            } else {
-                "incremental"
-            },
+            "| {publish} | {} | {:.1} s | {:.2} s | {cpu} | {marginal} | {:.1} ms/s | {wall} | {:.1} MiB | {:.1} MiB | {per} |",
             s.n,
             s.fill.as_secs_f64(),
             s.ready.as_secs_f64(),
-            cpu,
-            wall,
+            s.idle_ms_per_s,
             s.rss_kib as f64 / 1024.0,
             s.hwm_kib as f64 / 1024.0,
-            per
         );
+        if let Some(c) = &s.churn {
+            churns.push((
+                publish, s.n, c.rate, c.secs, c.changes, c.cpu_s, c.p50_ms, c.p99_ms, c.max_ms,
+                c.unseen, c.rss_kib,
+            ));
+        }
     };
     row(&base);
     // Each size twice in the same run: the incremental agent, and the baseline
     // (`FLOCK_BENCH_BASELINE=0` skips the baseline).
     let baseline = std::env::var("FLOCK_BENCH_BASELINE").map_or(true, |v| v != "0");
     for n in sizes {
-        row(&run(n, LOCAL, changes, false));
+        let churn_at = (churn_on && n == largest).then_some((churn_rate, churn_secs));
+        row(&run(n, LOCAL, changes, false, churn_at));
         if baseline {
-            row(&run(n, LOCAL, changes, true));
+            row(&run(n, LOCAL, changes, true, churn_at));
+        }
+    }
+    if !churns.is_empty() {
+        println!();
+        println!(
+            "churn: remote endpoint changes at a fixed rate, each timed from the etcd write until a Delta ADS client (Envoy group) holds it"
+        );
+        println!(
+            "| publish | N | rate | changes | agent CPU (user+sys) | p50 | p99 | max | not seen | RSS after |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        for (publish, n, rate, secs, total, cpu, p50, p99, max, unseen, rss) in churns {
+            println!(
+                "| {publish} | {n} | {rate}/s for {secs} s | {total} | {cpu:.2} s | {p50:.0} ms | {p99:.0} ms | {max:.0} ms | {unseen} | {:.1} MiB |",
+                rss as f64 / 1024.0
+            );
         }
     }
 }
