@@ -1,8 +1,8 @@
 //! The agent's incremental service table equals the from-scratch computation
 //! (`served_services`) after every step of random change sequences: endpoints added,
 //! changed, moved between services and removed in batches, views the table misses
-//! (the watch channel keeps only the newest view, so the next one is applied by a
-//! rebuild, not its delta), backends that do not count their changes, VIP sources that
+//! (the watch channel keeps only the newest view, so the next one is applied from the
+//! view's recent deltas, or by a rebuild when it missed more views than those), backends that do not count their changes, VIP sources that
 //! change and VIPs two services claim.
 
 use flock_bird::agent::services::{ServiceTable, served_services};
@@ -106,6 +106,9 @@ proptest! {
         let mut endpoints: BTreeMap<String, Endpoint> = BTreeMap::new();
         let mut seq = 0u64;
         let mut last_delta: Arc<Delta> = Arc::default();
+        // The backend's recent deltas, kept short here (3) so that both a few missed
+        // views (caught up from their deltas) and more (a rebuild) happen.
+        let mut recent: flock_bird::registry::Vector<Arc<Delta>> = Default::default();
         let mut table = ServiceTable::new();
         for step in steps {
             let mut delta = Delta::default();
@@ -134,11 +137,16 @@ proptest! {
             if counting && !delta.is_empty() {
                 seq += 1;
                 last_delta = Arc::new(delta);
+                recent.push_back(Arc::clone(&last_delta));
+                if recent.len() > 3 {
+                    recent.pop_front();
+                }
             }
             let view = Arc::new(View {
                 endpoints: endpoints.clone().into_iter().collect(),
                 seq: if counting { seq } else { 0 },
                 delta: if counting { Arc::clone(&last_delta) } else { Arc::default() },
+                recent: if counting { recent.clone() } else { Default::default() },
                 ..View::default()
             });
             if !step.seen {

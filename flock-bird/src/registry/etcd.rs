@@ -36,7 +36,10 @@
 //! watch events for the same or older revisions of a key are then ignored, so the view
 //! never moves backwards.
 
-use super::{Delta, OrdMap, Registry, RegistryError, RegistryOptions, Rejections, View};
+use super::{
+    Delta, OrdMap, RECENT_DELTAS, Registry, RegistryError, RegistryOptions, Rejections, Vector,
+    View,
+};
 use crate::model::Endpoint;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
@@ -196,6 +199,8 @@ struct ViewState {
     seq: u64,
     /// The change of the last published endpoint change ([`View::delta`]).
     delta: Arc<Delta>,
+    /// The last [`RECENT_DELTAS`] of them ([`View::recent`]).
+    recent: Vector<Arc<Delta>>,
     /// Keys changed since the last publish, folded per key.
     pending: BTreeMap<String, Change>,
 }
@@ -329,6 +334,10 @@ impl ViewState {
             }
             self.seq += 1;
             self.delta = Arc::new(delta);
+            self.recent.push_back(Arc::clone(&self.delta));
+            if self.recent.len() > RECENT_DELTAS {
+                self.recent.pop_front();
+            }
         }
         View {
             // O(1): the persistent maps are shared, not copied.
@@ -339,6 +348,7 @@ impl ViewState {
             generation: self.generation,
             seq: self.seq,
             delta: Arc::clone(&self.delta),
+            recent: self.recent.clone(),
         }
     }
 }
@@ -1313,6 +1323,31 @@ mod tests {
         );
         let v = s.snapshot();
         assert_eq!(v.seq, 2, "an unchanged re-list is not a change");
+        // A subscriber that missed views catches up from the recent deltas.
+        let recent: Vec<Delta> = v.recent.iter().map(|d| (**d).clone()).collect();
+        assert_eq!(
+            recent,
+            [
+                delta(&["a", "b", "c", "d"], &[], &[]),
+                delta(&["e"], &["c"], &["b"])
+            ]
+        );
+    }
+
+    /// The recent deltas are bounded: the oldest goes when a new one would exceed
+    /// [`RECENT_DELTAS`]; the last is always the view's delta.
+    #[test]
+    fn recent_deltas_are_bounded() {
+        let mut s = ViewState::default();
+        for i in 0..RECENT_DELTAS + 3 {
+            let rev = i64::try_from(i).unwrap() + 1;
+            s.relist(listed(&[("a", (i % 250) as u8, rev)]), rev);
+            s.snapshot();
+        }
+        let v = s.snapshot();
+        assert_eq!(v.seq, (RECENT_DELTAS + 3) as u64);
+        assert_eq!(v.recent.len(), RECENT_DELTAS);
+        assert!(Arc::ptr_eq(v.recent.last().unwrap(), &v.delta));
     }
 
     /// State newer than the list (an own put or delete applied after the list's

@@ -61,7 +61,7 @@ use crate::model::Endpoint;
 use flock_core::registry::{MAX_ENTRY_BYTES, Reject, Rejected, Trust};
 use flock_core::sync::lock;
 use flock_telemetry::prometheus_client;
-pub use imbl::OrdMap;
+pub use imbl::{OrdMap, Vector};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,9 +128,20 @@ pub struct View {
     /// The keys whose endpoint differs between the view of `seq - 1` and this one
     /// (etcd; empty for backends that do not report changes). The watch channel keeps
     /// only the newest view: a subscriber that last saw `seq - 1` applies this delta,
-    /// one that missed a view compares the whole [`View::endpoints`].
+    /// one that missed views applies [`View::recent`].
     pub delta: Arc<Delta>,
+    /// The deltas of the last views, oldest first, ending with [`View::delta`] (etcd:
+    /// up to [`RECENT_DELTAS`]; empty for backends that do not report changes). A
+    /// subscriber that last saw `seq - k` applies the last `k` in order if there are
+    /// that many, else compares the whole [`View::endpoints`]. Under churn (hundreds
+    /// of changes a second, one publish per debounce) nearly every publish follows
+    /// missed views; without these it would re-read the whole registry each time.
+    pub recent: Vector<Arc<Delta>>,
 }
+
+/// How many deltas a counting backend keeps in [`View::recent`]: at 200 changes a
+/// second, five seconds of missed views.
+pub const RECENT_DELTAS: usize = 1024;
 
 /// How a view's endpoints differ from the view before it ([`View::delta`]), by key.
 /// A key is in at most one list; a re-list after a lost watch reports only the keys
