@@ -292,9 +292,8 @@ async fn rotation_cost() {
     )
     .await
     .unwrap();
-    let ca =
-        flock_bird::identity::BuiltinCa::new("cluster.local", LIFETIME, flock_clock::unix_now)
-            .unwrap();
+    let ca = flock_bird::identity::BuiltinCa::new("cluster.local", LIFETIME, flock_clock::unix_now)
+        .unwrap();
     let store = Arc::new(PodStore::open(dir.path()).unwrap());
     let cache = Arc::new(flock_xds::cache::Cache::new(group_of));
     let agent = Arc::new(
@@ -347,7 +346,10 @@ async fn rotation_cost() {
         }
     }
     assert!(!samples.is_empty(), "no round rotated exactly one SVID");
-    println!("SVID rotation rounds: {rounds} for 16 identities; {} rotated one SVID", samples.len());
+    println!(
+        "SVID rotation rounds: {rounds} for 16 identities; {} rotated one SVID",
+        samples.len()
+    );
     samples.sort_by(f64::total_cmp);
     println!(
         "publish after one SVID rotation at 1,000 pods / 16 identities: p50 {:.2} ms, max {:.2} ms",
