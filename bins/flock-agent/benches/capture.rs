@@ -204,32 +204,7 @@ fn measure(netns: &str, addr: &str, host: &str) -> (f64, f64, f64) {
 
 /// (p50 ms, p99 ms) of `CNI_ADDS` ADDs (each followed by its DEL) through libcni.
 fn add_latency(cni: &Cni, ns: &NetNs, prefix: &str, annotations: &Value) -> (f64, f64) {
-    let out = std::process::Command::new(required_env("FLOCK_CNITOOL"))
-        .args(["bench", &CNI_ADDS.to_string()])
-        .arg(&cni.conflist)
-        .arg(ns.path())
-        .args([prefix, "eth0"])
-        .env("CNI_PATH", &cni.cni_path)
-        .env("CNI_CACHE_DIR", &cni.cache)
-        .env(
-            "CNI_ARGS_K8S",
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-0;K8S_POD_UID=uid-bench",
-        )
-        .env("CNI_POD_ANNOTATIONS", annotations.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cnitool bench: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut ms: Vec<f64> = v["add_us"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() / 1e3)
-        .collect();
+    let mut ms = cnitool_adds(cni, &ns.path(), CNI_ADDS, prefix, annotations);
     ms.sort_by(f64::total_cmp);
     (pct(&ms, 0.50), pct(&ms, 0.99))
 }

@@ -58,7 +58,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use capturekit::Pod;
+use capturekit::{Pod, cnitool_adds};
 use common::*;
 use serde_json::{Value, json};
 
@@ -89,34 +89,7 @@ struct Chain {
 
 /// `n` ADDs (each followed by its DEL) of `chain` through libcni: each ADD's latency, ms.
 fn batch(chain: &Chain, n: usize, prefix: &str, annotations: &Value) -> Vec<f64> {
-    let cni = &chain.cni;
-    let out = std::process::Command::new(required_env("FLOCK_CNITOOL"))
-        .args(["bench", &n.to_string()])
-        .arg(&cni.conflist)
-        .arg(chain.ns.path())
-        .args([prefix, "eth0"])
-        .env("CNI_PATH", &cni.cni_path)
-        .env("CNI_CACHE_DIR", &cni.cache)
-        .env(
-            "CNI_ARGS_K8S",
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-0;K8S_POD_UID=uid-bench",
-        )
-        .env("CNI_POD_ANNOTATIONS", annotations.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cnitool bench {} ({prefix}): {}",
-        chain.name,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["add_us"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() / 1e3)
-        .collect()
+    cnitool_adds(&chain.cni, &chain.ns.path(), n, prefix, annotations)
 }
 
 /// A counter or gauge from the agent's `/metrics` (0 when absent).

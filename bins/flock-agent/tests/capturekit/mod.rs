@@ -261,3 +261,42 @@ pub fn envoy_server_info(admin: &str) -> Option<Value> {
         .ok()?;
     serde_json::from_slice(&out.stdout).ok()
 }
+
+/// `n` ADDs through libcni (`$FLOCK_CNITOOL bench`: each ADD followed by its DEL, in the
+/// netns at `netns`, container ids `<prefix><i>`, the pod annotations as the runtime's
+/// `CNI_POD_ANNOTATIONS`): each ADD's latency in ms, in order.
+pub fn cnitool_adds(
+    cni: &Cni,
+    netns: &str,
+    n: usize,
+    prefix: &str,
+    annotations: &Value,
+) -> Vec<f64> {
+    let out = Command::new(required_env("FLOCK_CNITOOL"))
+        .args(["bench", &n.to_string()])
+        .arg(&cni.conflist)
+        .arg(netns)
+        .args([prefix, "eth0"])
+        .env("CNI_PATH", &cni.cni_path)
+        .env("CNI_CACHE_DIR", &cni.cache)
+        .env(
+            "CNI_ARGS_K8S",
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-0;K8S_POD_UID=uid-bench",
+        )
+        .env("CNI_POD_ANNOTATIONS", annotations.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cnitool bench ({} {prefix}): {}",
+        cni.conflist.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["add_us"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() / 1e3)
+        .collect()
+}
