@@ -15,6 +15,9 @@
 //! ```sh
 //! cargo build --release -p flock-agent -p flock-cni-plugin && cargo bench -p flock-agent --bench agent
 //! ```
+//!
+//! `FLOCK_BENCH_PARTS=add` (or `rotation`, `publish`, comma-separated) runs only those
+//! parts, e.g. to profile the agent process during the AddPod part.
 
 use flock_bird::agent::{AddPodInput, Agent, AgentConfig, group_of};
 use flock_bird::registry::{self, RegistryOptions, RegistrySpec};
@@ -360,8 +363,17 @@ async fn rotation_cost() {
 
 #[tokio::main]
 async fn main() {
-    rotation_cost().await;
-    // `cargo bench` passes --bench; nothing else is accepted.
-    publish_cost().await;
-    add_latency().await;
+    // `cargo bench` passes --bench; nothing else is accepted. FLOCK_BENCH_PARTS
+    // (comma-separated: rotation, publish, add) runs only those parts.
+    let parts = std::env::var("FLOCK_BENCH_PARTS").unwrap_or_default();
+    let run = |part: &str| parts.is_empty() || parts.split(',').any(|p| p.trim() == part);
+    if run("rotation") {
+        rotation_cost().await;
+    }
+    if run("publish") {
+        publish_cost().await;
+    }
+    if run("add") {
+        add_latency().await;
+    }
 }

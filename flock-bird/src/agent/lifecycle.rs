@@ -52,10 +52,10 @@ impl Agent {
             .map_err(|e| format!("loading the pod store: {e}"))?
             .map_err(|e| format!("loading the pod store: {e}"))?;
         let quarantined = report.quarantined.len();
-        let loaded: Vec<(PodKey, PodRecord)> = report
+        let loaded: Vec<(PodKey, Arc<PodRecord>)> = report
             .pods
             .into_iter()
-            .map(|p| (p.key.clone(), p))
+            .map(|p| (p.key.clone(), Arc::new(p)))
             .collect();
         for (key, rec) in &loaded {
             self.note_netns(key, &rec.netns);
@@ -78,6 +78,7 @@ impl Agent {
             .iter()
             .filter_map(|key| self.pods.get(key))
             .filter(|rec| rec.capture.is_some())
+            .map(|rec| PodRecord::clone(&rec))
             .collect();
         let repaired = self.capture_repair(&captured).await;
         self.store_loaded.store(true, Ordering::Release);
@@ -259,7 +260,7 @@ impl Agent {
                     match tokio::task::spawn_blocking(move || store.put(&r)).await {
                         Ok(Ok(())) => {
                             self.note_netns(&rec.key, &rec.netns);
-                            self.pods.insert(rec.key.clone(), rec.clone());
+                            self.pods.insert(rec.key.clone(), Arc::new(rec.clone()));
                             lock(&self.liveness).insert(
                                 rec.key.clone(),
                                 Liveness::new(flock_clock::mono_now(), self.cfg.liveness),
@@ -376,7 +377,7 @@ impl Agent {
     async fn remove_locked(self: &Arc<Self>, key: &PodKey) -> Result<bool, String> {
         let mut existed = false;
         // The removed record, for the capture removal at the end.
-        let mut removed: Option<PodRecord> = None;
+        let mut removed: Option<Arc<PodRecord>> = None;
         self.failpoint(|| "remove/start".into());
         for step in Op::RemovePod.steps() {
             match step {

@@ -80,7 +80,7 @@ impl Agent {
         // One clock read for the round: which pods are due, and the time their results
         // are recorded at (monotonic: a wall-clock jump neither skips nor repeats probes).
         let now = flock_clock::mono_now();
-        let due: Vec<PodRecord> = {
+        let due: Vec<Arc<PodRecord>> = {
             let live = lock(&self.liveness);
             self.pods
                 .snapshot()
@@ -100,7 +100,7 @@ impl Agent {
             let timeout = self.cfg.probe_timeout;
             probes.spawn(async move {
                 let ok = crate::probe::probe_pod(&pod, timeout).await;
-                (pod.key, ok)
+                (pod.key.clone(), ok)
             });
         }
         while let Some(Ok((key, ok))) = probes.join_next().await {
@@ -112,6 +112,8 @@ impl Agent {
                 .get_mut(&key)
                 .and_then(|l| l.observe(now, ok));
             if let Some(t) = transition {
+                // After the change: the registry sync re-derives the desired endpoints.
+                self.sync.health_gen.fetch_add(1, Ordering::Release);
                 tracing::info!(%key, from = ?t.from, to = ?t.to, "pod health changed");
                 self.metrics.health_changes.fetch_add(1, Ordering::Relaxed);
                 self.reregister(&key).await;

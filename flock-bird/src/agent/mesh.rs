@@ -178,6 +178,25 @@ pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate:
     })
 }
 
+/// A pod's model if the translation accepts it; `None` (logged) if not.
+fn validated_pod(rec: &PodRecord, identity: Option<String>) -> Option<Arc<translate::Pod>> {
+    let Some(pod) = pod_model(rec, identity) else {
+        tracing::warn!(pod = %rec.pod_ref(), "pod has no IP; not served");
+        return None;
+    };
+    let one = Mesh {
+        pods: vec![pod],
+        ..Mesh::default()
+    };
+    match one.validate() {
+        Ok(()) => one.pods.into_iter().next().map(Arc::new),
+        Err(errors) => {
+            tracing::warn!(pod = %rec.pod_ref(), "pod not served: {}", problems(&errors));
+            None
+        }
+    }
+}
+
 fn problems(errors: &[translate::ValidationError]) -> String {
     errors
         .iter()
@@ -191,12 +210,21 @@ fn problems(errors: &[translate::ValidationError]) -> String {
 pub(super) type SecretsOf = (std::sync::Weak<IdentityView>, Arc<Vec<translate::Secret>>);
 
 /// The pod models derived from one state of the pod table, identity view and
-/// missing-netns set.
+/// missing-netns set, and each pod's model by key with what it was derived from.
+#[derive(Default)]
 pub(super) struct PodsOf {
     version: u64,
     identity: Option<std::sync::Weak<IdentityView>>,
     missing: BTreeSet<flock_core::pod::PodKey>,
-    pods: Arc<Vec<translate::Pod>>,
+    pods: Arc<Vec<Arc<translate::Pod>>>,
+    by_pod: BTreeMap<flock_core::pod::PodKey, PodModel>,
+}
+
+/// One pod's model (`None`: refused, and logged when it was) and its inputs.
+struct PodModel {
+    rec: Arc<PodRecord>,
+    spiffe_id: Option<String>,
+    model: Option<Arc<translate::Pod>>,
 }
 
 /// What one publish translates: the registry's services (shared with the service
@@ -204,7 +232,7 @@ pub(super) struct PodsOf {
 /// secrets.
 pub(super) struct MeshParts {
     pub services: Arc<Vec<Arc<translate::Service>>>,
-    pub pods: Arc<Vec<translate::Pod>>,
+    pub pods: Arc<Vec<Arc<translate::Pod>>>,
     pub secrets: Arc<Vec<translate::Secret>>,
 }
 
@@ -257,61 +285,56 @@ impl Agent {
     }
 
     /// The live pods as the translation sees them, re-derived only when the pod
-    /// table, the identity view or the set of pods whose netns is missing changed
-    /// (each publish used to clone and re-validate every pod, twice: once per node
-    /// group).
-    fn pod_models(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<translate::Pod>> {
+    /// table, the identity view or the set of pods whose netns is missing changed, and
+    /// then only for the pods whose record (by pointer) or identity changed: a pod
+    /// change used to re-derive and re-validate every pod.
+    fn pod_models(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<Arc<translate::Pod>>> {
         let missing = lock(&self.netns_missing).clone();
-        let mut cached = lock(&self.pods_cache);
+        let mut cache = lock(&self.pods_cache);
         let version = self.pods.version();
-        if let Some(c) = &*cached
-            && c.version == version
-            && match (&c.identity, identity) {
-                (None, None) => true,
-                (Some(seen), Some(now)) => std::ptr::eq(seen.as_ptr(), Arc::as_ptr(now)),
-                _ => false,
-            }
-            && c.missing == missing
-        {
-            return Arc::clone(&c.pods);
+        let same_identity = match (&cache.identity, identity) {
+            (None, None) => true,
+            (Some(seen), Some(now)) => std::ptr::eq(seen.as_ptr(), Arc::as_ptr(now)),
+            _ => false,
+        };
+        if cache.version == version && version != 0 && same_identity && cache.missing == missing {
+            return Arc::clone(&cache.pods);
         }
         let (version, snapshot) = self.pods.versioned_snapshot();
-        let mut pods = Vec::new();
-        for rec in snapshot.into_values() {
+        let mut by_pod = std::mem::take(&mut cache.by_pod);
+        let mut next = BTreeMap::new();
+        let mut pods = Vec::with_capacity(snapshot.len());
+        for (key, rec) in snapshot {
             // Envoy refuses a whole listener update if one netns path is missing:
             // a pod whose namespace is gone (DEL never came) is left to the GC.
-            if missing.contains(&rec.key) {
+            if missing.contains(&key) {
                 tracing::debug!(pod = %rec.pod_ref(), netns = %rec.netns, "netns missing; pod not served");
                 continue;
             }
-            let identity = identity
-                .as_ref()
-                .and_then(|v| v.svid_of(&rec.key))
-                .map(|s| s.spiffe_id.clone());
-            let Some(pod) = pod_model(&rec, identity) else {
-                tracing::warn!(pod = %rec.pod_ref(), "pod has no IP; not served");
-                continue;
+            let spiffe_id = identity
+                .and_then(|v| v.svid_of(&key))
+                .map(|s| s.spiffe_id.as_str());
+            let model = match by_pod.remove(&key) {
+                Some(m) if Arc::ptr_eq(&m.rec, &rec) && m.spiffe_id.as_deref() == spiffe_id => m,
+                _ => PodModel {
+                    model: validated_pod(&rec, spiffe_id.map(str::to_string)),
+                    spiffe_id: spiffe_id.map(str::to_string),
+                    rec,
+                },
             };
-            let one = Mesh {
-                pods: vec![pod],
-                ..Mesh::default()
-            };
-            match one.validate() {
-                Ok(()) => pods.extend(one.pods),
-                Err(errors) => tracing::warn!(
-                    pod = %rec.pod_ref(),
-                    "pod not served: {}",
-                    problems(&errors)
-                ),
+            if let Some(pod) = &model.model {
+                pods.push(Arc::clone(pod));
             }
+            next.insert(key, model);
         }
         let pods = Arc::new(pods);
-        *cached = Some(PodsOf {
+        *cache = PodsOf {
             version,
             identity: identity.map(Arc::downgrade),
             missing,
             pods: Arc::clone(&pods),
-        });
+            by_pod: next,
+        };
         pods
     }
 

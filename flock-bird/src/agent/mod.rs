@@ -101,7 +101,9 @@ pub fn group_of(node: &NodeInfo) -> String {
 pub struct Agent {
     cfg: AgentConfig,
     store: Arc<PodStore>,
-    pods: PodTable<PodKey, PodRecord>,
+    /// The live pods. Records are shared (`Arc`): a reader takes a pointer, not a copy,
+    /// and a cache keyed by a pod can tell an unchanged record by pointer.
+    pods: PodTable<PodKey, Arc<PodRecord>>,
     registry: Arc<dyn Registry>,
     cache: Arc<Cache<Any>>,
     identity: Option<Arc<dyn IdentityProvider>>,
@@ -119,7 +121,7 @@ pub struct Agent {
     grpc_memo: Mutex<Memo>,
     services: Mutex<services::ServiceTable>,
     secrets_cache: Mutex<Option<mesh::SecretsOf>>,
-    pods_cache: Mutex<Option<mesh::PodsOf>>,
+    pods_cache: Mutex<mesh::PodsOf>,
     /// Pods whose network namespace file was missing when last checked (at AddPod,
     /// load, and every liveness round). Kept here so a publish makes no syscall per
     /// pod (a `stat` of a netns link costs ~10 µs: 1,000 pods made it the dominant
@@ -166,7 +168,7 @@ impl Agent {
             grpc_memo: Mutex::new(Memo::new(Flavor::Grpc)),
             services: Mutex::new(services::ServiceTable::new()),
             secrets_cache: Mutex::new(None),
-            pods_cache: Mutex::new(None),
+            pods_cache: Mutex::new(mesh::PodsOf::default()),
             netns_missing: Mutex::new(BTreeSet::new()),
             sync: Arc::new(regsync::RegSync::new()),
             registry_synced_once: AtomicBool::new(false),
@@ -236,7 +238,11 @@ impl Agent {
 
     /// The live pods.
     pub fn pods(&self) -> BTreeMap<PodKey, PodRecord> {
-        self.pods.snapshot()
+        self.pods
+            .snapshot()
+            .into_iter()
+            .map(|(k, rec)| (k, PodRecord::clone(&rec)))
+            .collect()
     }
 
     /// Why the agent is not ready, or `None` when it is: the store is loaded, in kube

@@ -31,6 +31,7 @@
 //! orphan GC's job.
 
 use super::Agent;
+use crate::model::{Endpoint, Health, PodRecord};
 use flock_core::backoff::Backoff;
 use flock_core::pod::PodKey;
 use flock_core::regsync::{Held, SyncOp, plan};
@@ -91,11 +92,56 @@ struct State {
     /// The registry call in flight (what, key) and when it was sent: a waiter does not
     /// wait for a call that has already gone unanswered for the registry wait.
     call: Option<(Instant, String)>,
+    /// Counts the changes of `announced`.
+    announced_gen: u64,
+    /// Keys handed over by [`Agent::withdraw`] since the last clean plan, each with
+    /// the number of its hand-over: they become tracked, so the next plan must look at
+    /// them even if nothing else about them changed.
+    withdrawn: BTreeMap<String, u64>,
+    /// Hand-overs so far (stamps `withdrawn`).
+    withdrawals: u64,
+}
+
+/// One announced pod's endpoints and what they were derived from.
+struct Derived {
+    rec: Arc<PodRecord>,
+    health: Health,
+    spiffe_id: Option<String>,
+    endpoints: Vec<(String, Endpoint)>,
+}
+
+/// The desired registry content, kept between rounds ([`Agent::desired`]).
+#[derive(Default)]
+struct Desired {
+    by_pod: BTreeMap<PodKey, Derived>,
+    /// Every announced pod's endpoints by key: `by_pod`'s, merged.
+    all: Arc<BTreeMap<String, Endpoint>>,
+    /// What `all` was derived from: while these are the same, so is `all`.
+    inputs: Option<Inputs>,
+    /// Keys whose desired endpoint may have changed since the last clean plan.
+    changed: BTreeSet<String>,
+    /// The view (seq, generation) of the last plan that found nothing to do.
+    clean: Option<(u64, u64)>,
+}
+
+/// What the desired endpoints are derived from, by version (read before the values,
+/// so a change made meanwhile only costs one more derivation).
+#[derive(PartialEq, Eq)]
+struct Inputs {
+    pods: u64,
+    announced: u64,
+    health: u64,
+    identity: usize,
 }
 
 /// The sync's shared state (see the module docs).
 pub(super) struct RegSync {
     state: Mutex<State>,
+    /// Only the sync task reads and writes it.
+    desired: Mutex<Desired>,
+    /// Counts pods' health transitions (the registered health is part of the desired
+    /// endpoints).
+    pub(super) health_gen: std::sync::atomic::AtomicU64,
     wake: Notify,
     status: watch::Sender<SyncStatus>,
     started: AtomicBool,
@@ -105,6 +151,8 @@ impl RegSync {
     pub(super) fn new() -> Self {
         Self {
             state: Mutex::new(State::default()),
+            desired: Mutex::new(Desired::default()),
+            health_gen: std::sync::atomic::AtomicU64::new(0),
             wake: Notify::new(),
             status: watch::channel(SyncStatus {
                 applied: 0,
@@ -159,7 +207,11 @@ impl Agent {
 
     /// AddPod's `RegistryRegister`: the pod may be registered from now on.
     pub(super) fn announce(self: &Arc<Self>, key: &PodKey) -> u64 {
-        lock(&self.sync.state).announced.insert(key.clone());
+        {
+            let mut st = lock(&self.sync.state);
+            st.announced.insert(key.clone());
+            st.announced_gen += 1;
+        }
         self.sync_kick()
     }
 
@@ -170,8 +222,12 @@ impl Agent {
         {
             let mut st = lock(&self.sync.state);
             st.announced.remove(key);
+            st.announced_gen += 1;
+            st.withdrawals += 1;
+            let stamp = st.withdrawals;
             for k in keys {
-                st.tracked.insert(k, now);
+                st.tracked.insert(k.clone(), now);
+                st.withdrawn.insert(k, stamp);
             }
         }
         self.sync_kick()
@@ -251,18 +307,102 @@ impl Agent {
         }
     }
 
-    /// The endpoints of every announced pod still in the table, by key.
-    fn desired(&self) -> BTreeMap<String, crate::model::Endpoint> {
-        let announced: Vec<PodKey> = lock(&self.sync.state).announced.iter().cloned().collect();
-        let mut out = BTreeMap::new();
-        for key in announced {
-            if let Some(rec) = self.pods.get(&key) {
-                for ep in self.endpoints_of(&rec, self.registered_health(&key)) {
-                    out.insert(ep.key(), ep);
+    /// The endpoints of every announced pod still in the table, by key. A pod's
+    /// endpoints are re-derived only when its record (by pointer), registered health
+    /// or identity changed since the last round: deriving them (names formatted, keys
+    /// built, strings copied) for every pod on every round made each ADD cost
+    /// O(pods). Kube mode's records (no service annotation) depend on the Service
+    /// memberships too, and are derived every time.
+    fn desired(&self) -> Arc<BTreeMap<String, Endpoint>> {
+        // Versions first, values after (see `Inputs`).
+        let health = self.sync.health_gen.load(Ordering::Acquire);
+        let pods_version = self.pods.version();
+        let identity = self.identity_view();
+        let (announced_gen, announced) = {
+            let st = lock(&self.sync.state);
+            (st.announced_gen, st.announced.clone())
+        };
+        let inputs = Inputs {
+            pods: pods_version,
+            announced: announced_gen,
+            health,
+            identity: identity.as_ref().map_or(0, |v| Arc::as_ptr(v) as usize),
+        };
+        let mut cache = lock(&self.sync.desired);
+        // Kube mode's memberships have no version here: derived every time.
+        if self.kube.is_none() && cache.inputs.as_ref() == Some(&inputs) {
+            return Arc::clone(&cache.all);
+        }
+        cache.inputs = Some(inputs);
+        let Desired {
+            by_pod,
+            all,
+            changed,
+            ..
+        } = &mut *cache;
+        let mut found = 0;
+        for key in &announced {
+            let Some(rec) = self.pods.get(key) else {
+                continue;
+            };
+            found += 1;
+            let health = self.registered_health(key);
+            let spiffe_id = identity
+                .as_ref()
+                .and_then(|v| v.svid_of(key))
+                .map(|s| s.spiffe_id.as_str());
+            let fresh = by_pod.get(key).is_some_and(|d| {
+                !rec.service.is_empty()
+                    && Arc::ptr_eq(&d.rec, &rec)
+                    && d.health == health
+                    && d.spiffe_id.as_deref() == spiffe_id
+            });
+            if fresh {
+                continue;
+            }
+            let endpoints: Vec<(String, Endpoint)> = self
+                .endpoints_of(&rec, health)
+                .into_iter()
+                .map(|ep| (ep.key(), ep))
+                .collect();
+            let map = Arc::make_mut(all);
+            if let Some(old) = by_pod.remove(key) {
+                for (k, _) in old.endpoints {
+                    map.remove(&k);
+                    changed.insert(k);
+                }
+            }
+            for (k, ep) in &endpoints {
+                map.insert(k.clone(), ep.clone());
+                changed.insert(k.clone());
+            }
+            by_pod.insert(
+                key.clone(),
+                Derived {
+                    rec,
+                    health,
+                    spiffe_id: spiffe_id.map(str::to_string),
+                    endpoints,
+                },
+            );
+        }
+        if by_pod.len() != found {
+            let gone: Vec<PodKey> = by_pod
+                .keys()
+                .filter(|k| !announced.contains(*k) || !self.pods.contains(k))
+                .cloned()
+                .collect();
+            let map = Arc::make_mut(all);
+            for key in gone {
+                if let Some(old) = by_pod.remove(&key) {
+                    for (k, _) in old.endpoints {
+                        map.remove(&k);
+                        changed.insert(k);
+                    }
                 }
             }
         }
-        out
+        Arc::clone(all)
     }
 
     /// Whether `key`'s pod is still wanted in the registry now (R4's re-check): in
@@ -271,31 +411,84 @@ impl Agent {
         self.pods.contains(pod) && lock(&self.sync.state).announced.contains(pod)
     }
 
-    /// What the registry holds of the keys the sync knows about.
-    fn held(&self, view: &crate::registry::View) -> BTreeMap<String, Held<crate::model::Endpoint>> {
+    /// What the registry holds of the keys the sync knows about (of `only`, if given).
+    fn held(
+        &self,
+        view: &crate::registry::View,
+        only: Option<&BTreeSet<String>>,
+    ) -> BTreeMap<String, Held<Endpoint>> {
         let st = lock(&self.sync.state);
         let own = lock(&self.own);
         let mut held = BTreeMap::new();
-        let keys = st.tracked.keys().chain(own.keys()).chain(st.unknown.iter());
-        for key in keys {
-            match view.endpoints.get(key) {
-                Some(ep) if ep.node == self.cfg.node_name => {
-                    let revision = view.revisions.get(key).copied().unwrap_or(0);
-                    held.insert(
-                        key.clone(),
-                        Held::Known {
-                            value: ep.clone(),
-                            revision,
-                        },
-                    );
-                }
-                _ if st.unknown.contains(key) => {
-                    held.insert(key.clone(), Held::Unknown);
-                }
-                _ => {}
+        let hold = |key: &String| match view.endpoints.get(key) {
+            Some(ep) if ep.node == self.cfg.node_name => {
+                let revision = view.revisions.get(key).copied().unwrap_or(0);
+                held.insert(
+                    key.clone(),
+                    Held::Known {
+                        value: ep.clone(),
+                        revision,
+                    },
+                );
             }
+            _ if st.unknown.contains(key) => {
+                held.insert(key.clone(), Held::Unknown);
+            }
+            _ => {}
+        };
+        match only {
+            Some(keys) => keys
+                .iter()
+                .filter(|k| {
+                    st.tracked.contains_key(*k) || own.contains_key(*k) || st.unknown.contains(*k)
+                })
+                .for_each(hold),
+            None => st
+                .tracked
+                .keys()
+                .chain(own.keys())
+                .chain(st.unknown.iter())
+                .for_each(hold),
         }
         held
+    }
+
+    /// The keys a plan must look at, when fewer than all: those whose desired endpoint
+    /// changed, that the view changed, that were handed over for removal, or whose
+    /// last write is of unknown outcome, since the last plan that found nothing to do.
+    /// Every other key still matches as it did then, so a plan over these alone makes
+    /// the same writes as a plan over all (a plan decides each key on its own). `None`
+    /// (plan over all) after a failed round, a reconnect, or more missed views than
+    /// the view's deltas cover. Returns the candidates and the last hand-over stamp
+    /// they include.
+    fn candidates(&self, view: &crate::registry::View) -> Option<(BTreeSet<String>, u64)> {
+        let desired = lock(&self.sync.desired);
+        let (seq, generation) = desired.clean?;
+        if generation != view.generation || seq == 0 {
+            return None;
+        }
+        let missed = usize::try_from(view.seq.checked_sub(seq)?).ok()?;
+        if missed > view.recent.len() {
+            return None;
+        }
+        let mut keys = desired.changed.clone();
+        for d in view.recent.iter().skip(view.recent.len() - missed) {
+            keys.extend(d.added.iter().chain(&d.changed).chain(&d.removed).cloned());
+        }
+        let st = lock(&self.sync.state);
+        keys.extend(st.withdrawn.keys().cloned());
+        keys.extend(st.unknown.iter().cloned());
+        Some((keys, st.withdrawals))
+    }
+
+    /// Records a plan that found nothing to do at `view`: later plans start from it.
+    fn mark_clean(&self, view: &crate::registry::View, withdrawals: u64) {
+        let mut desired = lock(&self.sync.desired);
+        desired.clean = Some((view.seq, view.generation));
+        desired.changed.clear();
+        lock(&self.sync.state)
+            .withdrawn
+            .retain(|_, stamp| *stamp > withdrawals);
     }
 
     /// Applies one bounded registry call; a timeout is an error.
@@ -329,17 +522,33 @@ impl Agent {
                 )));
             }
             let desired = self.desired();
-            let held = self.held(&view);
-            let ops = plan(&desired, &held);
+            let (ops, withdrawals) = match self.candidates(&view) {
+                Some((keys, withdrawals)) => {
+                    let wanted: BTreeMap<String, Endpoint> = keys
+                        .iter()
+                        .filter_map(|k| desired.get(k).map(|ep| (k.clone(), ep.clone())))
+                        .collect();
+                    (plan(&wanted, &self.held(&view, Some(&keys))), withdrawals)
+                }
+                None => {
+                    let withdrawals = lock(&self.sync.state).withdrawals;
+                    (plan(&desired, &self.held(&view, None)), withdrawals)
+                }
+            };
             self.set_pending(ops.len());
             if ops.is_empty() {
                 self.prune(&view, &desired);
+                self.mark_clean(&view, withdrawals);
                 return Ok(());
             }
             let total = ops.len();
             for (done, op) in ops.into_iter().enumerate() {
                 self.set_pending(total - done);
-                self.apply(op).await?;
+                if let Err(e) = self.apply(op).await {
+                    // Start the next round from the whole picture.
+                    lock(&self.sync.desired).clean = None;
+                    return Err(e);
+                }
             }
             self.set_pending(0);
         }
@@ -436,11 +645,7 @@ impl Agent {
 
     /// Forgets tracked keys nobody wants that are gone from the view and were last
     /// touched more than [`LINGER`] ago.
-    fn prune(
-        &self,
-        view: &crate::registry::View,
-        desired: &BTreeMap<String, crate::model::Endpoint>,
-    ) {
+    fn prune(&self, view: &crate::registry::View, desired: &BTreeMap<String, Endpoint>) {
         let now = Instant::now();
         let mut st = lock(&self.sync.state);
         let State {
@@ -452,8 +657,68 @@ impl Agent {
                 || unknown.contains(k)
                 || now.duration_since(*touched) < LINGER
         });
-        let pods = self.pods.snapshot();
-        st.announced.retain(|k| pods.contains_key(k));
+        st.announced.retain(|k| self.pods.contains(k));
+    }
+
+    /// Whether the view's changes since `since` (its [`View::seq`]) may leave the
+    /// registry not matching the pods, so that a round must run. Every change is
+    /// answered with a round when the changes are not known one by one (a backend
+    /// without deltas, or more missed views than it keeps). Otherwise only a change of
+    /// a key this agent writes, tracks or may have written counts, and not even that
+    /// when the view now holds exactly what the last round wanted there under a
+    /// revision this agent wrote (the echo of its own put). Before, every view change
+    /// planned from every pod: each of the agent's own writes, and under churn every
+    /// remote change, cost a round of O(pods).
+    ///
+    /// [`View::seq`]: crate::registry::View::seq
+    fn view_change_needs_round(&self, view: &crate::registry::View, since: u64) -> bool {
+        if view.seq == since && since != 0 {
+            // Only the revisions or the sync state moved (a backend that counts its
+            // changes counts every change of an endpoint); the caller sees reconnects.
+            return false;
+        }
+        let Some(missed) = view
+            .seq
+            .checked_sub(since)
+            .and_then(|k| usize::try_from(k).ok())
+            .filter(|k| since != 0 && *k <= view.recent.len())
+        else {
+            return true;
+        };
+        let prefix = format!("{}/", self.cfg.node_name);
+        let st = lock(&self.sync.state);
+        let own = lock(&self.own);
+        let desired = lock(&self.sync.desired);
+        let concerns = |key: &String| {
+            let ours = key.starts_with(&prefix)
+                || st.tracked.contains_key(key)
+                || own.contains_key(key)
+                || st.unknown.contains(key);
+            if !ours {
+                return false;
+            }
+            let echo = match (view.endpoints.get(key), desired.all.get(key)) {
+                (Some(now), Some(want)) => {
+                    now == want
+                        && view.revisions.get(key) == own.get(key)
+                        && !st.unknown.contains(key)
+                }
+                // Gone, and not wanted: nothing to write.
+                (None, None) => !st.unknown.contains(key),
+                _ => false,
+            };
+            !echo
+        };
+        view.recent
+            .iter()
+            .skip(view.recent.len() - missed)
+            .any(|d| {
+                d.added
+                    .iter()
+                    .chain(&d.changed)
+                    .chain(&d.removed)
+                    .any(concerns)
+            })
     }
 
     fn sync_ready(&self) -> bool {
@@ -466,9 +731,9 @@ impl Agent {
 /// Holds the agent only weakly between rounds, so dropping the agent ends it (its
 /// registry's view channel closes).
 async fn run(agent: Weak<Agent>, mut view: watch::Receiver<Arc<crate::registry::View>>) {
-    let (mut generation, mut synced) = {
+    let (mut generation, mut synced, mut seq) = {
         let v = view.borrow_and_update();
-        (v.generation, v.synced)
+        (v.generation, v.synced, v.seq)
     };
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
@@ -534,14 +799,21 @@ async fn run(agent: Weak<Agent>, mut view: watch::Receiver<Arc<crate::registry::
                     if changed.is_err() {
                         return;
                     }
-                    let v = view.borrow_and_update();
+                    let v = Arc::clone(&view.borrow_and_update());
                     let reconnected = v.generation != generation || (v.synced && !synced);
+                    let since = std::mem::replace(&mut seq, v.seq);
                     generation = v.generation;
                     synced = v.synced;
-                    // In sync, any change may show a late write of a tracked key; while
-                    // failing, only a reconnect ends the backoff early.
-                    if !failing || reconnected {
+                    if reconnected {
                         break;
+                    }
+                    // In sync, a change may show a late write of a tracked key; while
+                    // failing, only a reconnect ends the backoff early.
+                    if !failing {
+                        let Some(a) = agent.upgrade() else { return };
+                        if a.view_change_needs_round(&v, since) {
+                            break;
+                        }
                     }
                 }
             }

@@ -3,10 +3,12 @@
 //!
 //! Revisions are a counter: every successful put or delete increments it, and a put's
 //! new value is the key's mod revision, like etcd's. The view is sent before a call
-//! returns, so `put(..).await` followed by `view().borrow()` sees the write.
+//! returns, so `put(..).await` followed by `view().borrow()` sees the write. Each view
+//! is the last one with the one change applied (persistent maps) and names it
+//! ([`View::delta`], [`View::recent`]), like etcd's.
 
 use super::persist::{self, Entry};
-use super::{Registry, RegistryError, RegistryOptions, Rejections, View};
+use super::{Delta, RECENT_DELTAS, Registry, RegistryError, RegistryOptions, Rejections, View};
 use crate::model::Endpoint;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,31 +26,66 @@ pub struct LocalRegistry {
     rejections: Arc<Rejections>,
 }
 
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct State {
     revision: u64,
     entries: BTreeMap<String, Entry>,
 }
 
-impl State {
-    fn view(&self) -> View {
-        View {
-            endpoints: self
-                .entries
-                .iter()
-                .map(|(k, e)| (k.clone(), e.endpoint.clone()))
-                .collect(),
-            revisions: self
-                .entries
-                .iter()
-                .map(|(k, e)| (k.clone(), e.mod_revision))
-                .collect(),
-            revision: self.revision,
-            synced: true,
-            generation: 1,
-            ..View::default()
+/// The first view of `state`: every entry, no delta (a subscriber files it whole).
+fn first_view(state: &State) -> View {
+    View {
+        endpoints: state
+            .entries
+            .iter()
+            .map(|(k, e)| (k.clone(), e.endpoint.clone()))
+            .collect(),
+        revisions: state
+            .entries
+            .iter()
+            .map(|(k, e)| (k.clone(), e.mod_revision))
+            .collect(),
+        revision: state.revision,
+        synced: true,
+        generation: 1,
+        ..View::default()
+    }
+}
+
+/// `prev` with `key` set to `now` (or removed) at `revision`: the persistent maps share
+/// every other entry, and a changed endpoint is the next [`View::delta`]. Building
+/// each view from the whole map made every write O(registry), and a view without
+/// deltas made every subscriber re-read the whole registry per write: the agent's own
+/// ADD paid both, once per pod present.
+fn next_view(prev: &View, key: &str, now: Option<&Endpoint>, revision: u64) -> View {
+    let mut next = prev.clone();
+    next.revision = revision;
+    let mut delta = Delta::default();
+    match now {
+        Some(ep) => {
+            next.revisions.insert(key.to_string(), revision);
+            match next.endpoints.insert(key.to_string(), ep.clone()) {
+                None => delta.added.push(key.to_string()),
+                Some(old) if old != *ep => delta.changed.push(key.to_string()),
+                Some(_) => {}
+            }
+        }
+        None => {
+            next.revisions.remove(key);
+            if next.endpoints.remove(key).is_some() {
+                delta.removed.push(key.to_string());
+            }
         }
     }
+    if !delta.is_empty() {
+        next.seq += 1;
+        next.delta = Arc::new(delta);
+        next.recent.push_back(Arc::clone(&next.delta));
+        if next.recent.len() > RECENT_DELTAS {
+            next.recent.pop_front();
+        }
+    }
+    next
 }
 
 impl LocalRegistry {
@@ -86,7 +123,7 @@ impl LocalRegistry {
     }
 
     fn with_state(describe: String, path: Option<PathBuf>, state: State) -> Self {
-        let (view_tx, _) = watch::channel(Arc::new(state.view()));
+        let (view_tx, _) = watch::channel(Arc::new(first_view(&state)));
         Self {
             describe,
             path,
@@ -96,31 +133,63 @@ impl LocalRegistry {
         }
     }
 
-    /// Makes `next` the state: persists it first (if file-backed; on failure nothing
-    /// changes, so memory never runs ahead of the file), then publishes the view.
-    async fn commit(&self, current: &mut State, next: State) -> Result<(), RegistryError> {
-        if let Some(path) = &self.path {
-            let bytes = persist::encode(next.revision, &next.entries).map_err(|e| {
-                RegistryError::Encode {
-                    backend: self.describe.clone(),
-                    key: String::new(),
-                    source: e,
-                }
-            })?;
-            let path = path.clone();
-            let describe = self.describe.clone();
-            // The lock stays held across the write, so files are written in revision order.
-            tokio::task::spawn_blocking(move || persist::write_atomic(&path, &bytes))
-                .await
-                .map_err(|e| RegistryError::Io {
-                    backend: describe,
-                    what: "writing the registry file".to_string(),
-                    source: std::io::Error::other(e),
-                })??;
+    /// Sets `key` to `now` (or removes it) at the next revision: persists first (if
+    /// file-backed; on failure the change is undone, so memory never runs ahead of the
+    /// file), then publishes the view. Returns the new revision.
+    async fn change(
+        &self,
+        state: &mut State,
+        key: &str,
+        now: Option<&Endpoint>,
+    ) -> Result<u64, RegistryError> {
+        let revision = state.revision + 1;
+        let old = match now {
+            Some(ep) => state.entries.insert(
+                key.to_string(),
+                Entry {
+                    mod_revision: revision,
+                    endpoint: ep.clone(),
+                },
+            ),
+            None => state.entries.remove(key),
+        };
+        if let Err(e) = self.persist(revision, &state.entries).await {
+            match old {
+                Some(old) => state.entries.insert(key.to_string(), old),
+                None => state.entries.remove(key),
+            };
+            return Err(e);
         }
-        *current = next;
-        self.view_tx.send_replace(Arc::new(current.view()));
-        Ok(())
+        state.revision = revision;
+        let next = next_view(&self.view_tx.borrow(), key, now, revision);
+        self.view_tx.send_replace(Arc::new(next));
+        Ok(revision)
+    }
+
+    /// Writes the whole registry to the file, if file-backed. The caller holds the
+    /// state lock across the write, so files are written in revision order.
+    async fn persist(
+        &self,
+        revision: u64,
+        entries: &BTreeMap<String, Entry>,
+    ) -> Result<(), RegistryError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let bytes = persist::encode(revision, entries).map_err(|e| RegistryError::Encode {
+            backend: self.describe.clone(),
+            key: String::new(),
+            source: e,
+        })?;
+        let path = path.clone();
+        let describe = self.describe.clone();
+        tokio::task::spawn_blocking(move || persist::write_atomic(&path, &bytes))
+            .await
+            .map_err(|e| RegistryError::Io {
+                backend: describe,
+                what: "writing the registry file".to_string(),
+                source: std::io::Error::other(e),
+            })?
     }
 }
 
@@ -128,18 +197,7 @@ impl LocalRegistry {
 impl Registry for LocalRegistry {
     async fn put(&self, ep: &Endpoint) -> Result<u64, RegistryError> {
         let mut state = self.state.lock().await;
-        let mut next = state.clone();
-        next.revision += 1;
-        let revision = next.revision;
-        next.entries.insert(
-            ep.key(),
-            Entry {
-                mod_revision: revision,
-                endpoint: ep.clone(),
-            },
-        );
-        self.commit(&mut state, next).await?;
-        Ok(revision)
+        self.change(&mut state, &ep.key(), Some(ep)).await
     }
 
     async fn delete(&self, key: &str) -> Result<bool, RegistryError> {
@@ -147,10 +205,7 @@ impl Registry for LocalRegistry {
         if !state.entries.contains_key(key) {
             return Ok(false);
         }
-        let mut next = state.clone();
-        next.revision += 1;
-        next.entries.remove(key);
-        self.commit(&mut state, next).await?;
+        self.change(&mut state, key, None).await?;
         Ok(true)
     }
 
@@ -160,10 +215,7 @@ impl Registry for LocalRegistry {
             Some(e) if e.mod_revision == revision => {}
             _ => return Ok(false),
         }
-        let mut next = state.clone();
-        next.revision += 1;
-        next.entries.remove(key);
-        self.commit(&mut state, next).await?;
+        self.change(&mut state, key, None).await?;
         Ok(true)
     }
 
@@ -177,5 +229,72 @@ impl Registry for LocalRegistry {
 
     fn rejections(&self) -> Option<Arc<Rejections>> {
         Some(Arc::clone(&self.rejections))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Health;
+    use flock_core::pod::{PodKey, Protocol};
+
+    fn endpoint(container: &str, port: u16) -> Endpoint {
+        Endpoint {
+            service: "web".into(),
+            namespace: "default".into(),
+            service_port: 8080,
+            protocol: Protocol::Http,
+            address: "10.0.0.1".parse().unwrap(),
+            port,
+            node: "n1".into(),
+            pod: format!("default/{container}"),
+            pod_key: PodKey::new(container, "eth0"),
+            region: String::new(),
+            zone: String::new(),
+            health: Health::Healthy,
+            identity: None,
+            also_accept: Vec::new(),
+        }
+    }
+
+    /// Each write is one delta of the view it makes, counted by `seq` and kept in
+    /// `recent`; a put of an equal endpoint moves the revision only (no delta), like
+    /// etcd's view. A subscriber that applies the deltas has the view's endpoints.
+    #[tokio::test]
+    async fn each_write_is_one_delta_of_the_view() {
+        let reg = LocalRegistry::memory();
+        let a = endpoint("a", 15001);
+        let b = endpoint("b", 15001);
+        reg.put(&a).await.unwrap();
+        reg.put(&b).await.unwrap();
+        let v = reg.view().borrow().clone();
+        assert_eq!((v.seq, v.recent.len()), (2, 2));
+        assert_eq!(v.delta.added, vec![b.key()]);
+        // The same endpoint again: a new revision, no new delta.
+        let rev = reg.put(&a).await.unwrap();
+        let v = reg.view().borrow().clone();
+        assert_eq!(v.seq, 2);
+        assert_eq!(v.revisions.get(&a.key()), Some(&rev));
+        // A changed endpoint, then a delete.
+        let a2 = endpoint("a", 15002);
+        reg.put(&a2).await.unwrap();
+        assert!(reg.delete(&b.key()).await.unwrap());
+        assert!(!reg.delete(&b.key()).await.unwrap(), "already gone");
+        let v = reg.view().borrow().clone();
+        assert_eq!(v.seq, 4);
+        let deltas: Vec<&Delta> = v.recent.iter().map(|d| &**d).collect();
+        assert_eq!(deltas[2].changed, vec![a.key()]);
+        assert_eq!(deltas[3].removed, vec![b.key()]);
+        assert!(Arc::ptr_eq(v.recent.last().unwrap(), &v.delta));
+        // Replaying the deltas over an empty map gives the view's keys.
+        let mut keys = std::collections::BTreeSet::new();
+        for d in &deltas {
+            keys.extend(d.added.iter().cloned());
+            for k in &d.removed {
+                keys.remove(k);
+            }
+        }
+        assert_eq!(keys, v.endpoints.keys().cloned().collect());
+        assert_eq!(v.endpoints.get(&a.key()), Some(&a2));
     }
 }

@@ -121,17 +121,17 @@ pub struct View {
     /// Increments on every (re)connect + resync. The agent runs orphan GC when it
     /// changes, because changes may have been missed in between.
     pub generation: u64,
-    /// Counts the views whose [`View::endpoints`] differ from the view before (etcd;
-    /// 0 for backends that do not report changes). Unchanged by a publish that only
+    /// Counts the views whose [`View::endpoints`] differ from the view before (etcd,
+    /// memory, file; 0 for backends that do not report changes). Unchanged by a publish that only
     /// moves the revision or the sync state.
     pub seq: u64,
     /// The keys whose endpoint differs between the view of `seq - 1` and this one
-    /// (etcd; empty for backends that do not report changes). The watch channel keeps
+    /// (etcd, memory, file; empty for backends that do not report changes). The watch channel keeps
     /// only the newest view: a subscriber that last saw `seq - 1` applies this delta,
     /// one that missed views applies [`View::recent`].
     pub delta: Arc<Delta>,
-    /// The deltas of the last views, oldest first, ending with [`View::delta`] (etcd:
-    /// up to [`RECENT_DELTAS`]; empty for backends that do not report changes). A
+    /// The deltas of the last views, oldest first, ending with [`View::delta`] (etcd,
+    /// memory, file: up to [`RECENT_DELTAS`]; empty for backends that do not report changes). A
     /// subscriber that last saw `seq - k` applies the last `k` in order if there are
     /// that many, else compares the whole [`View::endpoints`]. Under churn (hundreds
     /// of changes a second, one publish per debounce) nearly every publish follows

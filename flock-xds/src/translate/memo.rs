@@ -89,7 +89,7 @@ pub struct Memo {
     /// The options of the last translation: the cached resources were made with them.
     opts: Option<EnvoyOptions>,
     /// By (namespace, name): unique in a valid mesh.
-    pods: HashMap<(String, String), (Pod, Translated)>,
+    pods: HashMap<(String, String), (Arc<Pod>, Translated)>,
     /// By namespace, then name, so a lookup borrows the model's strings instead of
     /// allocating a key per service per publish.
     services: HashMap<String, HashMap<String, ServiceMemo>>,
@@ -270,21 +270,23 @@ impl Memo {
     /// reused if `opts` differ from the last call's.
     pub fn translate(&mut self, mesh: &Mesh, opts: &EnvoyOptions) -> Entries {
         let services: Vec<Arc<Service>> = mesh.services.iter().cloned().map(Arc::new).collect();
-        self.translate_shared(&services, &mesh.pods, &mesh.secrets, opts)
+        let pods: Vec<Arc<Pod>> = mesh.pods.iter().cloned().map(Arc::new).collect();
+        self.translate_shared(&services, &pods, &mesh.secrets, opts)
     }
 
     /// [`Memo::translate`] of the mesh with these services, pods and secrets, for a
     /// caller that keeps its services shared: a service passed as the same `Arc` as
     /// last time is known unchanged without comparing it (a pointer comparison instead
     /// of walking its endpoints), so a publish after one endpoint change compares
-    /// O(services) pointers and translates one service. Its mTLS clusters for each
+    /// O(services) pointers and translates one service. Pods likewise: an unchanged pod
+    /// passed as the same `Arc` is neither compared nor copied. Its mTLS clusters for each
     /// caller are kept with it too. What stays O(services) per publish: the route
     /// configurations (one virtual host per service port in each) and, for captured
     /// pods, their outbound listeners.
     pub fn translate_shared(
         &mut self,
         services: &[Arc<Service>],
-        pods: &[Pod],
+        pods: &[Arc<Pod>],
         secrets: &[Secret],
         opts: &EnvoyOptions,
     ) -> Entries {
@@ -309,7 +311,7 @@ impl Memo {
             for pod in pods {
                 let id = (pod.namespace.clone(), pod.name.clone());
                 let t = match self.pods.remove(&id) {
-                    Some((cached, t)) if &cached == pod => t,
+                    Some((cached, t)) if Arc::ptr_eq(&cached, pod) || cached == *pod => t,
                     old => {
                         let t = share(pod_resources(pod, opts));
                         match old {
@@ -320,7 +322,7 @@ impl Memo {
                     }
                 };
                 push(&mut out, &t);
-                if next_pods.insert(id, (pod.clone(), t)).is_some() {
+                if next_pods.insert(id, (Arc::clone(pod), t)).is_some() {
                     exact = false;
                 }
             }
@@ -544,7 +546,11 @@ impl Memo {
         if envoy {
             // A captured pod's outbound listener routes by the services' addresses,
             // so it changes with any service: translated every time, like the routes.
-            let captured: Vec<&Pod> = pods.iter().filter(|p| p.capture.is_some()).collect();
+            let captured: Vec<&Pod> = pods
+                .iter()
+                .filter(|p| p.capture.is_some())
+                .map(|p| &**p)
+                .collect();
             let capture_callers: BTreeSet<&str> = captured
                 .iter()
                 .filter_map(|p| p.identity.as_deref())
@@ -594,7 +600,7 @@ impl Memo {
 }
 
 /// How many pods a translation of `flavor` models (the gRPC group has none).
-fn pods_len(envoy: bool, pods: &[Pod]) -> usize {
+fn pods_len(envoy: bool, pods: &[Arc<Pod>]) -> usize {
     if envoy { pods.len() } else { 0 }
 }
 
