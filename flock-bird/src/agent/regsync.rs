@@ -318,10 +318,7 @@ impl Agent {
         let health = self.sync.health_gen.load(Ordering::Acquire);
         let pods_version = self.pods.version();
         let identity = self.identity_view();
-        let (announced_gen, announced) = {
-            let st = lock(&self.sync.state);
-            (st.announced_gen, st.announced.clone())
-        };
+        let announced_gen = lock(&self.sync.state).announced_gen;
         let inputs = Inputs {
             pods: pods_version,
             announced: announced_gen,
@@ -334,6 +331,8 @@ impl Agent {
             return Arc::clone(&cache.all);
         }
         cache.inputs = Some(inputs);
+        // Read after its version (a change meanwhile is seen again next time).
+        let announced = lock(&self.sync.state).announced.clone();
         let Desired {
             by_pod,
             all,
@@ -686,9 +685,10 @@ impl Agent {
             return true;
         };
         let prefix = format!("{}/", self.cfg.node_name);
+        // Lock order, here and everywhere the sync nests them: desired, state, own.
+        let desired = lock(&self.sync.desired);
         let st = lock(&self.sync.state);
         let own = lock(&self.own);
-        let desired = lock(&self.sync.desired);
         let concerns = |key: &String| {
             let ours = key.starts_with(&prefix)
                 || st.tracked.contains_key(key)
