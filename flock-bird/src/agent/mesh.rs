@@ -300,41 +300,51 @@ impl Agent {
         if cache.version == version && version != 0 && same_identity && cache.missing == missing {
             return Arc::clone(&cache.pods);
         }
-        let (version, snapshot) = self.pods.versioned_snapshot();
-        let mut by_pod = std::mem::take(&mut cache.by_pod);
-        let mut next = BTreeMap::new();
-        let mut pods = Vec::with_capacity(snapshot.len());
-        for (key, rec) in snapshot {
+        let (version, table) = self.pods.shared();
+        let PodsOf { by_pod, .. } = &mut *cache;
+        let mut pods = Vec::with_capacity(table.len());
+        let mut kept = 0;
+        for (key, rec) in &table {
             // Envoy refuses a whole listener update if one netns path is missing:
             // a pod whose namespace is gone (DEL never came) is left to the GC.
-            if missing.contains(&key) {
+            if missing.contains(key) {
                 tracing::debug!(pod = %rec.pod_ref(), netns = %rec.netns, "netns missing; pod not served");
                 continue;
             }
+            kept += 1;
             let spiffe_id = identity
-                .and_then(|v| v.svid_of(&key))
+                .and_then(|v| v.svid_of(key))
                 .map(|s| s.spiffe_id.as_str());
-            let model = match by_pod.remove(&key) {
-                Some(m) if Arc::ptr_eq(&m.rec, &rec) && m.spiffe_id.as_deref() == spiffe_id => m,
-                _ => PodModel {
-                    model: validated_pod(&rec, spiffe_id.map(str::to_string)),
-                    spiffe_id: spiffe_id.map(str::to_string),
-                    rec,
-                },
+            let fresh = by_pod
+                .get(key)
+                .filter(|m| Arc::ptr_eq(&m.rec, rec) && m.spiffe_id.as_deref() == spiffe_id);
+            let model = match fresh {
+                Some(m) => m.model.clone(),
+                None => {
+                    let model = validated_pod(rec, spiffe_id.map(str::to_string));
+                    by_pod.insert(
+                        key.clone(),
+                        PodModel {
+                            rec: Arc::clone(rec),
+                            spiffe_id: spiffe_id.map(str::to_string),
+                            model: model.clone(),
+                        },
+                    );
+                    model
+                }
             };
-            if let Some(pod) = &model.model {
-                pods.push(Arc::clone(pod));
+            if let Some(pod) = model {
+                pods.push(pod);
             }
-            next.insert(key, model);
+        }
+        if by_pod.len() != kept {
+            by_pod.retain(|key, _| table.contains_key(key) && !missing.contains(key));
         }
         let pods = Arc::new(pods);
-        *cache = PodsOf {
-            version,
-            identity: identity.map(Arc::downgrade),
-            missing,
-            pods: Arc::clone(&pods),
-            by_pod: next,
-        };
+        cache.version = version;
+        cache.identity = identity.map(Arc::downgrade);
+        cache.missing = missing;
+        cache.pods = Arc::clone(&pods);
         pods
     }
 

@@ -48,6 +48,9 @@ use tokio::time::Instant;
 /// this is left to the orphan GC.
 pub const LINGER: Duration = Duration::from_secs(60);
 
+/// How often a clean round forgets tracked keys (see [`Agent::prune`]).
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
 /// Rounds of planning in one go before a pause: the plan converges in one or two
 /// unless the table keeps changing under it.
 const MAX_PLANS_PER_ROUND: usize = 8;
@@ -100,6 +103,8 @@ struct State {
     withdrawn: BTreeMap<String, u64>,
     /// Hand-overs so far (stamps `withdrawn`).
     withdrawals: u64,
+    /// When [`Agent::prune`] last ran.
+    pruned: Option<Instant>,
 }
 
 /// One announced pod's endpoints and what they were derived from.
@@ -316,7 +321,8 @@ impl Agent {
     fn desired(&self) -> Arc<BTreeMap<String, Endpoint>> {
         // Versions first, values after (see `Inputs`).
         let health = self.sync.health_gen.load(Ordering::Acquire);
-        let pods_version = self.pods.version();
+        // The table and its version together, in O(1).
+        let (pods_version, pods) = self.pods.shared();
         let identity = self.identity_view();
         let announced_gen = lock(&self.sync.state).announced_gen;
         let inputs = Inputs {
@@ -331,8 +337,10 @@ impl Agent {
             return Arc::clone(&cache.all);
         }
         cache.inputs = Some(inputs);
-        // Read after its version (a change meanwhile is seen again next time).
-        let announced = lock(&self.sync.state).announced.clone();
+        // Read after its version (a change meanwhile is seen again next time); held
+        // for the walk rather than copied (lock order: desired, state).
+        let st = lock(&self.sync.state);
+        let announced = &st.announced;
         let Desired {
             by_pod,
             all,
@@ -340,8 +348,8 @@ impl Agent {
             ..
         } = &mut *cache;
         let mut found = 0;
-        for key in &announced {
-            let Some(rec) = self.pods.get(key) else {
+        for key in announced {
+            let Some(rec) = pods.get(key).cloned() else {
                 continue;
             };
             found += 1;
@@ -388,7 +396,7 @@ impl Agent {
         if by_pod.len() != found {
             let gone: Vec<PodKey> = by_pod
                 .keys()
-                .filter(|k| !announced.contains(*k) || !self.pods.contains(k))
+                .filter(|k| !announced.contains(*k) || !pods.contains_key(*k))
                 .cloned()
                 .collect();
             let map = Arc::make_mut(all);
@@ -644,9 +652,18 @@ impl Agent {
 
     /// Forgets tracked keys nobody wants that are gone from the view and were last
     /// touched more than [`LINGER`] ago.
+    /// At most once per [`PRUNE_EVERY`]: it walks every tracked key and announced pod,
+    /// and a key is forgotten only [`LINGER`] after its last write anyway.
     fn prune(&self, view: &crate::registry::View, desired: &BTreeMap<String, Endpoint>) {
         let now = Instant::now();
         let mut st = lock(&self.sync.state);
+        if st
+            .pruned
+            .is_some_and(|at| now.duration_since(at) < PRUNE_EVERY)
+        {
+            return;
+        }
+        st.pruned = Some(now);
         let State {
             tracked, unknown, ..
         } = &mut *st;
@@ -656,7 +673,11 @@ impl Agent {
                 || unknown.contains(k)
                 || now.duration_since(*touched) < LINGER
         });
+        let before = st.announced.len();
         st.announced.retain(|k| self.pods.contains(k));
+        if st.announced.len() != before {
+            st.announced_gen += 1;
+        }
     }
 
     /// Whether the view's changes since `since` (its [`View::seq`]) may leave the

@@ -56,8 +56,8 @@ pub struct BuiltinCa {
 }
 
 struct State {
-    subscriptions: BTreeMap<PodKey, String>,
-    svids: BTreeMap<String, Arc<Svid>>,
+    subscriptions: imbl::OrdMap<PodKey, String>,
+    svids: imbl::OrdMap<String, Arc<Svid>>,
     generation: u64,
 }
 
@@ -146,8 +146,8 @@ impl BuiltinCa {
             serials: AtomicU64::new(0),
             issued: AtomicU64::new(0),
             state: Mutex::new(State {
-                subscriptions: BTreeMap::new(),
-                svids: BTreeMap::new(),
+                subscriptions: imbl::OrdMap::new(),
+                svids: imbl::OrdMap::new(),
                 generation: 0,
             }),
             tx,

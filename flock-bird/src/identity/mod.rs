@@ -186,12 +186,14 @@ pub struct Bundle {
 /// The current identity state, published through a `tokio::sync::watch` channel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IdentityView {
-    /// One SVID per SPIFFE ID that has at least one subscriber.
-    pub svids: BTreeMap<String, Arc<Svid>>,
+    /// One SVID per SPIFFE ID that has at least one subscriber. The maps are
+    /// persistent: a provider publishes each change as a new view sharing the
+    /// unchanged entries, not a copy of every subscription (one per pod).
+    pub svids: imbl::OrdMap<String, Arc<Svid>>,
     /// Trust bundles by trust domain.
     pub bundles: BTreeMap<String, Bundle>,
     /// Which SPIFFE ID each subscribed pod has.
-    pub subscriptions: BTreeMap<PodKey, String>,
+    pub subscriptions: imbl::OrdMap<PodKey, String>,
     /// Increases on every change of the view, so consumers can tell views apart cheaply.
     pub generation: u64,
 }

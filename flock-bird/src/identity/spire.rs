@@ -98,8 +98,8 @@ struct Sub {
 
 struct State {
     subs: BTreeMap<PodKey, Sub>,
-    subscriptions: BTreeMap<PodKey, String>,
-    svids: BTreeMap<String, Arc<Svid>>,
+    subscriptions: imbl::OrdMap<PodKey, String>,
+    svids: imbl::OrdMap<String, Arc<Svid>>,
     bundles: BTreeMap<String, Bundle>,
     bundles_task: Option<AbortHandle>,
     generation: u64,
@@ -155,8 +155,8 @@ impl SpireBridge {
             closed: watch::channel(false).0,
             state: Mutex::new(State {
                 subs: BTreeMap::new(),
-                subscriptions: BTreeMap::new(),
-                svids: BTreeMap::new(),
+                subscriptions: imbl::OrdMap::new(),
+                svids: imbl::OrdMap::new(),
                 bundles: BTreeMap::new(),
                 bundles_task: None,
                 generation: 0,

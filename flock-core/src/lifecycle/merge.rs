@@ -88,31 +88,34 @@ where
 }
 
 /// A live pod table shared between the CNI server, the xDS side and background
-/// loops. Every method takes the lock once; no caller code runs under it.
+/// loops. Every method takes the lock once; no caller code runs under it. The map is
+/// persistent ([`imbl::OrdMap`]), so [`PodTable::shared`] hands out a consistent copy
+/// in O(1) instead of copying every pod: the publish and the registry sync read the
+/// whole table on every pod change.
 #[derive(Debug)]
-pub struct PodTable<K, V> {
+pub struct PodTable<K: Ord + Clone, V: Clone> {
     inner: Mutex<Table<K, V>>,
 }
 
 #[derive(Debug)]
-struct Table<K, V> {
-    pods: BTreeMap<K, V>,
+struct Table<K: Ord + Clone, V: Clone> {
+    pods: imbl::OrdMap<K, V>,
     /// Counts the changes of `pods` (inserts, removes, merges that added).
     version: u64,
 }
 
-impl<K: Ord, V> Default for PodTable<K, V> {
+impl<K: Ord + Clone, V: Clone> Default for PodTable<K, V> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<K: Ord, V> PodTable<K, V> {
+impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
     /// An empty table.
     pub fn new() -> Self {
         Self {
             inner: Mutex::new(Table {
-                pods: BTreeMap::new(),
+                pods: imbl::OrdMap::new(),
                 version: 0,
             }),
         }
@@ -158,20 +161,18 @@ impl<K: Ord, V> PodTable<K, V> {
 
     /// Merges pods loaded from storage (see [`merge_loaded`]): adds absent keys,
     /// keeps present ones, removes nothing.
-    pub fn load_merge(&self, loaded: impl IntoIterator<Item = (K, V)>) -> MergeReport<K>
-    where
-        K: Clone,
-    {
+    pub fn load_merge(&self, loaded: impl IntoIterator<Item = (K, V)>) -> MergeReport<K> {
         let mut guard = lock(&self.inner);
-        let report = merge_loaded(&mut guard.pods, loaded);
+        // Once, at startup: the rule runs on a plain copy of the table.
+        let mut live: BTreeMap<K, V> = guard.pods.clone().into_iter().collect();
+        let report = merge_loaded(&mut live, loaded);
+        guard.pods = live.into_iter().collect();
         if !report.added.is_empty() {
             guard.version += 1;
         }
         report
     }
-}
 
-impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
     /// The pod's value, cloned.
     pub fn get(&self, key: &K) -> Option<V> {
         lock(&self.inner).pods.get(key).cloned()
@@ -179,11 +180,18 @@ impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
 
     /// A consistent copy of the whole table.
     pub fn snapshot(&self) -> BTreeMap<K, V> {
-        lock(&self.inner).pods.clone()
+        lock(&self.inner).pods.clone().into_iter().collect()
     }
 
     /// A consistent copy of the whole table and its [`PodTable::version`].
     pub fn versioned_snapshot(&self) -> (u64, BTreeMap<K, V>) {
+        let t = lock(&self.inner);
+        (t.version, t.pods.clone().into_iter().collect())
+    }
+
+    /// The whole table as a persistent map sharing the table's nodes (O(1)), and its
+    /// [`PodTable::version`].
+    pub fn shared(&self) -> (u64, imbl::OrdMap<K, V>) {
         let t = lock(&self.inner);
         (t.version, t.pods.clone())
     }

@@ -89,7 +89,7 @@ pub struct Memo {
     /// The options of the last translation: the cached resources were made with them.
     opts: Option<EnvoyOptions>,
     /// By (namespace, name): unique in a valid mesh.
-    pods: HashMap<(String, String), (Arc<Pod>, Translated)>,
+    pods: HashMap<PodId, Translated>,
     /// By namespace, then name, so a lookup borrows the model's strings instead of
     /// allocating a key per service per publish.
     services: HashMap<String, HashMap<String, ServiceMemo>>,
@@ -309,9 +309,8 @@ impl Memo {
         if envoy {
             next_pods.reserve(pods.len());
             for pod in pods {
-                let id = (pod.namespace.clone(), pod.name.clone());
-                let t = match self.pods.remove(&id) {
-                    Some((cached, t)) if Arc::ptr_eq(&cached, pod) || cached == *pod => t,
+                let t = match self.pods.remove_entry(&PodId(Arc::clone(pod))) {
+                    Some((PodId(cached), t)) if Arc::ptr_eq(&cached, pod) || cached == *pod => t,
                     old => {
                         let t = share(pod_resources(pod, opts));
                         match old {
@@ -322,12 +321,12 @@ impl Memo {
                     }
                 };
                 push(&mut out, &t);
-                if next_pods.insert(id, (Arc::clone(pod), t)).is_some() {
+                if next_pods.insert(PodId(Arc::clone(pod)), t).is_some() {
                     exact = false;
                 }
             }
         }
-        for (_, (_, t)) in self.pods.drain() {
+        for (_, t) in self.pods.drain() {
             ch.gone(&t);
         }
         let callers: BTreeSet<&str> = if envoy {
@@ -596,6 +595,27 @@ impl Memo {
         // keeps one of the two: the next translation records no changes either.
         self.clean = order_clean;
         TYPES.into_iter().zip(out).collect()
+    }
+}
+
+/// A pod as the memo's key: its (namespace, name), the pod's identity in the
+/// translation. Holding the pod itself lets a lookup by a new pod's `Arc` allocate
+/// nothing, and hands back the cached pod to compare with.
+#[derive(Debug)]
+struct PodId(Arc<Pod>);
+
+impl PartialEq for PodId {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.namespace == other.0.namespace && self.0.name == other.0.name
+    }
+}
+
+impl Eq for PodId {}
+
+impl std::hash::Hash for PodId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.namespace.hash(state);
+        self.0.name.hash(state);
     }
 }
 
