@@ -487,3 +487,51 @@ async fn readyz_and_metrics_say_the_registry_is_out_of_sync_while_the_agent_stay
     }
     assert_eq!(endpoints(&reg).len(), 2, "{:?}", endpoints(&reg));
 }
+
+/// Another writer deletes one of this node's keys and overwrites another (an operator
+/// with `etcdctl`, a stale agent of the same name): the sync puts both back as the
+/// pods want them, from the view's change alone (no request, no reconnect), and
+/// leaves another node's key alone. The sync plans only over the keys changed since
+/// its last clean plan; the view's deltas are what name these. Without them in the
+/// plan (`reintroduced!("regsync-plan-misses-view-changes")`, checked by
+/// scripts/test) the registry keeps the other writer's version.
+#[tokio::test(start_paused = true)]
+async fn another_writers_change_of_this_nodes_keys_is_repaired_from_the_views_deltas() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Stalling::new().await;
+    let agent = agent_over(dir.path(), Arc::clone(&reg) as Arc<dyn Registry>);
+    agent.load().await.unwrap();
+    for c in ["c1", "c2", "c3"] {
+        let added = agent.add_pod(&input(c, Some("web"), "8080")).await;
+        assert!(matches!(added, Ok(PodOutcome::Done(_))), "{added:?}");
+    }
+    settled(&agent).await;
+    let wanted: std::collections::BTreeMap<String, Endpoint> =
+        reg.view().borrow().endpoints.clone().into_iter().collect();
+    assert_eq!(wanted.len(), 3);
+    let mut keys = wanted.keys();
+    let (gone, changed) = (keys.next().unwrap().clone(), keys.next().unwrap().clone());
+    // The other writer, straight to the backend.
+    assert!(reg.inner.delete(&gone).await.unwrap());
+    let mut other = wanted[&changed].clone();
+    other.port += 1;
+    reg.inner.put(&other).await.unwrap();
+    let mut remote = wanted[&gone].clone();
+    remote.node = "n2".into();
+    reg.inner.put(&remote).await.unwrap();
+    let remote_key = remote.key();
+    until("the sync restored both keys", || {
+        let view = reg.view().borrow().clone();
+        wanted
+            .iter()
+            .all(|(k, ep)| view.endpoints.get(k) == Some(ep))
+    })
+    .await;
+    let view = reg.view().borrow().clone();
+    assert_eq!(
+        view.endpoints.get(&remote_key),
+        Some(&remote),
+        "another node's key is not ours"
+    );
+    assert_eq!(view.endpoints.len(), 4);
+}

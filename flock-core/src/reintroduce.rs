@@ -53,6 +53,7 @@ pub const KNOWN: &[&str] = &[
     "service-table-delta-over-gap",
     "service-table-exclusions-in-one-pass",
     "memo-changes-keep-gone",
+    "regsync-plan-misses-view-changes",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile

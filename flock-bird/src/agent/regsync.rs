@@ -479,6 +479,11 @@ impl Agent {
             return None;
         }
         let mut keys = desired.changed.clone();
+        let missed = if flock_core::reintroduced!("regsync-plan-misses-view-changes") {
+            0
+        } else {
+            missed
+        };
         for d in view.recent.iter().skip(view.recent.len() - missed) {
             keys.extend(d.added.iter().chain(&d.changed).chain(&d.removed).cloned());
         }
