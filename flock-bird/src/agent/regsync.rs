@@ -136,7 +136,9 @@ struct Inputs {
     pods: u64,
     announced: u64,
     health: u64,
-    identity: usize,
+    /// The identity view's generation (not its address: a freed view's address can
+    /// come back with another view).
+    identity: Option<u64>,
 }
 
 /// The sync's shared state (see the module docs).
@@ -329,7 +331,7 @@ impl Agent {
             pods: pods_version,
             announced: announced_gen,
             health,
-            identity: identity.as_ref().map_or(0, |v| Arc::as_ptr(v) as usize),
+            identity: identity.as_ref().map(|v| v.generation),
         };
         let mut cache = lock(&self.sync.desired);
         // Kube mode's memberships have no version here: derived every time.
@@ -474,18 +476,12 @@ impl Agent {
         if generation != view.generation || seq == 0 {
             return None;
         }
-        let missed = usize::try_from(view.seq.checked_sub(seq)?).ok()?;
-        if missed > view.recent.len() {
-            return None;
-        }
+        let deltas = view.deltas_since(seq)?;
         let mut keys = desired.changed.clone();
-        let missed = if flock_core::reintroduced!("regsync-plan-misses-view-changes") {
-            0
-        } else {
-            missed
-        };
-        for d in view.recent.iter().skip(view.recent.len() - missed) {
-            keys.extend(d.added.iter().chain(&d.changed).chain(&d.removed).cloned());
+        if !flock_core::reintroduced!("regsync-plan-misses-view-changes") {
+            for d in deltas {
+                keys.extend(d.keys().cloned());
+            }
         }
         let st = lock(&self.sync.state);
         keys.extend(st.withdrawn.keys().cloned());
@@ -697,17 +693,10 @@ impl Agent {
     ///
     /// [`View::seq`]: crate::registry::View::seq
     fn view_change_needs_round(&self, view: &crate::registry::View, since: u64) -> bool {
-        if view.seq == since && since != 0 {
-            // Only the revisions or the sync state moved (a backend that counts its
-            // changes counts every change of an endpoint); the caller sees reconnects.
-            return false;
-        }
-        let Some(missed) = view
-            .seq
-            .checked_sub(since)
-            .and_then(|k| usize::try_from(k).ok())
-            .filter(|k| since != 0 && *k <= view.recent.len())
-        else {
+        // No delta since `since`: only the revisions or the sync state moved (a backend
+        // that counts its changes counts every change of an endpoint); the caller sees
+        // reconnects.
+        let Some(mut deltas) = view.deltas_since(since) else {
             return true;
         };
         let prefix = format!("{}/", self.cfg.node_name);
@@ -735,16 +724,7 @@ impl Agent {
             };
             !echo
         };
-        view.recent
-            .iter()
-            .skip(view.recent.len() - missed)
-            .any(|d| {
-                d.added
-                    .iter()
-                    .chain(&d.changed)
-                    .chain(&d.removed)
-                    .any(concerns)
-            })
+        deltas.any(|d| d.keys().any(concerns))
     }
 
     fn sync_ready(&self) -> bool {

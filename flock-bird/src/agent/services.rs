@@ -224,14 +224,7 @@ impl ServiceTable {
                 // this view (where it is now is all that matters).
                 let mut keys: BTreeSet<&str> = BTreeSet::new();
                 for delta in deltas {
-                    keys.extend(
-                        delta
-                            .added
-                            .iter()
-                            .chain(&delta.changed)
-                            .chain(&delta.removed)
-                            .map(String::as_str),
-                    );
+                    keys.extend(delta.keys().map(String::as_str));
                 }
                 for key in keys {
                     self.move_key(key, view, &mut dirty);

@@ -161,6 +161,30 @@ impl Delta {
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
     }
+
+    /// Every key the delta names: added, changed, then removed.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.added.iter().chain(&self.changed).chain(&self.removed)
+    }
+}
+
+impl View {
+    /// The deltas from the view of `seq` `since` to this one, oldest first; `None`
+    /// when they are not all known: a backend that does not count its changes
+    /// (`since` or `seq` 0), a `since` ahead of this view, or more missed views than
+    /// [`View::recent`] keeps.
+    pub fn deltas_since(&self, since: u64) -> Option<impl Iterator<Item = &Delta>> {
+        let missed = usize::try_from(self.seq.checked_sub(since)?).ok()?;
+        if since == 0 || missed > self.recent.len() {
+            return None;
+        }
+        Some(
+            self.recent
+                .iter()
+                .skip(self.recent.len() - missed)
+                .map(|d| &**d),
+        )
+    }
 }
 
 /// An endpoint registry backend (see the module docs).
