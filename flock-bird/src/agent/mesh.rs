@@ -291,7 +291,7 @@ impl Agent {
     fn pod_models(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<Arc<translate::Pod>>> {
         let missing = lock(&self.netns_missing).clone();
         let mut cache = lock(&self.pods_cache);
-        let version = self.pods.version();
+        let (version, table) = self.pods.shared();
         let same_identity = match (&cache.identity, identity) {
             (None, None) => true,
             (Some(seen), Some(now)) => std::ptr::eq(seen.as_ptr(), Arc::as_ptr(now)),
@@ -300,7 +300,6 @@ impl Agent {
         if cache.version == version && version != 0 && same_identity && cache.missing == missing {
             return Arc::clone(&cache.pods);
         }
-        let (version, table) = self.pods.shared();
         let PodsOf { by_pod, .. } = &mut *cache;
         let mut pods = Vec::with_capacity(table.len());
         let mut kept = 0;

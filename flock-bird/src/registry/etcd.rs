@@ -36,10 +36,7 @@
 //! watch events for the same or older revisions of a key are then ignored, so the view
 //! never moves backwards.
 
-use super::{
-    Delta, OrdMap, RECENT_DELTAS, Registry, RegistryError, RegistryOptions, Rejections, Vector,
-    View,
-};
+use super::{Delta, DeltaLog, OrdMap, Registry, RegistryError, RegistryOptions, Rejections, View};
 use crate::model::Endpoint;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
@@ -195,12 +192,9 @@ struct ViewState {
     generation: u64,
     /// The resume revision was compacted: the next session lists instead of resuming.
     needs_list: bool,
-    /// Counts the published views whose endpoints differ from the one before.
-    seq: u64,
-    /// The change of the last published endpoint change ([`View::delta`]).
-    delta: Arc<Delta>,
-    /// The last [`RECENT_DELTAS`] of them ([`View::recent`]).
-    recent: Vector<Arc<Delta>>,
+    /// The published endpoint changes ([`View::seq`], [`View::delta`],
+    /// [`View::recent`]).
+    log: DeltaLog,
     /// Keys changed since the last publish, folded per key.
     pending: BTreeMap<String, Change>,
 }
@@ -332,24 +326,19 @@ impl ViewState {
                     Change::Removed => delta.removed.push(key),
                 }
             }
-            self.seq += 1;
-            self.delta = Arc::new(delta);
-            self.recent.push_back(Arc::clone(&self.delta));
-            if self.recent.len() > RECENT_DELTAS {
-                self.recent.pop_front();
-            }
+            self.log.push(delta);
         }
-        View {
+        let mut view = View {
             // O(1): the persistent maps are shared, not copied.
             endpoints: self.entries.clone(),
             revisions: self.revs.clone(),
             revision: u64::try_from(self.revision).unwrap_or(0),
             synced: self.synced,
             generation: self.generation,
-            seq: self.seq,
-            delta: Arc::clone(&self.delta),
-            recent: self.recent.clone(),
-        }
+            ..View::default()
+        };
+        self.log.stamp(&mut view);
+        view
     }
 }
 
@@ -1254,6 +1243,7 @@ impl EtcdRegistry {
 mod tests {
     use super::*;
     use crate::model::{Health, Protocol};
+    use crate::registry::RECENT_DELTAS;
     use flock_core::pod::PodKey;
 
     fn ep(pod: &str, last: u8) -> Endpoint {

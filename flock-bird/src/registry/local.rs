@@ -8,7 +8,7 @@
 //! ([`View::delta`], [`View::recent`]), like etcd's.
 
 use super::persist::{self, Entry};
-use super::{Delta, RECENT_DELTAS, Registry, RegistryError, RegistryOptions, Rejections, View};
+use super::{Delta, DeltaLog, Registry, RegistryError, RegistryOptions, Rejections, View};
 use crate::model::Endpoint;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +30,7 @@ pub struct LocalRegistry {
 struct State {
     revision: u64,
     entries: BTreeMap<String, Entry>,
+    log: DeltaLog,
 }
 
 /// The first view of `state`: every entry, no delta (a subscriber files it whole).
@@ -57,7 +58,13 @@ fn first_view(state: &State) -> View {
 /// each view from the whole map made every write O(registry), and a view without
 /// deltas made every subscriber re-read the whole registry per write: the agent's own
 /// ADD paid both, once per pod present.
-fn next_view(prev: &View, key: &str, now: Option<&Endpoint>, revision: u64) -> View {
+fn next_view(
+    prev: &View,
+    log: &mut DeltaLog,
+    key: &str,
+    now: Option<&Endpoint>,
+    revision: u64,
+) -> View {
     let mut next = prev.clone();
     next.revision = revision;
     let mut delta = Delta::default();
@@ -78,12 +85,8 @@ fn next_view(prev: &View, key: &str, now: Option<&Endpoint>, revision: u64) -> V
         }
     }
     if !delta.is_empty() {
-        next.seq += 1;
-        next.delta = Arc::new(delta);
-        next.recent.push_back(Arc::clone(&next.delta));
-        if next.recent.len() > RECENT_DELTAS {
-            next.recent.pop_front();
-        }
+        log.push(delta);
+        log.stamp(&mut next);
     }
     next
 }
@@ -118,6 +121,7 @@ impl LocalRegistry {
             State {
                 revision: loaded.revision,
                 entries: loaded.entries,
+                log: DeltaLog::default(),
             },
         ))
     }
@@ -161,7 +165,7 @@ impl LocalRegistry {
             return Err(e);
         }
         state.revision = revision;
-        let next = next_view(&self.view_tx.borrow(), key, now, revision);
+        let next = next_view(&self.view_tx.borrow(), &mut state.log, key, now, revision);
         self.view_tx.send_replace(Arc::new(next));
         Ok(revision)
     }

@@ -168,6 +168,35 @@ impl Delta {
     }
 }
 
+/// The change count and recent deltas of a backend that reports its changes: what it
+/// stamps on each view as [`View::seq`], [`View::delta`] and [`View::recent`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DeltaLog {
+    seq: u64,
+    last: Arc<Delta>,
+    recent: Vector<Arc<Delta>>,
+}
+
+impl DeltaLog {
+    /// Records the next change (a non-empty delta), keeping the last
+    /// [`RECENT_DELTAS`].
+    pub(crate) fn push(&mut self, delta: Delta) {
+        self.seq += 1;
+        self.last = Arc::new(delta);
+        self.recent.push_back(Arc::clone(&self.last));
+        if self.recent.len() > RECENT_DELTAS {
+            self.recent.pop_front();
+        }
+    }
+
+    /// Sets `view`'s change fields to this log's (O(1): the deltas are shared).
+    pub(crate) fn stamp(&self, view: &mut View) {
+        view.seq = self.seq;
+        view.delta = Arc::clone(&self.last);
+        view.recent = self.recent.clone();
+    }
+}
+
 impl View {
     /// The deltas from the view of `seq` `since` to this one, oldest first; `None`
     /// when they are not all known: a backend that does not count its changes

@@ -183,12 +183,6 @@ impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
         lock(&self.inner).pods.clone().into_iter().collect()
     }
 
-    /// A consistent copy of the whole table and its [`PodTable::version`].
-    pub fn versioned_snapshot(&self) -> (u64, BTreeMap<K, V>) {
-        let t = lock(&self.inner);
-        (t.version, t.pods.clone().into_iter().collect())
-    }
-
     /// The whole table as a persistent map sharing the table's nodes (O(1)), and its
     /// [`PodTable::version`].
     pub fn shared(&self) -> (u64, imbl::OrdMap<K, V>) {
