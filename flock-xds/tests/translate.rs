@@ -2157,6 +2157,72 @@ fn the_memo_reuses_unchanged_entities_and_equals_a_fresh_translation() {
     assert!(envoy.is_empty());
 }
 
+/// A mesh with a pod twice (invalid: the agent never publishes one) is translated
+/// as a fresh memo translates it, records no changes, and leaves nothing of the
+/// twin behind: the steps after it again give what a fresh memo gives, and their
+/// changes, applied to the whole lists of the step before, give the whole lists.
+#[test]
+fn a_pod_named_twice_is_translated_as_fresh_and_records_no_changes() {
+    let pod = |name: &str, ip: &str, listen: u16| {
+        format!(
+            r#"{{"name": "{name}", "ip": "{ip}", "netns": "/run/netns/{name}", "inbound": [{{"app_port": 8080, "listen_port": {listen}}}]}}"#
+        )
+    };
+    // Each pod parsed alone (the parser refuses a mesh with a pod twice), then put
+    // together.
+    let mesh = |pods: &[String]| Mesh {
+        pods: pods
+            .iter()
+            .flat_map(|p| {
+                Mesh::from_json(format!(r#"{{"pods": [{p}]}}"#).as_bytes())
+                    .unwrap()
+                    .pods
+            })
+            .collect(),
+        ..Mesh::default()
+    };
+    let (a, b) = (pod("a", "10.0.0.1", 15006), pod("b", "10.0.0.2", 15006));
+    let a_again = pod("a", "10.0.0.3", 15007);
+    let steps = [
+        // A first translation has nothing to record changes against.
+        (mesh(&[a.clone(), b.clone()]), false),
+        (mesh(&[a.clone(), b.clone(), a_again.clone()]), false),
+        // The pass after an invalid one has no exact changes either.
+        (mesh(&[a.clone(), b.clone()]), false),
+        (mesh(std::slice::from_ref(&b)), true),
+        (mesh(&[a_again, b]), true),
+    ];
+    let opts = EnvoyOptions::default();
+    let mut memo = translate::Memo::new(translate::Flavor::Envoy);
+    let mut applied =
+        flock_core::resources::ResourceSet::<envoy_types::pb::google::protobuf::Any>::new();
+    for (i, (m, exact)) in steps.into_iter().enumerate() {
+        let e = memo.translate(&m, &opts);
+        let fresh = translate::Memo::new(translate::Flavor::Envoy).translate(&m, &opts);
+        assert_eq!(memo_flat(&e), memo_flat(&fresh), "step {i}");
+        let mut whole = applied.edit();
+        for (t, list) in &e {
+            whole.replace_type(t, list.iter().cloned());
+        }
+        let whole = whole.build();
+        match memo.take_changes() {
+            Some(changes) => {
+                assert!(
+                    exact,
+                    "step {i}: changes recorded for a mesh with a pod twice"
+                );
+                let next = changes.apply(&applied);
+                assert!(
+                    flock_core::resources::diff_full(&next, &whole).is_empty(),
+                    "step {i}: the changes applied are not the whole lists"
+                );
+            }
+            None => assert!(!exact, "step {i}: no changes recorded for a valid mesh"),
+        }
+        applied = whole;
+    }
+}
+
 const KUBE_CLIENT: &str = "spiffe://cluster.local/ns/default/sa/kube-client";
 
 /// A service with a ClusterIP of each family behind endpoints that name a SPIFFE ID

@@ -117,17 +117,24 @@ impl Agent {
         let identity = self
             .identity_view()
             .and_then(|v| v.svid_of(&rec.key).map(|s| s.spiffe_id.clone()));
+        self.endpoints_with(rec, health, identity.as_deref())
+    }
+
+    /// [`Agent::endpoints_of`] with the pod's SPIFFE ID given (the one the caller
+    /// derived from, so what it records matches what the endpoints carry).
+    pub(super) fn endpoints_with(
+        &self,
+        rec: &PodRecord,
+        health: Health,
+        identity: Option<&str>,
+    ) -> Vec<Endpoint> {
         if !rec.service.is_empty() {
-            return super::mesh::endpoints(rec, &self.cfg, health, identity.as_deref());
+            return super::mesh::endpoints(rec, &self.cfg, health, identity);
         }
         match &self.kube {
-            Some(kube) => super::member_endpoints(
-                rec,
-                &kube.members(rec),
-                &self.cfg,
-                health,
-                identity.as_deref(),
-            ),
+            Some(kube) => {
+                super::member_endpoints(rec, &kube.members(rec), &self.cfg, health, identity)
+            }
             None => Vec::new(),
         }
     }
@@ -261,10 +268,16 @@ impl Agent {
                         Ok(Ok(())) => {
                             self.note_netns(&rec.key, &rec.netns);
                             self.pods.insert(rec.key.clone(), Arc::new(rec.clone()));
-                            lock(&self.liveness).insert(
+                            let replaced = lock(&self.liveness).insert(
                                 rec.key.clone(),
                                 Liveness::new(flock_clock::mono_now(), self.cfg.liveness),
                             );
+                            if replaced.is_some() {
+                                // A repeated ADD resets the pod's health (to serving)
+                                // while its record may compare equal: the registry
+                                // sync must re-derive its endpoints all the same.
+                                self.sync.health_gen.fetch_add(1, Ordering::Release);
+                            }
                             Ok(())
                         }
                         Ok(Err(e)) => Err(e.to_string()),

@@ -3,6 +3,7 @@
 //! check that every pod the validator admits becomes a pod and a service the
 //! translation accepts.
 
+use super::podinputs::PodInputs;
 use super::{Agent, AgentConfig};
 use crate::identity::IdentityView;
 use crate::model::{Endpoint, Health, OUTBOUND_PORT, PodRecord};
@@ -213,10 +214,11 @@ pub(super) type SecretsOf = (std::sync::Weak<IdentityView>, Arc<Vec<translate::S
 /// missing-netns set, and each pod's model by key with what it was derived from.
 #[derive(Default)]
 pub(super) struct PodsOf {
-    version: u64,
-    identity: Option<std::sync::Weak<IdentityView>>,
+    /// The table and SPIFFE IDs the models were derived from (`None`: never).
+    seen: Option<PodInputs>,
     missing: BTreeSet<flock_core::pod::PodKey>,
     pods: Arc<Vec<Arc<translate::Pod>>>,
+    /// Every pod in the table whose netns is not missing.
     by_pod: BTreeMap<flock_core::pod::PodKey, PodModel>,
 }
 
@@ -284,67 +286,70 @@ impl Agent {
         }
     }
 
-    /// The live pods as the translation sees them, re-derived only when the pod
-    /// table, the identity view or the set of pods whose netns is missing changed, and
-    /// then only for the pods whose record (by pointer) or identity changed: a pod
-    /// change used to re-derive and re-validate every pod.
+    /// The live pods as the translation sees them. Only the pods whose record or
+    /// SPIFFE ID changed since the last call are re-derived and re-validated, and only
+    /// they are visited ([`PodInputs::changed_since`]); all of them when the set of
+    /// pods whose netns is missing changed. A pod change used to visit every pod.
     fn pod_models(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<Arc<translate::Pod>>> {
         let missing = lock(&self.netns_missing).clone();
         let mut cache = lock(&self.pods_cache);
-        let (version, table) = self.pods.shared();
-        let same_identity = match (&cache.identity, identity) {
-            (None, None) => true,
-            (Some(seen), Some(now)) => std::ptr::eq(seen.as_ptr(), Arc::as_ptr(now)),
-            _ => false,
+        let (_, table) = self.pods.shared();
+        let now = PodInputs::new(table, identity.map(|v| &**v), cache.seen.as_ref());
+        let PodsOf {
+            seen,
+            missing: seen_missing,
+            pods,
+            by_pod,
+        } = &mut *cache;
+        let visit: Box<dyn Iterator<Item = flock_core::pod::PodKey>> = match seen {
+            Some(seen) if *seen_missing == missing => {
+                let changed = now.changed_since(seen);
+                if changed.is_empty() {
+                    *seen = now;
+                    return Arc::clone(pods);
+                }
+                Box::new(changed.into_iter())
+            }
+            _ => {
+                by_pod.retain(|key, _| now.table.contains_key(key));
+                Box::new(now.table.keys().cloned().collect::<Vec<_>>().into_iter())
+            }
         };
-        if cache.version == version && version != 0 && same_identity && cache.missing == missing {
-            return Arc::clone(&cache.pods);
-        }
-        let PodsOf { by_pod, .. } = &mut *cache;
-        let mut pods = Vec::with_capacity(table.len());
-        let mut kept = 0;
-        for (key, rec) in &table {
+        for key in visit {
+            let Some(rec) = now.table.get(&key) else {
+                by_pod.remove(&key);
+                continue;
+            };
             // Envoy refuses a whole listener update if one netns path is missing:
             // a pod whose namespace is gone (DEL never came) is left to the GC.
-            if missing.contains(key) {
+            if missing.contains(&key) {
                 tracing::debug!(pod = %rec.pod_ref(), netns = %rec.netns, "netns missing; pod not served");
+                by_pod.remove(&key);
                 continue;
             }
-            kept += 1;
-            let spiffe_id = identity
-                .and_then(|v| v.svid_of(key))
-                .map(|s| s.spiffe_id.as_str());
+            let spiffe_id = now.spiffe_id(&key);
             let fresh = by_pod
-                .get(key)
-                .filter(|m| Arc::ptr_eq(&m.rec, rec) && m.spiffe_id.as_deref() == spiffe_id);
-            let model = match fresh {
-                Some(m) => m.model.clone(),
-                None => {
-                    let model = validated_pod(rec, spiffe_id.map(str::to_string));
-                    by_pod.insert(
-                        key.clone(),
-                        PodModel {
-                            rec: Arc::clone(rec),
-                            spiffe_id: spiffe_id.map(str::to_string),
-                            model: model.clone(),
-                        },
-                    );
-                    model
-                }
-            };
-            if let Some(pod) = model {
-                pods.push(pod);
+                .get(&key)
+                .is_some_and(|m| Arc::ptr_eq(&m.rec, rec) && m.spiffe_id.as_deref() == spiffe_id);
+            if !fresh {
+                let model = validated_pod(rec, spiffe_id.map(str::to_string));
+                by_pod.insert(
+                    key,
+                    PodModel {
+                        rec: Arc::clone(rec),
+                        spiffe_id: spiffe_id.map(str::to_string),
+                        model,
+                    },
+                );
             }
         }
-        if by_pod.len() != kept {
-            by_pod.retain(|key, _| table.contains_key(key) && !missing.contains(key));
-        }
-        let pods = Arc::new(pods);
-        cache.version = version;
-        cache.identity = identity.map(Arc::downgrade);
-        cache.missing = missing;
-        cache.pods = Arc::clone(&pods);
-        pods
+        // In table order, as before: the models of the pods kept and accepted.
+        let models: Arc<Vec<Arc<translate::Pod>>> =
+            Arc::new(by_pod.values().filter_map(|m| m.model.clone()).collect());
+        *pods = Arc::clone(&models);
+        *seen = Some(now);
+        *seen_missing = missing;
+        models
     }
 
     /// The secrets of the identity view: certificates named by SPIFFE ID, bundles by

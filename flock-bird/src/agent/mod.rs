@@ -49,6 +49,7 @@ mod locks;
 mod members;
 pub mod mesh;
 mod metrics;
+mod podinputs;
 mod publish;
 mod regsync;
 mod request;

@@ -47,40 +47,46 @@ impl Agent {
                 } else {
                     &self.grpc_memo
                 });
-                let entries =
+                let translation =
                     memo.translate_shared(&parts.services, &parts.pods, &parts.secrets, &opts);
                 #[allow(unused_mut)]
                 let mut changes = memo.take_changes();
                 #[cfg(feature = "fault-injection")]
-                let entries = if group == ENVOY_GROUP
+                let poisoned = if group == ENVOY_GROUP
                     && self.store.dir().join(super::fault::SWITCH).exists()
                 {
                     // What is published is not what the memo translated: the next
                     // publish starts from the whole lists again.
                     memo.forget_output();
                     changes = None;
-                    super::fault::poison_if_armed(entries, self.store.dir())
+                    Some(super::fault::poison_if_armed(
+                        translation.entries(),
+                        self.store.dir(),
+                    ))
                 } else {
-                    entries
+                    None
                 };
-                let next = match changes {
+                #[cfg(not(feature = "fault-injection"))]
+                let poisoned: Option<Entries> = None;
+                let next = match (changes, poisoned) {
+                    (_, Some(entries)) => replace_all(prev, &entries),
                     // O(changed entities): the memo's changes applied to the set its
                     // previous translation built.
-                    Some(changes) => {
+                    (Some(changes), None) => {
                         let next = changes.apply(prev);
                         // A cheap check that the two agree (every entry list of a valid
                         // mesh names each resource once): else the whole lists.
-                        if entries.iter().all(|(t, list)| next.len_of(t) == list.len()) {
+                        if translation.counts_match(&next) {
                             next
                         } else {
                             tracing::debug!(
                                 group,
                                 "incremental publish disagreed with the whole lists; replacing every type"
                             );
-                            replace_all(prev, &entries)
+                            replace_all(prev, &translation.entries())
                         }
                     }
-                    None => replace_all(prev, &entries),
+                    (None, None) => replace_all(prev, &translation.entries()),
                 };
                 let changed = !flock_core::resources::diff(prev, &next).is_empty();
                 (changed || first).then_some(next)

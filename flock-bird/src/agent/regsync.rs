@@ -31,6 +31,7 @@
 //! orphan GC's job.
 
 use super::Agent;
+use super::podinputs::PodInputs;
 use crate::model::{Endpoint, Health, PodRecord};
 use flock_core::backoff::Backoff;
 use flock_core::pod::PodKey;
@@ -84,7 +85,9 @@ impl SyncStatus {
 struct State {
     /// Pods whose `RegistryRegister` step ran: the only ones that may be registered
     /// (remote traffic only once the local proxy has the pod's config).
-    announced: BTreeSet<PodKey>,
+    /// A persistent set: the desired endpoints keep last round's copy (O(1)) and
+    /// visit only the pods announced or withdrawn since.
+    announced: imbl::OrdSet<PodKey>,
     /// Keys this process wrote, tried to write or was asked to remove → when last
     /// touched.
     tracked: BTreeMap<String, Instant>,
@@ -123,6 +126,9 @@ struct Desired {
     all: Arc<BTreeMap<String, Endpoint>>,
     /// What `all` was derived from: while these are the same, so is `all`.
     inputs: Option<Inputs>,
+    /// The pod table, SPIFFE IDs and announced set `by_pod` was derived from, so the
+    /// next derivation visits only the pods whose inputs changed.
+    seen: Option<(PodInputs, imbl::OrdSet<PodKey>)>,
     /// Keys whose desired endpoint may have changed since the last clean plan.
     changed: BTreeSet<String>,
     /// The view (seq, generation) of the last plan that found nothing to do.
@@ -314,10 +320,12 @@ impl Agent {
         }
     }
 
-    /// The endpoints of every announced pod still in the table, by key. A pod's
-    /// endpoints are re-derived only when its record (by pointer), registered health
-    /// or identity changed since the last round: deriving them (names formatted, keys
-    /// built, strings copied) for every pod on every round made each ADD cost
+    /// The endpoints of every announced pod still in the table, by key. Only the
+    /// pods whose record, SPIFFE ID or announcement changed since the last round are
+    /// visited and re-derived ([`PodInputs::changed_since`]); every pod after a health
+    /// transition (rare; the registered health is per pod but its changes are only
+    /// counted). Deriving every pod's endpoints (names formatted, keys built, strings
+    /// copied), and later even visiting every pod, on every round made each ADD cost
     /// O(pods). Kube mode's records (no service annotation) depend on the Service
     /// memberships too, and are derived every time.
     fn desired(&self) -> Arc<BTreeMap<String, Endpoint>> {
@@ -338,29 +346,58 @@ impl Agent {
         if self.kube.is_none() && cache.inputs.as_ref() == Some(&inputs) {
             return Arc::clone(&cache.all);
         }
+        let same_health = cache.inputs.as_ref().is_some_and(|i| i.health == health);
         cache.inputs = Some(inputs);
-        // Read after its version (a change meanwhile is seen again next time); held
-        // for the walk rather than copied (lock order: desired, state).
-        let st = lock(&self.sync.state);
-        let announced = &st.announced;
+        // Read after its version (a change meanwhile is seen again next time); an
+        // O(1) copy of the persistent set (lock order: desired, state).
+        let announced = lock(&self.sync.state).announced.clone();
+        let now = PodInputs::new(
+            pods,
+            identity.as_deref(),
+            cache.seen.as_ref().map(|(p, _)| p),
+        );
         let Desired {
             by_pod,
             all,
             changed,
+            seen,
             ..
         } = &mut *cache;
-        let mut found = 0;
-        for key in announced {
-            let Some(rec) = pods.get(key).cloned() else {
-                continue;
+        let visit: Vec<PodKey> = match seen {
+            Some((was, was_announced)) if same_health && self.kube.is_none() => {
+                let mut keys = now.changed_since(was);
+                for item in was_announced.diff(&announced) {
+                    let (imbl::ordset::DiffItem::Add(k) | imbl::ordset::DiffItem::Remove(k)) = item;
+                    keys.insert(k.clone());
+                }
+                keys.into_iter().collect()
+            }
+            _ => by_pod
+                .keys()
+                .cloned()
+                .chain(announced.iter().cloned())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        };
+        for key in visit {
+            let rec = match now.table.get(&key) {
+                Some(rec) if announced.contains(&key) => Arc::clone(rec),
+                _ => {
+                    // Withdrawn, or gone from the table: its endpoints are not wanted.
+                    if let Some(old) = by_pod.remove(&key) {
+                        let map = Arc::make_mut(all);
+                        for (k, _) in old.endpoints {
+                            map.remove(&k);
+                            changed.insert(k);
+                        }
+                    }
+                    continue;
+                }
             };
-            found += 1;
-            let health = self.registered_health(key);
-            let spiffe_id = identity
-                .as_ref()
-                .and_then(|v| v.svid_of(key))
-                .map(|s| s.spiffe_id.as_str());
-            let fresh = by_pod.get(key).is_some_and(|d| {
+            let health = self.registered_health(&key);
+            let spiffe_id = now.spiffe_id(&key);
+            let fresh = by_pod.get(&key).is_some_and(|d| {
                 !rec.service.is_empty()
                     && Arc::ptr_eq(&d.rec, &rec)
                     && d.health == health
@@ -370,12 +407,12 @@ impl Agent {
                 continue;
             }
             let endpoints: Vec<(String, Endpoint)> = self
-                .endpoints_of(&rec, health)
+                .endpoints_with(&rec, health, spiffe_id)
                 .into_iter()
                 .map(|ep| (ep.key(), ep))
                 .collect();
             let map = Arc::make_mut(all);
-            if let Some(old) = by_pod.remove(key) {
+            if let Some(old) = by_pod.remove(&key) {
                 for (k, _) in old.endpoints {
                     map.remove(&k);
                     changed.insert(k);
@@ -386,7 +423,7 @@ impl Agent {
                 changed.insert(k.clone());
             }
             by_pod.insert(
-                key.clone(),
+                key,
                 Derived {
                     rec,
                     health,
@@ -395,22 +432,7 @@ impl Agent {
                 },
             );
         }
-        if by_pod.len() != found {
-            let gone: Vec<PodKey> = by_pod
-                .keys()
-                .filter(|k| !announced.contains(*k) || !pods.contains_key(*k))
-                .cloned()
-                .collect();
-            let map = Arc::make_mut(all);
-            for key in gone {
-                if let Some(old) = by_pod.remove(&key) {
-                    for (k, _) in old.endpoints {
-                        map.remove(&k);
-                        changed.insert(k);
-                    }
-                }
-            }
-        }
+        *seen = Some((now, announced));
         Arc::clone(all)
     }
 
@@ -674,9 +696,16 @@ impl Agent {
                 || unknown.contains(k)
                 || now.duration_since(*touched) < LINGER
         });
-        let before = st.announced.len();
-        st.announced.retain(|k| self.pods.contains(k));
-        if st.announced.len() != before {
+        let gone: Vec<PodKey> = st
+            .announced
+            .iter()
+            .filter(|k| !self.pods.contains(k))
+            .cloned()
+            .collect();
+        for k in &gone {
+            st.announced.remove(k);
+        }
+        if !gone.is_empty() {
             st.announced_gen += 1;
         }
     }

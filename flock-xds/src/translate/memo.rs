@@ -52,7 +52,83 @@ pub type Entries = BTreeMap<&'static str, Vec<(Name, ContentHash, Arc<Any>)>>;
 
 /// One entity's translated resources, shared (`Arc`) so reuse copies pointers, not
 /// bytes.
-type Translated = Arc<Vec<Shared>>;
+type Translated = Arc<Group>;
+
+/// One entity's resources and how many there are of each of the five types: a
+/// translation is a list of groups, and its per-type counts are sums of these, so
+/// neither needs a walk over every resource.
+#[derive(Debug)]
+struct Group {
+    items: Vec<Shared>,
+    counts: [usize; 5],
+}
+
+impl std::ops::Deref for Group {
+    type Target = [Shared];
+    fn deref(&self) -> &[Shared] {
+        &self.items
+    }
+}
+
+fn group(items: Vec<Shared>) -> Translated {
+    let mut counts = [0; 5];
+    for (type_url, ..) in &items {
+        counts[slot(type_url)] += 1;
+    }
+    Arc::new(Group { items, counts })
+}
+
+/// One translation's output: every entity's resources, as the shared groups the memo
+/// keeps (one pointer per entity, not per resource). [`Translation::entries`] lists
+/// them per type, which only a publisher that cannot apply the memo's
+/// [`Changes`] needs.
+#[derive(Debug, Default)]
+pub struct Translation {
+    groups: Vec<Translated>,
+    counts: [usize; 5],
+}
+
+impl Translation {
+    fn push(&mut self, t: &Translated) {
+        for (sum, n) in self.counts.iter_mut().zip(t.counts) {
+            *sum += n;
+        }
+        self.groups.push(Arc::clone(t));
+    }
+
+    /// How many resources of `type_url` the translation has (counting one named
+    /// twice, in an invalid mesh, twice). 0 for a type that is not one of the five.
+    pub fn len_of(&self, type_url: &str) -> usize {
+        TYPES
+            .iter()
+            .position(|t| *t == type_url)
+            .map_or(0, |i| self.counts[i])
+    }
+
+    /// The resources per type URL, each type's in translation order.
+    pub fn entries(&self) -> Entries {
+        let mut lists: Lists = Default::default();
+        for (list, n) in lists.iter_mut().zip(self.counts) {
+            list.reserve(n);
+        }
+        for t in &self.groups {
+            for (type_url, name, hash, any) in t.iter() {
+                lists[slot(type_url)].push((name.clone(), *hash, Arc::clone(any)));
+            }
+        }
+        TYPES.into_iter().zip(lists).collect()
+    }
+
+    /// Whether every type's count equals that type's count in `set`: a cheap check
+    /// that a set built by applying [`Changes`] holds what this translation lists (a
+    /// translation of a valid mesh names each resource once).
+    pub fn counts_match<V>(&self, set: &ResourceSet<V>) -> bool {
+        TYPES
+            .iter()
+            .zip(self.counts)
+            .all(|(t, n)| set.len_of(t) == n)
+    }
+}
 
 /// One translated resource, shared.
 type Shared = (&'static str, Name, ContentHash, Arc<Any>);
@@ -89,7 +165,7 @@ pub struct Memo {
     /// The options of the last translation: the cached resources were made with them.
     opts: Option<EnvoyOptions>,
     /// By (namespace, name): unique in a valid mesh.
-    pods: HashMap<PodId, Translated>,
+    pods: HashMap<PodId, PodMemo>,
     /// By namespace, then name, so a lookup borrows the model's strings instead of
     /// allocating a key per service per publish.
     services: HashMap<String, HashMap<String, ServiceMemo>>,
@@ -180,13 +256,6 @@ impl Changes {
     }
 }
 
-/// Appends an entity's resources to the translation's entries.
-fn push(out: &mut Lists, t: &Translated) {
-    for (type_url, name, hash, any) in t.iter() {
-        out[slot(type_url)].push((name.clone(), *hash, Arc::clone(any)));
-    }
-}
-
 /// The five xDS types, in the order of a translation's [`Lists`].
 const TYPES: [&str; 5] = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET];
 
@@ -204,7 +273,7 @@ fn slot(type_url: &str) -> usize {
 }
 
 fn share(resources: Vec<Resource>) -> Translated {
-    Arc::new(resources.into_iter().map(shared).collect())
+    group(resources.into_iter().map(shared).collect())
 }
 
 fn shared(r: Resource) -> Shared {
@@ -272,6 +341,7 @@ impl Memo {
         let services: Vec<Arc<Service>> = mesh.services.iter().cloned().map(Arc::new).collect();
         let pods: Vec<Arc<Pod>> = mesh.pods.iter().cloned().map(Arc::new).collect();
         self.translate_shared(&services, &pods, &mesh.secrets, opts)
+            .entries()
     }
 
     /// [`Memo::translate`] of the mesh with these services, pods and secrets, for a
@@ -289,7 +359,7 @@ impl Memo {
         pods: &[Arc<Pod>],
         secrets: &[Secret],
         opts: &EnvoyOptions,
-    ) -> Entries {
+    ) -> Translation {
         if self.opts.as_ref() != Some(opts) {
             self.pods.clear();
             self.services.clear();
@@ -304,31 +374,61 @@ impl Memo {
         self.pass += 1;
         let pass = self.pass;
         let envoy = self.flavor == Flavor::Envoy;
-        let mut out: Lists = Default::default();
-        let mut next_pods = HashMap::new();
+        let mut out = Translation::default();
+        // Kept in place and marked with the pass (one lookup per pod, no new map),
+        // then swept: what this pass did not see went away.
+        let mut pods_twice = false;
         if envoy {
-            next_pods.reserve(pods.len());
             for pod in pods {
-                let t = match self.pods.remove_entry(&PodId(Arc::clone(pod))) {
-                    Some((PodId(cached), t)) if Arc::ptr_eq(&cached, pod) || cached == *pod => t,
-                    old => {
+                let id = PodId(Arc::clone(pod));
+                match self.pods.get_mut(&id) {
+                    Some(m) if m.seen == pass => {
+                        // The same (namespace, name) twice (an invalid mesh): both are
+                        // translated, as a whole translation would, and the later one
+                        // is kept.
+                        pods_twice = true;
+                        exact = false;
                         let t = share(pod_resources(pod, opts));
-                        match old {
-                            Some((_, old)) => ch.replaced(&old, &t),
-                            None => ch.added(&t),
-                        }
-                        t
+                        out.push(&t);
+                        *m = PodMemo {
+                            pod: Arc::clone(pod),
+                            translated: t,
+                            seen: pass,
+                        };
                     }
-                };
-                push(&mut out, &t);
-                if next_pods.insert(PodId(Arc::clone(pod)), t).is_some() {
-                    exact = false;
+                    Some(m) => {
+                        if !Arc::ptr_eq(&m.pod, pod) && m.pod != *pod {
+                            let t = share(pod_resources(pod, opts));
+                            ch.replaced(&m.translated, &t);
+                            m.translated = t;
+                        }
+                        m.pod = Arc::clone(pod);
+                        m.seen = pass;
+                        out.push(&m.translated);
+                    }
+                    None => {
+                        let t = share(pod_resources(pod, opts));
+                        ch.added(&t);
+                        out.push(&t);
+                        self.pods.insert(
+                            id,
+                            PodMemo {
+                                pod: Arc::clone(pod),
+                                translated: t,
+                                seen: pass,
+                            },
+                        );
+                    }
                 }
             }
         }
-        for (_, t) in self.pods.drain() {
-            ch.gone(&t);
-        }
+        self.pods.retain(|_, m| {
+            let keep = m.seen == pass;
+            if !keep {
+                ch.gone(&m.translated);
+            }
+            keep
+        });
         let callers: BTreeSet<&str> = if envoy {
             pods.iter()
                 .filter(|p| p.outbound_port != 0)
@@ -345,7 +445,7 @@ impl Memo {
         // can be in two services; otherwise (an invalid mesh) they are built whole,
         // which drops the later duplicate domains.
         let order = joinable(services);
-        let order_clean = order.is_some() && next_pods.len() == pods_len(envoy, pods);
+        let order_clean = order.is_some() && !pods_twice;
         exact &= order.is_some();
         let order = if envoy { order } else { None };
         let ambiguous = if order.is_some() {
@@ -412,7 +512,7 @@ impl Memo {
             // The same (namespace, name) twice in one pass is an invalid mesh: both
             // are translated, as a whole translation would, and the later one is kept.
             entry.seen = pass;
-            push(&mut out, &entry.own);
+            out.push(&entry.own);
             if !callers_same {
                 entry.callers.retain(|id, t| {
                     let keep = callers.contains(id.as_str());
@@ -469,7 +569,7 @@ impl Memo {
                             .map(|(_, n, ..)| n.clone()),
                     );
                 }
-                push(&mut out, &t);
+                out.push(&t);
                 if order.is_some() {
                     let part = match entry.caller_routes.get(*caller) {
                         Some((was, part)) if *was == short => Arc::clone(part),
@@ -579,14 +679,13 @@ impl Memo {
             }
             self.secrets = next_secrets;
         }
-        let always = Arc::new(always);
-        push(&mut out, &always);
+        let always = group(always);
+        out.push(&always);
         match &self.always {
             Some(old) => ch.replaced(old, &always),
             None => ch.added(&always),
         }
         self.always = Some(always);
-        self.pods = next_pods;
         if !callers_same {
             self.callers = callers.iter().map(|c| (*c).to_string()).collect();
         }
@@ -594,13 +693,22 @@ impl Memo {
         // A mesh with a (namespace, name) twice is translated whole, and the memo
         // keeps one of the two: the next translation records no changes either.
         self.clean = order_clean;
-        TYPES.into_iter().zip(out).collect()
+        out
     }
+}
+
+/// One pod's memo entry: the model translated (the key's pod is only its name), its
+/// resources, and the pass that last saw it.
+#[derive(Debug)]
+struct PodMemo {
+    pod: Arc<Pod>,
+    translated: Translated,
+    seen: u64,
 }
 
 /// A pod as the memo's key: its (namespace, name), the pod's identity in the
 /// translation. Holding the pod itself lets a lookup by a new pod's `Arc` allocate
-/// nothing, and hands back the cached pod to compare with.
+/// nothing (the key keeps the first `Arc` of the name; [`PodMemo::pod`] the latest).
 #[derive(Debug)]
 struct PodId(Arc<Pod>);
 
@@ -617,11 +725,6 @@ impl std::hash::Hash for PodId {
         self.0.namespace.hash(state);
         self.0.name.hash(state);
     }
-}
-
-/// How many pods a translation of `flavor` models (the gRPC group has none).
-fn pods_len(envoy: bool, pods: &[Arc<Pod>]) -> usize {
-    if envoy { pods.len() } else { 0 }
 }
 
 /// The services in (namespace, name) order if the route configurations can be

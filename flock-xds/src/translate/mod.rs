@@ -174,7 +174,7 @@ pub use envoy::{
     envoy_resources, outbound_routes, pod_resources, secret_resource, service_resources,
 };
 pub use grpc::{grpc_resources, grpc_service_resources};
-pub use memo::{Changes, Entries, Flavor, Memo};
+pub use memo::{Changes, Entries, Flavor, Memo, Translation};
 pub use model::{
     Capture, CaptureMode, DEFAULT_CAPTURE_MARK, Endpoint, Health, InboundPort, Locality, Mesh,
     MeshError, Pod, PortEndpoints, PrivateKeyPem, Protocol, Secret, SecretKind, Service,
