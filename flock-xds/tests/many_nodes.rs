@@ -559,7 +559,8 @@ mod props {
                 let opts = EnvoyOptions { local_locality, ..EnvoyOptions::default() };
                 // Each generated mesh, then small edits of it that keep most of it
                 // equal (so the memo reuses entries across the edit): its caller pod
-                // gone and back, a secret rotated, a service gone.
+                // gone and back, a secret rotated, a service gone (the last, then the
+                // first).
                 let mut no_caller = m.clone();
                 no_caller.pods.retain(|p| p.identity.is_none());
                 let mut rotated = m.clone();
@@ -570,7 +571,15 @@ mod props {
                 }
                 let mut fewer = m.clone();
                 fewer.services.pop();
-                for m in [m.clone(), no_caller, m.clone(), rotated, m.clone(), fewer] {
+                // The first service by (namespace, name) gone: the memo finds it gone
+                // before the services it keeps, not after.
+                let mut first_gone = m.clone();
+                if let Some(i) = (0..first_gone.services.len())
+                    .min_by_key(|i| (first_gone.services[*i].namespace.clone(), first_gone.services[*i].name.clone()))
+                {
+                    first_gone.services.remove(i);
+                }
+                for m in [m.clone(), no_caller, m.clone(), rotated, m.clone(), fewer, m.clone(), first_gone] {
                 if m.validate().is_err() {
                     continue;
                 }

@@ -154,8 +154,89 @@ struct ServiceMemo {
     route: Option<(bool, Arc<Vec<u8>>)>,
     /// Its part of each caller's route configuration, likewise.
     caller_routes: HashMap<String, (bool, Arc<Vec<u8>>)>,
-    /// The pass that last saw the service (entries not seen by a pass are dropped).
-    seen: u64,
+    /// What it emitted in the last pass that joined route configurations.
+    emitted: Option<Emitted>,
+}
+
+/// A service's output of one pass beyond its own resources: its mTLS clusters per
+/// caller and its route parts (the shared configuration's, then each caller's), in
+/// the pass's caller order. Valid for a later pass with the same model, the same
+/// callers (`epoch`) and the same route form (`short`).
+#[derive(Debug)]
+struct Emitted {
+    epoch: u64,
+    short: bool,
+    callers: Vec<Translated>,
+    parts: Vec<Arc<Vec<u8>>>,
+}
+
+/// The service entries of the last pass, handed out to this pass's services one by
+/// one ([`OldServices::take`]); what is left at the end went away.
+enum OldServices {
+    /// Both passes' services sorted by (namespace, name), each once: a merge walk.
+    Sorted(std::iter::Peekable<std::vec::IntoIter<ServiceMemo>>),
+    /// Otherwise (an invalid mesh now or last pass): by (namespace, name), the later
+    /// of two kept.
+    ByKey(HashMap<(String, String), ServiceMemo>),
+}
+
+impl OldServices {
+    fn new(entries: Vec<ServiceMemo>, sorted: bool) -> Self {
+        if sorted {
+            Self::Sorted(entries.into_iter().peekable())
+        } else {
+            Self::ByKey(
+                entries
+                    .into_iter()
+                    .map(|e| ((e.model.namespace.clone(), e.model.name.clone()), e))
+                    .collect(),
+            )
+        }
+    }
+
+    /// `svc`'s entry of the last pass, if it had one. In the merge walk, the entries
+    /// before it went away (recorded in `ch`).
+    fn take(&mut self, svc: &Arc<Service>, ch: &mut Changes) -> Option<ServiceMemo> {
+        match self {
+            Self::Sorted(entries) => {
+                while let Some(e) = entries.peek() {
+                    if Arc::ptr_eq(&e.model, svc) {
+                        return entries.next();
+                    }
+                    let here = (e.model.namespace.as_str(), e.model.name.as_str());
+                    match here.cmp(&(svc.namespace.as_str(), svc.name.as_str())) {
+                        std::cmp::Ordering::Less => {
+                            if let Some(gone) = entries.next() {
+                                gone.forget(ch);
+                            }
+                        }
+                        std::cmp::Ordering::Equal => return entries.next(),
+                        std::cmp::Ordering::Greater => return None,
+                    }
+                }
+                None
+            }
+            Self::ByKey(entries) => entries.remove(&(svc.namespace.clone(), svc.name.clone())),
+        }
+    }
+
+    /// Records every entry not taken as gone.
+    fn finish(self, ch: &mut Changes) {
+        match self {
+            Self::Sorted(entries) => entries.for_each(|e| e.forget(ch)),
+            Self::ByKey(entries) => entries.into_values().for_each(|e| e.forget(ch)),
+        }
+    }
+}
+
+impl ServiceMemo {
+    /// Records its resources as gone.
+    fn forget(&self, ch: &mut Changes) {
+        ch.gone(&self.own);
+        for t in self.callers.values() {
+            ch.gone(t);
+        }
+    }
 }
 
 /// The per-entity translation memo of one node group. See the [module docs](self).
@@ -166,9 +247,12 @@ pub struct Memo {
     opts: Option<EnvoyOptions>,
     /// By (namespace, name): unique in a valid mesh.
     pods: HashMap<PodId, PodMemo>,
-    /// By namespace, then name, so a lookup borrows the model's strings instead of
-    /// allocating a key per service per publish.
-    services: HashMap<String, HashMap<String, ServiceMemo>>,
+    /// In the last pass's order: by (namespace, name) if `services_sorted`.
+    services: Vec<ServiceMemo>,
+    /// The last pass's services were sorted by (namespace, name), each once.
+    services_sorted: bool,
+    /// Counts the changes of `callers` (stamps [`Emitted`]).
+    callers_epoch: u64,
     pass: u64,
     /// The resources translated every time (routes, capture, secrets) last time.
     always: Option<Translated>,
@@ -296,7 +380,9 @@ impl Memo {
             flavor,
             opts: None,
             pods: HashMap::new(),
-            services: HashMap::new(),
+            services: Vec::new(),
+            services_sorted: false,
+            callers_epoch: 0,
             pass: 0,
             always: None,
             callers: Vec::new(),
@@ -325,7 +411,7 @@ impl Memo {
 
     /// How many pods and services the memo holds translations of.
     pub fn len(&self) -> usize {
-        self.pods.len() + self.services.values().map(HashMap::len).sum::<usize>()
+        self.pods.len() + self.services.len()
     }
 
     /// Whether the memo holds nothing.
@@ -444,10 +530,11 @@ impl Memo {
         // The route configurations are joined from per-service parts when no domain
         // can be in two services; otherwise (an invalid mesh) they are built whole,
         // which drops the later duplicate domains.
-        let order = joinable(services);
-        let order_clean = order.is_some() && !pods_twice;
-        exact &= order.is_some();
-        let order = if envoy { order } else { None };
+        let sorted = joinable(services);
+        let order_clean = sorted.is_some() && !pods_twice;
+        exact &= sorted.is_some();
+        // `Some` when the route configurations are joined from per-service parts.
+        let order = if envoy { sorted.as_ref() } else { None };
         let ambiguous = if order.is_some() {
             ambiguous_service_names(services)
         } else {
@@ -467,52 +554,79 @@ impl Memo {
         // service instead of a set lookup per caller).
         let callers_same = self.callers.len() == callers.len()
             && self.callers.iter().zip(&callers).all(|(a, b)| a == b);
-        let iteration: Vec<&Arc<Service>> = match &order {
+        let iteration: Vec<&Arc<Service>> = match &sorted {
             Some(sorted) => sorted.clone(),
             None => services.iter().collect(),
         };
+        // The entries of the last pass, in its order: walked beside this pass's
+        // services (both sorted) so an unchanged service is found by one pointer
+        // comparison, not by hashing its namespace and name.
+        let mut old = OldServices::new(
+            std::mem::take(&mut self.services),
+            self.services_sorted && sorted.is_some(),
+        );
+        let epoch = if callers_same {
+            self.callers_epoch
+        } else {
+            self.callers_epoch + 1
+        };
+        let mut kept: Vec<ServiceMemo> = Vec::with_capacity(iteration.len());
         for svc in iteration {
-            let by_name = match self.services.get_mut(svc.namespace.as_str()) {
-                Some(m) => m,
-                None => self.services.entry(svc.namespace.clone()).or_default(),
-            };
             let mut old_callers = HashMap::new();
-            let entry = match by_name.get_mut(svc.name.as_str()) {
-                Some(e) if Arc::ptr_eq(&e.model, svc) || *e.model == **svc => {
+            let mut entry = match old.take(svc, &mut ch) {
+                Some(mut e) if Arc::ptr_eq(&e.model, svc) || *e.model == **svc => {
                     e.model = Arc::clone(svc);
                     e
                 }
-                old => {
+                prev => {
                     let own = if envoy {
                         share(service_resources(svc, opts))
                     } else {
                         share(grpc_service_resources(svc, opts))
                     };
-                    match old {
-                        Some(old) => {
-                            ch.replaced(&old.own, &own);
-                            old_callers = std::mem::take(&mut old.callers);
+                    match prev {
+                        Some(mut prev) => {
+                            ch.replaced(&prev.own, &own);
+                            old_callers = std::mem::take(&mut prev.callers);
                         }
                         None => ch.added(&own),
                     }
-                    by_name.insert(
-                        svc.name.clone(),
-                        ServiceMemo {
-                            model: Arc::clone(svc),
-                            own,
-                            callers: HashMap::new(),
-                            route: None,
-                            caller_routes: HashMap::new(),
-                            seen: pass,
-                        },
-                    );
-                    by_name.get_mut(svc.name.as_str()).expect("just inserted")
+                    ServiceMemo {
+                        model: Arc::clone(svc),
+                        own,
+                        callers: HashMap::new(),
+                        route: None,
+                        caller_routes: HashMap::new(),
+                        emitted: None,
+                    }
                 }
             };
             // The same (namespace, name) twice in one pass is an invalid mesh: both
             // are translated, as a whole translation would, and the later one is kept.
-            entry.seen = pass;
             out.push(&entry.own);
+            let short = order.is_some() && !ambiguous.contains(svc.name.as_str());
+            // What this entry emitted last pass is what it emits now if the model,
+            // the callers and the route form are the same: pushed again without a
+            // lookup per caller.
+            if let Some(em) = &entry.emitted
+                && order.is_some()
+                && em.epoch == epoch
+                && em.short == short
+            {
+                route_parts[0].push(Arc::clone(&em.parts[0]));
+                for (index, t) in em.callers.iter().enumerate() {
+                    out.push(t);
+                    route_parts[index + 1].push(Arc::clone(&em.parts[index + 1]));
+                }
+                kept.push(entry);
+                continue;
+            }
+            let mut emitted = Emitted {
+                epoch,
+                short,
+                callers: Vec::with_capacity(callers.len()),
+                parts: Vec::with_capacity(callers.len() + 1),
+            };
             if !callers_same {
                 entry.callers.retain(|id, t| {
                     let keep = callers.contains(id.as_str());
@@ -525,7 +639,6 @@ impl Memo {
                     .caller_routes
                     .retain(|id, _| callers.contains(id.as_str()));
             }
-            let short = order.is_some() && !ambiguous.contains(svc.name.as_str());
             if order.is_some() {
                 let part = match &entry.route {
                     Some((was, part)) if *was == short => Arc::clone(part),
@@ -538,6 +651,7 @@ impl Memo {
                         part
                     }
                 };
+                emitted.parts.push(Arc::clone(&part));
                 route_parts[0].push(part);
             }
             for (index, caller) in callers.iter().enumerate() {
@@ -592,26 +706,22 @@ impl Memo {
                             part
                         }
                     };
+                    emitted.parts.push(Arc::clone(&part));
                     route_parts[index + 1].push(part);
                 }
+                emitted.callers.push(t);
             }
             for old in old_callers.values() {
                 ch.gone(old);
             }
+            entry.emitted = order.is_some().then_some(emitted);
+            kept.push(entry);
         }
-        for by_name in self.services.values_mut() {
-            by_name.retain(|_, e| {
-                let keep = e.seen == pass;
-                if !keep {
-                    ch.gone(&e.own);
-                    for t in e.callers.values() {
-                        ch.gone(t);
-                    }
-                }
-                keep
-            });
-        }
-        self.services.retain(|_, m| !m.is_empty());
+        // What this pass did not see went away.
+        old.finish(&mut ch);
+        self.services = kept;
+        self.services_sorted = sorted.is_some();
+        self.callers_epoch = epoch;
         // The resources translated every time, as one group: compared with last
         // time's as a whole (they are few: routes, captured pods, secrets).
         let mut always: Vec<Shared> = Vec::new();
