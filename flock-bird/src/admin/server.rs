@@ -320,7 +320,7 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
     s.gauge(
         "flock_agent_pods",
         "Meshed pods on this node",
-        agent.pods().len() as u64,
+        agent.pod_count() as u64,
     );
     s.gauge(
         "flock_agent_ready",
@@ -503,7 +503,7 @@ impl Views for AgentViews {
             ready: not_ready.is_none(),
             not_ready,
             node: agent.config().node_name.clone(),
-            pods: agent.pods().len(),
+            pods: agent.pod_count(),
             registry: agent.registry().describe(),
             registry_synced: agent.registry().view().borrow().synced,
             xds_version: agent.cache().snapshot(ENVOY_GROUP).map(|s| s.version()),

@@ -237,7 +237,12 @@ impl Agent {
         &self.cache
     }
 
-    /// The live pods.
+    /// How many pods are live (O(1): the metrics read it on every scrape).
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// The live pods (a copy of every record).
     pub fn pods(&self) -> BTreeMap<PodKey, PodRecord> {
         self.pods
             .snapshot()
