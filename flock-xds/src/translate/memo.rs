@@ -174,14 +174,14 @@ struct Emitted {
 /// one ([`OldServices::take`]); what is left at the end went away.
 enum OldServices {
     /// Both passes' services sorted by (namespace, name), each once: a merge walk.
-    Sorted(std::iter::Peekable<std::vec::IntoIter<ServiceMemo>>),
+    Sorted(std::iter::Peekable<std::vec::IntoIter<Box<ServiceMemo>>>),
     /// Otherwise (an invalid mesh now or last pass): by (namespace, name), the later
     /// of two kept.
-    ByKey(HashMap<(String, String), ServiceMemo>),
+    ByKey(HashMap<(String, String), Box<ServiceMemo>>),
 }
 
 impl OldServices {
-    fn new(entries: Vec<ServiceMemo>, sorted: bool) -> Self {
+    fn new(entries: Vec<Box<ServiceMemo>>, sorted: bool) -> Self {
         if sorted {
             Self::Sorted(entries.into_iter().peekable())
         } else {
@@ -196,7 +196,7 @@ impl OldServices {
 
     /// `svc`'s entry of the last pass, if it had one. In the merge walk, the entries
     /// before it went away (recorded in `ch`).
-    fn take(&mut self, svc: &Arc<Service>, ch: &mut Changes) -> Option<ServiceMemo> {
+    fn take(&mut self, svc: &Arc<Service>, ch: &mut Changes) -> Option<Box<ServiceMemo>> {
         match self {
             Self::Sorted(entries) => {
                 while let Some(e) = entries.peek() {
@@ -247,8 +247,9 @@ pub struct Memo {
     opts: Option<EnvoyOptions>,
     /// By (namespace, name): unique in a valid mesh.
     pods: HashMap<PodId, PodMemo>,
-    /// In the last pass's order: by (namespace, name) if `services_sorted`.
-    services: Vec<ServiceMemo>,
+    /// In the last pass's order: by (namespace, name) if `services_sorted`. Boxed:
+    /// a pass moves every entry into the next list, a pointer each.
+    services: Vec<Box<ServiceMemo>>,
     /// The last pass's services were sorted by (namespace, name), each once.
     services_sorted: bool,
     /// Counts the changes of `callers` (stamps [`Emitted`]).
@@ -460,7 +461,10 @@ impl Memo {
         self.pass += 1;
         let pass = self.pass;
         let envoy = self.flavor == Flavor::Envoy;
-        let mut out = Translation::default();
+        let mut out = Translation {
+            groups: Vec::with_capacity(pods.len() + services.len() + 1),
+            counts: [0; 5],
+        };
         // Kept in place and marked with the pass (one lookup per pod, no new map),
         // then swept: what this pass did not see went away.
         let mut pods_twice = false;
@@ -570,7 +574,7 @@ impl Memo {
         } else {
             self.callers_epoch + 1
         };
-        let mut kept: Vec<ServiceMemo> = Vec::with_capacity(iteration.len());
+        let mut kept: Vec<Box<ServiceMemo>> = Vec::with_capacity(iteration.len());
         for svc in iteration {
             let mut old_callers = HashMap::new();
             let mut entry = match old.take(svc, &mut ch) {
@@ -591,14 +595,14 @@ impl Memo {
                         }
                         None => ch.added(&own),
                     }
-                    ServiceMemo {
+                    Box::new(ServiceMemo {
                         model: Arc::clone(svc),
                         own,
                         callers: HashMap::new(),
                         route: None,
                         caller_routes: HashMap::new(),
                         emitted: None,
-                    }
+                    })
                 }
             };
             // The same (namespace, name) twice in one pass is an invalid mesh: both

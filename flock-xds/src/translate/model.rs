@@ -924,7 +924,7 @@ pub fn port_endpoints(service: &Service, port: u16) -> PortEndpoints<'_> {
 pub(crate) fn ambiguous_service_names<S: std::borrow::Borrow<Service>>(
     services: &[S],
 ) -> BTreeSet<&str> {
-    let mut by_name: HashMap<&str, &str> = HashMap::new();
+    let mut by_name: HashMap<&str, &str> = HashMap::with_capacity(services.len());
     let mut out = BTreeSet::new();
     for s in services {
         let s = s.borrow();
