@@ -181,6 +181,8 @@ enum OldServices {
 }
 
 impl OldServices {
+    // Boxed entries on purpose: see `Memo::services`.
+    #[allow(clippy::vec_box)]
     fn new(entries: Vec<Box<ServiceMemo>>, sorted: bool) -> Self {
         if sorted {
             Self::Sorted(entries.into_iter().peekable())
@@ -248,7 +250,9 @@ pub struct Memo {
     /// By (namespace, name): unique in a valid mesh.
     pods: HashMap<PodId, PodMemo>,
     /// In the last pass's order: by (namespace, name) if `services_sorted`. Boxed:
-    /// a pass moves every entry into the next list, a pointer each.
+    /// a pass moves every entry into the next list, a pointer each (an entry is
+    /// some 200 bytes; moving 2,000 of them was a tenth of a publish's time).
+    #[allow(clippy::vec_box)]
     services: Vec<Box<ServiceMemo>>,
     /// The last pass's services were sorted by (namespace, name), each once.
     services_sorted: bool,
