@@ -366,9 +366,13 @@ impl Agent {
         let visit: Vec<PodKey> = match seen {
             Some((was, was_announced)) if same_health && self.kube.is_none() => {
                 let mut keys = now.changed_since(was);
-                for item in was_announced.diff(&announced) {
-                    let (imbl::ordset::DiffItem::Add(k) | imbl::ordset::DiffItem::Remove(k)) = item;
-                    keys.insert(k.clone());
+                if !was_announced.ptr_eq(&announced) {
+                    super::podinputs::diff_keys(
+                        was_announced.iter().map(|k| (k, &())),
+                        announced.iter().map(|k| (k, &())),
+                        |_, _| true,
+                        &mut keys,
+                    );
                 }
                 keys.into_iter().collect()
             }
