@@ -257,8 +257,8 @@ mod tests {
         };
         let keys: Vec<PodKey> = (0..3000).map(key).collect();
         let mut table = imbl::OrdMap::new();
-        for i in 0..2000 {
-            table.insert(keys[i].clone(), rec(i, "a"));
+        for (i, k) in keys.iter().enumerate().take(2000) {
+            table.insert(k.clone(), rec(i, "a"));
         }
         let mut prev = PodInputs::new(table.clone(), None, None);
         for round in 0..200 {
