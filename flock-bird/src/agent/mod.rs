@@ -22,6 +22,9 @@
 //!   shared pod validator (`flock_core::pod`);
 //! * `locks`: the per-pod locks; `lifecycle`: AddPod, RemovePod, CHECK and startup load;
 //! * `liveness`: the probe round and the guarded re-registration;
+//! * `regsync`: the registry sync (this node's pods in the registry, planned from the
+//!   changed keys); `podinputs`: the pod table and SPIFFE IDs a per-pod derivation
+//!   last read, so the sync and the publish visit only the pods that changed;
 //! * [`mesh`]: the registry view and the live pods as a translation model;
 //!   [`services`]: the registry's services kept incrementally from the view's deltas;
 //! * `publish`: the one publish point, translating through each node group's
