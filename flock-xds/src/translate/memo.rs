@@ -96,15 +96,6 @@ impl Translation {
         self.groups.push(Arc::clone(t));
     }
 
-    /// How many resources of `type_url` the translation has (counting one named
-    /// twice, in an invalid mesh, twice). 0 for a type that is not one of the five.
-    pub fn len_of(&self, type_url: &str) -> usize {
-        TYPES
-            .iter()
-            .position(|t| *t == type_url)
-            .map_or(0, |i| self.counts[i])
-    }
-
     /// The resources per type URL, each type's in translation order.
     pub fn entries(&self) -> Entries {
         let mut lists: Lists = Default::default();
