@@ -533,8 +533,111 @@ mod props {
             .collect()
     }
 
+    /// A service edited under its name: 0 an equal copy, 1 an endpoint's weight
+    /// changed (or one added), 2 its port's protocol changed (its routes change), 3
+    /// renamed, keeping its place in (namespace, name) order (the memo cannot edit
+    /// in place), 4 a VIP added, `10.97.0.<step>` (likewise).
+    fn edited(s: &Service, kind: u8, step: u8) -> Service {
+        let mut s = s.clone();
+        match kind {
+            0 => {}
+            1 => match s.endpoints.first_mut() {
+                Some(e) => e.weight += 1,
+                None => {
+                    let mut e: Endpoint = serde_json::from_value(serde_json::json!({
+                        "address": "10.9.9.9", "port": 15006,
+                    }))
+                    .unwrap();
+                    e.locality = loc("eu", "a");
+                    s.endpoints.push(e);
+                }
+            },
+            2 => {
+                s.ports[0].protocol = match s.ports[0].protocol {
+                    translate::Protocol::Tcp => translate::Protocol::Http,
+                    _ => translate::Protocol::Tcp,
+                }
+            }
+            3 => s.name.push_str("-b"),
+            _ => s.vips.push(std::net::Ipv4Addr::new(10, 97, 0, step).into()),
+        }
+        s
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// The in-place path: pods and services passed as the same `Arc`s from one
+        /// translation to the next (as the agent passes them), but for one service
+        /// replaced by an edit of itself per step, and the secrets rotated or not.
+        /// At every step, both flavors' translations and their changes applied to the
+        /// last set equal a fresh memo's whole translation; edits under the same name
+        /// and VIPs are done in place, the others by the whole pass.
+        #[test]
+        fn a_memo_given_shared_arcs_edits_in_place_like_a_fresh_translation(
+            m in mesh_strategy(),
+            steps in prop::collection::vec((0..3usize, 0..5u8, any::<bool>()), 1..8),
+        ) {
+            prop_assume!(m.validate().is_ok());
+            let opts = EnvoyOptions::default();
+            let mut m = m;
+            for pod in &mut m.pods {
+                pod.capture = None;
+            }
+            let mut services: Vec<std::sync::Arc<Service>> =
+                m.services.iter().cloned().map(std::sync::Arc::new).collect();
+            let pods: Vec<std::sync::Arc<translate::Pod>> =
+                m.pods.iter().cloned().map(std::sync::Arc::new).collect();
+            let mut envoy = Memo::new(Flavor::Envoy);
+            let mut grpc = Memo::new(Flavor::Grpc);
+            let mut applied = flock_core::resources::ResourceSet::new();
+            let mut first = true;
+            for (step, (which, kind, rotate)) in std::iter::once((0, 0, false)).chain(steps).enumerate() {
+                if !first {
+                    let i = which % services.len();
+                    services[i] = std::sync::Arc::new(edited(&services[i], kind, step as u8));
+                    if rotate {
+                        for secret in &mut m.secrets {
+                            if let translate::SecretKind::TlsCertificate { certificate_chain_pem, .. } = &mut secret.kind {
+                                certificate_chain_pem.push('+');
+                            }
+                        }
+                    }
+                }
+                m.services = services.iter().map(|s| (**s).clone()).collect();
+                prop_assume!(m.validate().is_ok());
+                let before = (envoy.in_place_count(), grpc.in_place_count());
+                let t = envoy.translate_shared(&services, &pods, &m.secrets, &opts);
+                let entries = t.entries();
+                let fresh = Memo::new(Flavor::Envoy).translate(&m, &opts);
+                prop_assert_eq!(flat(&entries), flat(&fresh));
+                applied = match envoy.take_changes() {
+                    Some(changes) => changes.apply(&applied),
+                    None => {
+                        let mut whole = applied.edit();
+                        for (t, list) in &entries {
+                            whole.replace_type(t, list.iter().cloned());
+                        }
+                        whole.build()
+                    }
+                };
+                prop_assert!(t.counts_match(&applied), "changes applied and counts disagree");
+                let applied_flat: BTreeSet<_> = applied
+                    .type_urls()
+                    .flat_map(|t| applied.iter_type(t).map(move |(n, e)| (t.to_string(), n.to_string(), e.hash())))
+                    .collect();
+                prop_assert_eq!(&applied_flat, &flat(&fresh));
+                let g = grpc.translate_shared(&services, &pods, &m.secrets, &opts).entries();
+                prop_assert_eq!(flat(&g), flat(&Memo::new(Flavor::Grpc).translate(&m, &opts)));
+                if !first {
+                    // Under the same name and VIPs: in place, both flavors.
+                    let in_place = kind <= 2;
+                    prop_assert_eq!(envoy.in_place_count() > before.0, in_place);
+                    prop_assert_eq!(grpc.in_place_count() > before.1, in_place);
+                }
+                first = false;
+            }
+        }
 
         /// Incremental == from scratch: a memo fed a sequence of meshes and local
         /// localities (the options change too) gives, at every step, what a fresh

@@ -288,9 +288,15 @@ impl ServiceTable {
             }
             self.vips_token = token;
         }
+        // The services whose served model changed while they stayed served: these
+        // are replaced where they are in the list; any other change (a service
+        // served or not served any more) re-lists the table.
+        let mut replaced = Vec::new();
+        let mut relist = false;
         for id in &dirty {
             let Some(entry) = self.services.get_mut(id) else {
                 served_changed = true;
+                relist = true;
                 continue;
             };
             let served = entry.base.clone().and_then(|mut svc| {
@@ -298,17 +304,43 @@ impl ServiceTable {
                 validated(svc)
             });
             if entry.served.as_deref() != served.as_ref() {
+                let was_served = entry.served.is_some();
                 entry.served = served.map(Arc::new);
                 served_changed = true;
+                match &entry.served {
+                    Some(now) if was_served => replaced.push(Arc::clone(now)),
+                    _ => relist = true,
+                }
             }
         }
         if served_changed {
-            self.served = Arc::new(
-                self.services
-                    .values()
-                    .filter_map(|e| e.served.clone())
-                    .collect(),
-            );
+            // In place when nothing else holds the list (the last publish is done with
+            // it): a change of one service's endpoints costs a binary search, not a
+            // walk over every entry of the table.
+            if !relist {
+                let list = Arc::make_mut(&mut self.served);
+                for svc in replaced {
+                    let at = list.binary_search_by(|s| {
+                        (s.namespace.as_str(), s.name.as_str())
+                            .cmp(&(svc.namespace.as_str(), svc.name.as_str()))
+                    });
+                    match at {
+                        Ok(at) => list[at] = svc,
+                        Err(_) => {
+                            relist = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            if relist {
+                self.served = Arc::new(
+                    self.services
+                        .values()
+                        .filter_map(|e| e.served.clone())
+                        .collect(),
+                );
+            }
             self.generation += 1;
         }
         if excluded_changed {

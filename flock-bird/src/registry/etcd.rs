@@ -70,6 +70,13 @@ const MAX_SKIPPED_KEY_MESSAGE: usize = 16 << 20;
 /// pages before the list fails (and the session retries after a backoff).
 const LIST_ATTEMPTS: u32 = 3;
 
+/// At most this many puts per re-put transaction: etcd's default `--max-txn-ops`.
+const REPUT_TXN_OPS: usize = 128;
+
+/// A re-put transaction is sent once its keys and values reach this many bytes, well
+/// under etcd's default request size limit (1.5 MiB).
+const REPUT_TXN_BYTES: usize = 512 << 10;
+
 /// What one paged pass over the prefix gave.
 enum ListOutcome {
     /// Every valid entry (relative key → endpoint and mod revision), the revision the
@@ -467,12 +474,49 @@ impl Shared {
             return Ok(());
         }
         let lease = ops.lease.unwrap_or(0);
-        for (key, ep) in &ops.own {
-            let rev = self.put_raw(key, ep, lease).await?;
+        // In transactions, not one put at a time: each write waits for etcd's disk
+        // sync, and every put of one transaction shares it. One at a time, an agent
+        // with 95 endpoints took 830 ms to re-put them after a lease loss, with its
+        // endpoints missing from every other node meanwhile.
+        let mut batch: Vec<(&String, &Endpoint, Vec<u8>)> = Vec::new();
+        let mut bytes = 0;
+        let mut entries = ops.own.iter().peekable();
+        while let Some((key, ep)) = entries.next() {
+            let value = serde_json::to_vec(ep).map_err(|e| RegistryError::Encode {
+                backend: self.describe.clone(),
+                key: key.to_string(),
+                source: e,
+            })?;
+            bytes += key.len() + value.len();
+            batch.push((key, ep, value));
+            if entries.peek().is_some() && batch.len() < REPUT_TXN_OPS && bytes < REPUT_TXN_BYTES {
+                continue;
+            }
+            let puts: Vec<TxnOp> = batch
+                .iter()
+                .map(|(key, _, value)| {
+                    TxnOp::put(
+                        self.full_key(key),
+                        value.clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )
+                })
+                .collect();
+            let mut kv = self.client.kv_client();
+            let resp = self
+                .call("re-put", batch[0].0, kv.txn(Txn::new().and_then(puts)))
+                .await?;
+            // Every put of a transaction is at its revision.
+            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
             let mut view = self.view.lock();
-            if view.apply_put(key.clone(), ep.clone(), rev) {
+            let mut changed = false;
+            for (key, ep, _) in batch.drain(..) {
+                changed |= view.apply_put(key.clone(), ep.clone(), rev);
+            }
+            if changed {
                 self.publish(&mut view);
             }
+            bytes = 0;
         }
         tracing::info!(registry = %self.describe, node = %self.node, lease, endpoints = ops.own.len(), "own endpoints re-put under the new lease");
         ops.reput_pending = false;

@@ -8,8 +8,11 @@
 //! pod or service whose model is equal reuses them (shared `Arc`s, no re-encoding and
 //! no re-hashing). A publish then costs O(entities) comparisons plus O(changed
 //! entities) encoding, instead of re-encoding the whole mesh (go-control-plane's
-//! per-change cost). The routes shared by every pod, the per-caller mTLS resources
-//! and the secrets depend on the whole mesh and are translated every time.
+//! per-change cost). When only some services changed under their names, the memo edits
+//! its last output in place and the comparisons are of pointers in one contiguous
+//! list ([`Memo::translate_shared`]). The route configurations depend on every
+//! service: they are joined from per-service parts, and re-joined only when a part
+//! changed; an equal secret reuses its resource.
 //!
 //! The one-shot translations run a fresh memo, so there is one translation, not a
 //! memoized copy kept equal to it by a test. A memo's translations also depend on
@@ -82,27 +85,47 @@ fn group(items: Vec<Shared>) -> Translated {
 /// keeps (one pointer per entity, not per resource). [`Translation::entries`] lists
 /// them per type, which only a publisher that cannot apply the memo's
 /// [`Changes`] needs.
+///
+/// The list is shared with the memo, which edits it in place on its next pass when
+/// the publisher has dropped this one (no copy per publish).
 #[derive(Debug, Default)]
 pub struct Translation {
+    groups: Arc<Vec<Translated>>,
+    counts: [usize; 5],
+}
+
+/// A translation's groups while a whole pass builds them.
+#[derive(Debug, Default)]
+struct Out {
     groups: Vec<Translated>,
     counts: [usize; 5],
 }
 
-impl Translation {
+impl Out {
     fn push(&mut self, t: &Translated) {
         for (sum, n) in self.counts.iter_mut().zip(t.counts) {
             *sum += n;
         }
         self.groups.push(Arc::clone(t));
     }
+}
 
+/// Replaces `groups[at]` with `t`, keeping the per-type `counts` of `groups`.
+fn set_group(groups: &mut [Translated], counts: &mut [usize; 5], at: usize, t: &Translated) {
+    for ((sum, old), new) in counts.iter_mut().zip(groups[at].counts).zip(t.counts) {
+        *sum = *sum - old + new;
+    }
+    groups[at] = Arc::clone(t);
+}
+
+impl Translation {
     /// The resources per type URL, each type's in translation order.
     pub fn entries(&self) -> Entries {
         let mut lists: Lists = Default::default();
         for (list, n) in lists.iter_mut().zip(self.counts) {
             list.reserve(n);
         }
-        for t in &self.groups {
+        for t in self.groups.iter() {
             for (type_url, name, hash, any) in t.iter() {
                 lists[slot(type_url)].push((name.clone(), *hash, Arc::clone(any)));
             }
@@ -268,6 +291,26 @@ pub struct Memo {
     clean: bool,
     /// What the last translation changed against the one before, if exact.
     changes: Option<Changes>,
+    /// The last translation's groups and their per-type counts (what it returned).
+    output: Arc<Vec<Translated>>,
+    output_counts: [usize; 5],
+    /// Where each input sits in `output`, when the last translation allows the next
+    /// to edit it in place ([`Memo::translate_in_place`]).
+    layout: Option<Layout>,
+    /// How many translations were edits of the last output in place.
+    in_place: u64,
+}
+
+/// The inputs of a clean translation (no (namespace, name) twice, services given in
+/// (namespace, name) order, no captured pod), by address, in input order. Its
+/// `output` is then laid out by position: one group per pod (Envoy flavor), then per
+/// service its own group and one per caller, then the group of routes and secrets.
+/// The addresses stay valid as identities: the memo holds every one of these `Arc`s
+/// (the pods' and services' entries), so none is freed and reused meanwhile.
+#[derive(Debug)]
+struct Layout {
+    pods: Vec<usize>,
+    services: Vec<usize>,
 }
 
 /// What one translation changed against the memo's previous one: resources to
@@ -369,6 +412,66 @@ fn same_parts(a: &[Arc<Vec<u8>>], b: &[Arc<Vec<u8>>]) -> bool {
             .all(|(x, y)| Arc::ptr_eq(x, y) || x.as_slice() == y.as_slice())
 }
 
+/// A service's own resources in `envoy`'s flavor (or proxyless gRPC's).
+fn own_resources(envoy: bool, svc: &Service, opts: &EnvoyOptions) -> Translated {
+    if envoy {
+        share(service_resources(svc, opts))
+    } else {
+        share(grpc_service_resources(svc, opts))
+    }
+}
+
+/// A service's part of the shared outbound route configuration.
+fn shared_part(svc: &Service, short: bool, opts: &EnvoyOptions) -> Arc<Vec<u8>> {
+    Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
+        names::outbound_cluster(s, port)
+    }))
+}
+
+/// A service's part of `caller`'s route configuration: to its mTLS cluster of a port
+/// where `clusters` (its clusters for `caller`) has one, else to the plain one.
+fn caller_part(
+    svc: &Service,
+    short: bool,
+    opts: &EnvoyOptions,
+    caller: &str,
+    clusters: &Translated,
+) -> Arc<Vec<u8>> {
+    let has = |name: &str| {
+        clusters
+            .iter()
+            .any(|(ty, n, ..)| *ty == CLUSTER && &**n == name)
+    };
+    Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
+        let name = names::mtls_cluster(s, port, caller);
+        if has(&name) {
+            name
+        } else {
+            names::outbound_cluster(s, port)
+        }
+    }))
+}
+
+/// Pushes each secret's resource, reusing the one in `kept` for an equal secret (no
+/// re-encoding and re-hashing of its PEMs); `kept` then holds these secrets.
+fn push_secrets(
+    kept: &mut HashMap<String, (Secret, Shared)>,
+    secrets: &[Secret],
+    always: &mut Vec<Shared>,
+) {
+    let mut next = HashMap::with_capacity(secrets.len());
+    for secret in secrets {
+        // Equal: the kept copy moves over (no copy of key material).
+        let entry = match kept.remove(&secret.name) {
+            Some((last, r)) if last == *secret => (last, r),
+            _ => (secret.clone(), shared(secret_resource(secret))),
+        };
+        always.push(entry.1.clone());
+        next.insert(secret.name.clone(), entry);
+    }
+    *kept = next;
+}
+
 impl Memo {
     /// An empty memo for `flavor`.
     pub fn new(flavor: Flavor) -> Self {
@@ -386,7 +489,18 @@ impl Memo {
             secrets: HashMap::new(),
             clean: false,
             changes: None,
+            output: Arc::default(),
+            output_counts: [0; 5],
+            layout: None,
+            in_place: 0,
         }
+    }
+
+    /// How many translations so far were edits of the previous one's output in
+    /// place (given the same pods and services as the same `Arc`s but for a few
+    /// services edited under their names), not a walk over every service.
+    pub fn in_place_count(&self) -> u64 {
+        self.in_place
     }
 
     /// What the last translation changed against the one before it, if the memo
@@ -403,6 +517,7 @@ impl Memo {
     pub fn forget_output(&mut self) {
         self.clean = false;
         self.changes = None;
+        self.layout = None;
     }
 
     /// How many pods and services the memo holds translations of.
@@ -432,9 +547,17 @@ impl Memo {
     /// of walking its endpoints), so a publish after one endpoint change compares
     /// O(services) pointers and translates one service. Pods likewise: an unchanged pod
     /// passed as the same `Arc` is neither compared nor copied. Its mTLS clusters for each
-    /// caller are kept with it too. What stays O(services) per publish: the route
-    /// configurations (one virtual host per service port in each) and, for captured
-    /// pods, their outbound listeners.
+    /// caller are kept with it too.
+    ///
+    /// When the pods are the very same `Arc`s as last time and every service that is
+    /// not has the same (namespace, name) and VIPs as the one at its place (an
+    /// endpoint change, the common case at scale), the last output is edited in place
+    /// instead ([`Memo::in_place_count`]): one pointer comparison per service over a
+    /// contiguous list, and only the changed services' entries are touched; a route
+    /// configuration is re-joined only if a changed service's part of it differs.
+    /// Otherwise (a service or pod added or removed, a rename, captured pods, whose
+    /// outbound listeners depend on every service) the whole pass walks every
+    /// service once.
     pub fn translate_shared(
         &mut self,
         services: &[Arc<Service>],
@@ -449,14 +572,18 @@ impl Memo {
             self.joined.clear();
             self.secrets.clear();
             self.clean = false;
+            self.layout = None;
             self.opts = Some(opts.clone());
+        }
+        if let Some(t) = self.translate_in_place(services, pods, secrets, opts) {
+            return t;
         }
         let mut exact = self.clean;
         let mut ch = Changes::default();
         self.pass += 1;
         let pass = self.pass;
         let envoy = self.flavor == Flavor::Envoy;
-        let mut out = Translation {
+        let mut out = Out {
             groups: Vec::with_capacity(pods.len() + services.len() + 1),
             counts: [0; 5],
         };
@@ -578,11 +705,7 @@ impl Memo {
                     e
                 }
                 prev => {
-                    let own = if envoy {
-                        share(service_resources(svc, opts))
-                    } else {
-                        share(grpc_service_resources(svc, opts))
-                    };
+                    let own = own_resources(envoy, svc, opts);
                     match prev {
                         Some(mut prev) => {
                             ch.replaced(&prev.own, &own);
@@ -642,10 +765,7 @@ impl Memo {
                 let part = match &entry.route {
                     Some((was, part)) if *was == short => Arc::clone(part),
                     _ => {
-                        let part =
-                            Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
-                                names::outbound_cluster(s, port)
-                            }));
+                        let part = shared_part(svc, short, opts);
                         entry.route = Some((short, Arc::clone(&part)));
                         part
                     }
@@ -687,18 +807,7 @@ impl Memo {
                     let part = match entry.caller_routes.get(*caller) {
                         Some((was, part)) if *was == short => Arc::clone(part),
                         _ => {
-                            let has = |name: &str| {
-                                t.iter().any(|(ty, n, ..)| *ty == CLUSTER && &**n == name)
-                            };
-                            let part =
-                                Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
-                                    let name = names::mtls_cluster(s, port, caller);
-                                    if has(&name) {
-                                        name
-                                    } else {
-                                        names::outbound_cluster(s, port)
-                                    }
-                                }));
+                            let part = caller_part(svc, short, opts, caller, &t);
                             entry
                                 .caller_routes
                                 .insert((*caller).to_string(), (short, Arc::clone(&part)));
@@ -776,17 +885,7 @@ impl Memo {
                 capture.push(blackhole_cluster());
             }
             always.extend(capture.into_iter().map(shared));
-            let mut next_secrets = HashMap::with_capacity(secrets.len());
-            for secret in secrets {
-                // Equal: the kept copy moves over (no copy of key material).
-                let kept = match self.secrets.remove(&secret.name) {
-                    Some((last, r)) if last == *secret => (last, r),
-                    _ => (secret.clone(), shared(secret_resource(secret))),
-                };
-                always.push(kept.1.clone());
-                next_secrets.insert(secret.name.clone(), kept);
-            }
-            self.secrets = next_secrets;
+            push_secrets(&mut self.secrets, secrets, &mut always);
         }
         let always = group(always);
         out.push(&always);
@@ -802,8 +901,204 @@ impl Memo {
         // A mesh with a (namespace, name) twice is translated whole, and the memo
         // keeps one of the two: the next translation records no changes either.
         self.clean = order_clean;
-        out
+        // The next pass may edit this output in place if it is laid out by position:
+        // the services came in the order they were translated in, and no captured
+        // pod's listener depends on every service.
+        let pod_groups = if envoy { pods.len() } else { 0 };
+        let in_input_order = sorted
+            .as_ref()
+            .is_some_and(|s| s.iter().zip(services).all(|(a, b)| Arc::ptr_eq(a, b)));
+        let no_capture = !envoy || pods.iter().all(|p| p.capture.is_none());
+        self.layout = (order_clean
+            && in_input_order
+            && no_capture
+            && out.groups.len() == pod_groups + services.len() * (1 + callers.len()) + 1)
+            .then(|| Layout {
+                pods: if envoy {
+                    pods.iter().map(|p| Arc::as_ptr(p) as usize).collect()
+                } else {
+                    Vec::new()
+                },
+                services: services.iter().map(|s| Arc::as_ptr(s) as usize).collect(),
+            });
+        self.output = Arc::new(out.groups);
+        self.output_counts = out.counts;
+        Translation {
+            groups: Arc::clone(&self.output),
+            counts: self.output_counts,
+        }
     }
+
+    /// The next translation as an edit of the last one's output, in O(changed
+    /// services + pods + callers + secrets) instead of a walk over every service:
+    /// when the last translation left a [`Layout`], the pods are the very same `Arc`s
+    /// and every service that is not has the same (namespace, name) and VIPs as the
+    /// one it replaces (so the order, the joinability and the short names stay the
+    /// same). `None`, changing nothing, otherwise: the whole pass runs. The changes
+    /// it records are exact, as the whole pass's are.
+    fn translate_in_place(
+        &mut self,
+        services: &[Arc<Service>],
+        pods: &[Arc<Pod>],
+        secrets: &[Secret],
+        opts: &EnvoyOptions,
+    ) -> Option<Translation> {
+        let envoy = self.flavor == Flavor::Envoy;
+        let layout = self.layout.as_mut()?;
+        if !self.clean
+            || layout.services.len() != services.len()
+            || (envoy
+                && (layout.pods.len() != pods.len()
+                    || layout
+                        .pods
+                        .iter()
+                        .zip(pods)
+                        .any(|(a, p)| *a != Arc::as_ptr(p) as usize)))
+        {
+            return None;
+        }
+        // A pointer comparison per service, over two contiguous arrays: the unchanged
+        // services' entries are not touched.
+        let changed: Vec<usize> = layout
+            .services
+            .iter()
+            .zip(services)
+            .enumerate()
+            .filter(|(_, (a, s))| **a != Arc::as_ptr(s) as usize)
+            .map(|(i, _)| i)
+            .collect();
+        // Every route configuration of the last pass was joined (a clean Envoy pass
+        // joins them all): checked here, so nothing below fails half-way.
+        if envoy
+            && (self.joined.len() != 1 + self.callers.len()
+                || !self.joined.contains_key(&None)
+                || self
+                    .callers
+                    .iter()
+                    .any(|c| !self.joined.contains_key(&Some(c.clone()))))
+        {
+            return None;
+        }
+        for &i in &changed {
+            let (was, now) = (&self.services[i].model, &services[i]);
+            if was.namespace != now.namespace || was.name != now.name || was.vips != now.vips {
+                return None;
+            }
+        }
+        let mut ch = Changes::default();
+        let pod_groups = if envoy { pods.len() } else { 0 };
+        let per_service = 1 + self.callers.len();
+        let output = Arc::make_mut(&mut self.output);
+        let counts = &mut self.output_counts;
+        // Per route configuration (the shared one, then each caller's), whether a
+        // part changed.
+        let mut dirty = vec![false; per_service];
+        for i in changed {
+            let svc = &services[i];
+            layout.services[i] = Arc::as_ptr(svc) as usize;
+            let entry = &mut self.services[i];
+            if *entry.model == **svc {
+                entry.model = Arc::clone(svc);
+                continue;
+            }
+            entry.model = Arc::clone(svc);
+            let at = pod_groups + i * per_service;
+            let own = own_resources(envoy, svc, opts);
+            ch.replaced(&entry.own, &own);
+            set_group(output, counts, at, &own);
+            entry.own = own;
+            let Some(emitted) = entry.emitted.as_mut() else {
+                continue;
+            };
+            let short = emitted.short;
+            let part = shared_part(svc, short, opts);
+            entry.route = Some((short, Arc::clone(&part)));
+            for (index, caller) in self.callers.iter().enumerate() {
+                let t = share(caller_service_clusters(caller, svc, opts));
+                match entry.callers.insert(caller.clone(), Arc::clone(&t)) {
+                    Some(old) => ch.replaced(&old, &t),
+                    None => ch.added(&t),
+                }
+                set_group(output, counts, at + 1 + index, &t);
+                let part = caller_part(svc, short, opts, caller, &t);
+                entry
+                    .caller_routes
+                    .insert(caller.clone(), (short, Arc::clone(&part)));
+                emitted.callers[index] = t;
+                dirty[index + 1] |= replace_part(&mut self.joined, Some(caller), i, &part);
+                emitted.parts[index + 1] = part;
+            }
+            dirty[0] |= replace_part(&mut self.joined, None, i, &part);
+            emitted.parts[0] = part;
+        }
+        let mut always: Vec<Shared> = Vec::new();
+        if envoy {
+            let keys = std::iter::once(None).chain(self.callers.iter().map(Some));
+            for (key, dirty) in keys.zip(dirty) {
+                let joined = self
+                    .joined
+                    .get_mut(&key.cloned())
+                    .expect("checked: every route configuration was joined");
+                if dirty {
+                    let name = match key {
+                        None => names::OUTBOUND_ROUTE.to_string(),
+                        Some(caller) => names::outbound_route_for(caller),
+                    };
+                    joined.route = shared(routes_from_parts(
+                        &name,
+                        joined.parts.iter().map(|p| p.as_slice()),
+                    ));
+                }
+                always.push(joined.route.clone());
+            }
+            push_secrets(&mut self.secrets, secrets, &mut always);
+        }
+        let last = self
+            .always
+            .take()
+            .expect("a clean translation has its always group");
+        let same = last.len() == always.len()
+            && last
+                .iter()
+                .zip(&always)
+                .all(|(a, b)| Arc::ptr_eq(&a.3, &b.3));
+        let always = if same {
+            last
+        } else {
+            let always = group(always);
+            ch.replaced(&last, &always);
+            let at = output.len() - 1;
+            set_group(output, counts, at, &always);
+            always
+        };
+        self.always = Some(always);
+        self.changes = Some(ch);
+        self.in_place += 1;
+        Some(Translation {
+            groups: Arc::clone(&self.output),
+            counts: self.output_counts,
+        })
+    }
+}
+
+/// Puts `part` at `index` of `key`'s joined route configuration; whether it differs
+/// from the part there (by pointer, then by bytes: a re-translated service's part is
+/// often equal, as an endpoint change alters no route).
+fn replace_part(
+    joined: &mut HashMap<Option<String>, Joined>,
+    key: Option<&String>,
+    index: usize,
+    part: &Arc<Vec<u8>>,
+) -> bool {
+    let Some(j) = joined.get_mut(&key.cloned()) else {
+        return true;
+    };
+    let Some(slot) = j.parts.get_mut(index) else {
+        return true;
+    };
+    let differs = !(Arc::ptr_eq(slot, part) || slot.as_slice() == part.as_slice());
+    *slot = Arc::clone(part);
+    differs
 }
 
 /// One pod's memo entry: the model translated (the key's pod is only its name), its
