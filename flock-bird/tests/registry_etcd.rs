@@ -28,10 +28,16 @@ struct Etcd {
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
+    /// More etcd flags.
+    extra: Vec<String>,
 }
 
 impl Etcd {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Self {
         let bin = std::env::var_os("FLOCK_ETCD_BIN")
             .map(PathBuf::from)
             .or_else(|| {
@@ -45,6 +51,7 @@ impl Etcd {
             client_port: free_port(),
             peer_port: free_port(),
             child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         etcd.spawn();
         etcd
@@ -76,6 +83,7 @@ impl Etcd {
             .args(["--initial-cluster", &format!("t1={peer}")])
             // A fast election makes the single member leader quickly after a restart.
             .args(["--heartbeat-interval", "50", "--election-timeout", "250"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -455,4 +463,50 @@ async fn lost_lease_is_replaced_and_own_endpoints_reput() {
     // And the new lease is kept alive.
     tokio::time::sleep(Duration::from_secs(TTL as u64 + 1)).await;
     assert!(b.view().borrow().endpoints.contains_key(&e1.key()));
+}
+
+/// The re-put after a lease loss goes in transactions (one disk sync for many puts);
+/// an etcd whose `--max-txn-ops` is below the agent's batch refuses them, and every
+/// endpoint is re-put one at a time instead: none is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_reput_whole_by_an_etcd_refusing_large_transactions() {
+    let etcd = Etcd::start_with(&["--max-txn-ops", "2"]);
+    let mut operator = etcd.client().await;
+    let (a, b) = (node(&etcd, "a").await, node(&etcd, "b").await);
+    let eps: Vec<Endpoint> = (0..5).map(|i| ep("a", &format!("p{i}"))).collect();
+    for e in &eps {
+        a.put(e).await.unwrap();
+    }
+    let all = |v: &View| eps.iter().all(|e| v.endpoints.contains_key(&e.key()));
+    wait_view(b.as_ref(), "a's endpoints", Duration::from_secs(5), all).await;
+    let old = a.lease_id().await.unwrap();
+    operator.lease_revoke(old).await.unwrap();
+    wait_view(
+        b.as_ref(),
+        "a's endpoints deleted by the revoke",
+        Duration::from_secs(5),
+        |v| !v.endpoints.contains_key(&eps[0].key()),
+    )
+    .await;
+    wait_view(
+        b.as_ref(),
+        "every endpoint of a re-put",
+        Duration::from_secs(10),
+        all,
+    )
+    .await;
+    let new = a.lease_id().await.unwrap();
+    assert_ne!(new, old);
+    for e in &eps {
+        let resp = operator
+            .get(format!("/flock-test/endpoints/{}", e.key()), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.kvs()[0].lease(),
+            new,
+            "{} is on the new lease",
+            e.key()
+        );
+    }
 }

@@ -478,20 +478,27 @@ impl Shared {
         // sync, and every put of one transaction shares it. One at a time, an agent
         // with 95 endpoints took 830 ms to re-put them after a lease loss, with its
         // endpoints missing from every other node meanwhile.
-        let mut batch: Vec<(&String, &Endpoint, Vec<u8>)> = Vec::new();
+        let mut batches: Vec<Vec<(&String, &Endpoint, Vec<u8>)>> = vec![Vec::new()];
         let mut bytes = 0;
-        let mut entries = ops.own.iter().peekable();
-        while let Some((key, ep)) = entries.next() {
+        for (key, ep) in &ops.own {
             let value = serde_json::to_vec(ep).map_err(|e| RegistryError::Encode {
                 backend: self.describe.clone(),
                 key: key.to_string(),
                 source: e,
             })?;
-            bytes += key.len() + value.len();
-            batch.push((key, ep, value));
-            if entries.peek().is_some() && batch.len() < REPUT_TXN_OPS && bytes < REPUT_TXN_BYTES {
-                continue;
+            let size = key.len() + value.len();
+            let last = batches.last_mut().expect("one batch at least");
+            if !last.is_empty() && (last.len() == REPUT_TXN_OPS || bytes + size > REPUT_TXN_BYTES) {
+                batches.push(Vec::new());
+                bytes = 0;
             }
+            bytes += size;
+            batches
+                .last_mut()
+                .expect("one batch at least")
+                .push((key, ep, value));
+        }
+        for batch in batches.into_iter().filter(|b| !b.is_empty()) {
             let puts: Vec<TxnOp> = batch
                 .iter()
                 .map(|(key, _, value)| {
@@ -503,20 +510,32 @@ impl Shared {
                 })
                 .collect();
             let mut kv = self.client.kv_client();
-            let resp = self
+            let revs: Vec<i64> = match self
                 .call("re-put", batch[0].0, kv.txn(Txn::new().and_then(puts)))
-                .await?;
-            // Every put of a transaction is at its revision.
-            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+                .await
+            {
+                // Every put of a transaction is at its revision.
+                Ok(resp) => vec![resp.header().map(|h| h.revision()).unwrap_or(0); batch.len()],
+                // An etcd with lower limits than its defaults (`--max-txn-ops`,
+                // `--max-request-bytes`) refuses the transaction: one put at a time,
+                // as before, which also names the key a refusal is about.
+                Err(e) => {
+                    tracing::debug!(registry = %self.describe, node = %self.node, error = %e, puts = batch.len(), "re-put transaction failed; putting one at a time");
+                    let mut revs = Vec::with_capacity(batch.len());
+                    for (key, ep, _) in &batch {
+                        revs.push(self.put_raw(key, ep, lease).await?);
+                    }
+                    revs
+                }
+            };
             let mut view = self.view.lock();
             let mut changed = false;
-            for (key, ep, _) in batch.drain(..) {
+            for ((key, ep, _), rev) in batch.into_iter().zip(revs) {
                 changed |= view.apply_put(key.clone(), ep.clone(), rev);
             }
             if changed {
                 self.publish(&mut view);
             }
-            bytes = 0;
         }
         tracing::info!(registry = %self.describe, node = %self.node, lease, endpoints = ops.own.len(), "own endpoints re-put under the new lease");
         ops.reput_pending = false;

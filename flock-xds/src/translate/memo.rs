@@ -578,6 +578,9 @@ impl Memo {
         if let Some(t) = self.translate_in_place(services, pods, secrets, opts) {
             return t;
         }
+        // Until this pass has finished, no layout: a pass that did not finish (a
+        // panic) leaves none for the next to edit.
+        self.layout = None;
         let mut exact = self.clean;
         let mut ch = Changes::default();
         self.pass += 1;
