@@ -446,18 +446,7 @@ async fn lost_lease_is_replaced_and_own_endpoints_reput() {
     );
     let new = a.lease_id().await.unwrap();
     assert_ne!(new, old);
-    for e in [&e1, &e2] {
-        let resp = operator
-            .get(format!("/flock-test/endpoints/{}", e.key()), None)
-            .await
-            .unwrap();
-        assert_eq!(
-            resp.kvs()[0].lease(),
-            new,
-            "{} is on the new lease",
-            e.key()
-        );
-    }
+    assert_on_lease(&mut operator, [&e1, &e2], new).await;
     // Replacing the lease did not need a reconnect.
     assert_eq!(a.view().borrow().generation, gen_before);
     // And the new lease is kept alive.
@@ -497,14 +486,23 @@ async fn a_lost_lease_is_reput_whole_by_an_etcd_refusing_large_transactions() {
     .await;
     let new = a.lease_id().await.unwrap();
     assert_ne!(new, old);
-    for e in &eps {
+    assert_on_lease(&mut operator, &eps, new).await;
+}
+
+/// Each of `eps` is stored in etcd under `lease`.
+async fn assert_on_lease<'a>(
+    operator: &mut etcd_client::Client,
+    eps: impl IntoIterator<Item = &'a Endpoint>,
+    lease: i64,
+) {
+    for e in eps {
         let resp = operator
             .get(format!("/flock-test/endpoints/{}", e.key()), None)
             .await
             .unwrap();
         assert_eq!(
             resp.kvs()[0].lease(),
-            new,
+            lease,
             "{} is on the new lease",
             e.key()
         );
