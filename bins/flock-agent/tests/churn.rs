@@ -28,8 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const OPS: u64 = 1_000;
-/// Churn at least this long, so pods outlive the agent's 10 s probe warm-up and their
-/// failing probes turn them unhealthy (re-registration) while the churn goes on.
+/// Churn at least this long, so the resident pods (`churnkit::RESIDENTS`, added first
+/// and never touched again) outlive the agent's 10 s probe warm-up and their failing
+/// probes turn them unhealthy (re-registration) while the churn goes on.
 const MIN_CHURN: Duration = Duration::from_secs(15);
 
 #[test]
@@ -63,6 +64,8 @@ fn a_thousand_adds_and_removes_32_at_a_time_leave_store_registry_and_xds_in_exac
     let socket = agent.cni_socket.clone();
     let m = Arc::clone(&model);
     rt.block_on(async move {
+        // Residents first: pods that outlive the probe warm-up, whatever the pace.
+        add_residents(&socket, &m).await;
         let mut rng = Rng::new(seed);
         drive(socket, m, &mut rng, |m| {
             m.started.load(Ordering::Relaxed) >= OPS && churn_start.elapsed() >= MIN_CHURN
