@@ -11,6 +11,13 @@
 //!   `FLOCK_FANOUT_CONNECTIONS` HTTP/2 connections (default N/100: the server's default
 //!   `max_concurrent_streams_per_connection` is 100).
 //!
+//! Each stream count runs twice (`FLOCK_FANOUT_CLIENTS`, default
+//! `one-thread,multi-thread`): the client process on a current-thread runtime and on
+//! tokio's multi-thread runtime. The clients stand in for Envoys on other machines but
+//! share this machine's cores with the server; on one thread they cost less (one write
+//! per connection for a publish's ACKs, not one per stream), so more of the figure is
+//! the server's. The server always runs on the multi-thread runtime, as in the agent.
+//!
 //! Both raise `RLIMIT_NOFILE` to its hard limit first (one connection per stream, N =
 //! 10,000, needs 10,000 descriptors on each side).
 //!
@@ -19,6 +26,8 @@
 //! and once every stream has its initial response ACKed and has been idle for 500 ms;
 //! the difference over N is that side's cost per stream, connections included (they
 //! are amortized over the streams they carry). "With the client" is the sum.
+//!
+//! CPU: each process's user + system time over the publishes, per publish.
 //!
 //! Latency: `FLOCK_FANOUT_PUBLISHES` (default 20) publishes of one changed CLA, one at a
 //! time; each client stamps the wall clock (`SystemTime`, the one clock both processes
@@ -70,6 +79,16 @@ fn rss_kib() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS in /proc/self/status")
+}
+
+/// CPU time (user + system) this process has used so far.
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let time = |t: nix::sys::time::TimeVal| {
+        Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000)
+    };
+    time(usage.user_time()) + time(usage.system_time())
 }
 
 /// Wall clock in nanoseconds: comparable between the server and client processes.
@@ -149,14 +168,24 @@ fn ms(d: Duration) -> String {
 
 /// What one server run measured.
 struct Outcome {
+    /// How the clients ran ([`CLIENT_RUNTIME`]).
+    client: String,
     streams: usize,
     connections: usize,
     server_kib_per_stream: f64,
     client_kib_per_stream: f64,
+    /// CPU time per publish, server and client process (the publish phase only).
+    server_cpu: Duration,
+    client_cpu: Duration,
     opened: Duration,
     slowest: Vec<Duration>,
     all: Vec<Duration>,
 }
+
+/// How the client process runs its streams (`FLOCK_FANOUT_CLIENTS`, set per run by the
+/// driver): `one-thread` (a current-thread runtime) or `multi-thread` (one worker per
+/// core, tokio's default).
+const CLIENT_RUNTIME: &str = "FLOCK_FANOUT_CLIENT_RUNTIME";
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -165,20 +194,40 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// The client process's runtime. The clients stand in for Envoys on other machines;
+/// here they share the server's two cores, so every cycle they spend is taken from the
+/// server. On one thread tokio runs each connection's stream tasks before the
+/// connection's own task, and one write carries a whole connection's ACKs; on the
+/// multi-thread runtime the connection task runs right after each stream that wakes it
+/// (the scheduler's LIFO slot), and every ACK is a write of its own: 10,000 writes per
+/// publish at 10,000 streams, against about 100. Both are measured.
+fn client_runtime() -> tokio::runtime::Runtime {
+    match std::env::var(CLIENT_RUNTIME).as_deref() {
+        Ok("multi-thread") => runtime(),
+        Ok("one-thread") | Err(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime"),
+        Ok(other) => panic!("{CLIENT_RUNTIME}={other:?}: one-thread or multi-thread"),
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench` (and maybe a filter): nothing to parse.
     raise_nofile();
     match std::env::var(ROLE).as_deref() {
-        Ok("client") => runtime().block_on(client_process()),
+        Ok("client") => client_runtime().block_on(client_process()),
         Ok("server") => {
             let outcome = runtime().block_on(server_process());
             // One line for the parent.
             println!(
-                "result {} {} {} {} {} {} | {}",
+                "result {} {} {} {} {} {} {} {} | {}",
                 outcome.streams,
                 outcome.connections,
                 outcome.server_kib_per_stream,
                 outcome.client_kib_per_stream,
+                outcome.server_cpu.as_nanos(),
+                outcome.client_cpu.as_nanos(),
                 outcome.opened.as_nanos(),
                 join(&outcome.slowest),
                 join(&outcome.all),
@@ -212,12 +261,21 @@ fn driver() {
         .collect();
     let resources = env_usize("FLOCK_FANOUT_RESOURCES", 10).max(1);
     let publishes = env_usize("FLOCK_FANOUT_PUBLISHES", 20).max(1);
+    let clients: Vec<String> = std::env::var("FLOCK_FANOUT_CLIENTS")
+        .unwrap_or_else(|_| "one-thread,multi-thread".into())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
     let mut outcomes = Vec::new();
-    for streams in sizes {
+    for (streams, client) in sizes
+        .iter()
+        .flat_map(|&n| clients.iter().map(move |c| (n, c.clone())))
+    {
         let exe = std::env::current_exe().expect("own executable");
         let out = std::process::Command::new(exe)
             .env(ROLE, "server")
             .env("FLOCK_FANOUT_N", streams.to_string())
+            .env(CLIENT_RUNTIME, &client)
             .stderr(Stdio::inherit())
             .output()
             .expect("run the server process");
@@ -230,12 +288,15 @@ fn driver() {
         let (head, all) = line.split_once(" | ").expect("result format");
         let f: Vec<&str> = head.split(' ').collect();
         outcomes.push(Outcome {
+            client,
             streams: f[0].parse().expect("streams"),
             connections: f[1].parse().expect("connections"),
             server_kib_per_stream: f[2].parse().expect("server KiB"),
             client_kib_per_stream: f[3].parse().expect("client KiB"),
-            opened: Duration::from_nanos(f[4].parse().expect("opened")),
-            slowest: split(f[5]),
+            server_cpu: Duration::from_nanos(f[4].parse().expect("server CPU")),
+            client_cpu: Duration::from_nanos(f[5].parse().expect("client CPU")),
+            opened: Duration::from_nanos(f[6].parse().expect("opened")),
+            slowest: split(f[7]),
             all: split(all),
         });
     }
@@ -248,19 +309,22 @@ fn driver() {
     );
     println!();
     println!(
-        "| streams | connections | opened in | all have it p50 | all have it p99 | one has it p50 | one has it p99 | RSS/idle stream, server | RSS/idle stream, server + client |"
+        "| streams | clients on | connections | opened in | all have it p50 | all have it p99 | one has it p50 | one has it p99 | CPU/publish, server | CPU/publish, client | RSS/idle stream, server | RSS/idle stream, server + client |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for o in &outcomes {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.1} KiB | {:.1} KiB |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} KiB | {:.1} KiB |",
             o.streams,
+            o.client,
             o.connections,
             ms(o.opened),
             ms(percentile(&o.slowest, 50.0)),
             ms(percentile(&o.slowest, 99.0)),
             ms(percentile(&o.all, 50.0)),
             ms(percentile(&o.all, 99.0)),
+            ms(o.server_cpu),
+            ms(o.client_cpu),
             o.server_kib_per_stream,
             o.server_kib_per_stream + o.client_kib_per_stream,
         );
@@ -342,6 +406,7 @@ async fn server_process() -> Outcome {
     // Publish one change at a time; wait for every stream to receive it.
     let mut slowest = Vec::with_capacity(publishes);
     let mut all = Vec::with_capacity(publishes * streams);
+    let cpu_before = cpu_time();
     for round in 0..publishes {
         let i = round % resources;
         let (hash, any) = cla_any(i, round as u32 + 1);
@@ -365,18 +430,29 @@ async fn server_process() -> Outcome {
         // Let ACKs drain before the next publish.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let server_cpu = (cpu_time() - cpu_before) / publishes as u32;
     slowest.sort();
     all.sort();
     drop(child.stdin.take());
+    // The client's last line: its CPU time over the publishes.
+    let client_cpu = next_line(&mut lines)
+        .await
+        .strip_prefix("cpu ")
+        .and_then(|ns| ns.parse::<u64>().ok())
+        .map(|ns| Duration::from_nanos(ns) / publishes as u32)
+        .expect("cpu line");
     let _ = tokio::time::timeout(WAIT, child.wait()).await;
     let _ = stop.send(());
     let _ = serving.await;
     let per_stream = |before: u64, idle: u64| (idle as f64 - before as f64) / streams as f64;
     Outcome {
+        client: std::env::var(CLIENT_RUNTIME).unwrap_or_default(),
         streams,
         connections,
         server_kib_per_stream: per_stream(rss_before, rss_idle),
         client_kib_per_stream: per_stream(client[0], client[1]),
+        server_cpu,
+        client_cpu,
         opened,
         slowest,
         all,
@@ -450,6 +526,7 @@ async fn client_process() {
     writeln!(out, "idle {rss_before} {rss_idle}").expect("stdout");
     out.flush().expect("stdout");
     drop(out);
+    let cpu_before = cpu_time();
 
     // Until the server closes stdin: one line per version once every stream has it.
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
@@ -475,6 +552,11 @@ async fn client_process() {
             }
         }
     }
+    let cpu = cpu_time() - cpu_before;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "cpu {}", cpu.as_nanos()).expect("stdout");
+    out.flush().expect("stdout");
+    drop(out);
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
 }

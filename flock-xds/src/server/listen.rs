@@ -32,6 +32,7 @@
 //! every `accept` fails again).
 
 use super::Server;
+use super::coalesce::Coalescing;
 use super::auth::{RefusalReason, Refusals};
 use super::metrics::Metrics;
 use prometheus_client::collector::Collector;
@@ -382,7 +383,12 @@ impl<A: Accept> tokio_stream::Stream for Incoming<A> {
                 Ok(io) => {
                     this.errors = 0;
                     match this.connections.try_open(this.max_connections) {
-                        Some(slot) => return Poll::Ready(Some(Ok(Counted { io, _slot: slot }))),
+                        Some(slot) => {
+                            return Poll::Ready(Some(Ok(Counted {
+                                io: Coalescing::new(io),
+                                _slot: slot,
+                            })));
+                        }
                         // Over the cap: dropping the stream closes it now, before it
                         // costs a TLS handshake or an HTTP/2 connection.
                         None => continue,
@@ -412,16 +418,17 @@ impl<A: Accept> tokio_stream::Stream for Incoming<A> {
     }
 }
 
-/// An accepted connection holding its slot under the cap.
+/// An accepted connection holding its slot under the cap, its writes coalesced
+/// ([`Coalescing`]).
 pub(crate) struct Counted<Io> {
-    io: Io,
+    io: Coalescing<Io>,
     _slot: ConnGuard,
 }
 
 impl<Io: Connected> Connected for Counted<Io> {
     type ConnectInfo = Io::ConnectInfo;
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        self.io.get_ref().connect_info()
     }
 }
 

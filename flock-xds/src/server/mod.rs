@@ -23,6 +23,7 @@
 //! `listen.rs`'s docs, summarised at [`ConnectionLimits`] and [`bind_unix_with_mode`].
 
 pub mod auth;
+mod coalesce;
 mod convert;
 mod listen;
 mod metrics;
