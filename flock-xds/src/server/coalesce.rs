@@ -229,68 +229,98 @@ mod tests {
         }
     }
 
-    /// The shape of an HTTP/2 connection task under a fan-out: `frames` tasks each hand
-    /// it one small frame (waking it), and it writes what it has and flushes. On a
-    /// one-worker multi-thread runtime (so the LIFO slot runs it right after each
-    /// sender) an unbuffered transport gets one write per frame.
-    fn fan_out(frames: usize) -> (usize, Vec<u8>) {
+    /// The shape of an HTTP/2 connection under a fan-out: `streams` tasks wait for a
+    /// publish (a watch channel, as the xDS streams do); each hands the connection
+    /// task one small frame (waking it), and the connection task writes what it has
+    /// and flushes. On a one-worker multi-thread runtime the scheduler's LIFO slot
+    /// runs the connection task right after each stream task, so an unbuffered
+    /// transport gets one write per frame. Returns the writes that reached the pipe
+    /// and the bytes the far end read.
+    fn fan_out(streams: usize, publishes: u8) -> (usize, Vec<u8>) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
         let writes = Arc::new(AtomicUsize::new(0));
-        let (near, mut far) = tokio::io::duplex(1 << 20);
+        let (near, mut far) = tokio::io::duplex(4 << 20);
         let counting = Counting {
             inner: near,
             writes: Arc::clone(&writes),
         };
         let received = rt.block_on(async move {
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+            let (frames_tx, mut frames) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+            let (publish, published) = tokio::sync::watch::channel(0u8);
+            let (ready_tx, mut ready) = tokio::sync::mpsc::unbounded_channel::<()>();
+            let mut stream_tasks = Vec::new();
+            for _ in 0..streams {
+                let frames_tx = frames_tx.clone();
+                let ready_tx = ready_tx.clone();
+                let mut published = published.clone();
+                stream_tasks.push(tokio::spawn(async move {
+                    ready_tx.send(()).unwrap();
+                    while published.changed().await.is_ok() {
+                        let round = *published.borrow_and_update();
+                        frames_tx.send(vec![round; 400]).unwrap();
+                    }
+                }));
+            }
+            drop(frames_tx);
+            let (flushed_tx, mut flushed) = tokio::sync::watch::channel(0usize);
             let conn = tokio::spawn(async move {
                 let mut io = Coalescing::new(counting);
-                while let Some(frame) = rx.recv().await {
+                let mut got = 0;
+                while let Some(frame) = frames.recv().await {
                     io.write_all(&frame).await.unwrap();
-                    while let Ok(frame) = rx.try_recv() {
+                    got += 1;
+                    while let Ok(frame) = frames.try_recv() {
                         io.write_all(&frame).await.unwrap();
+                        got += 1;
                     }
                     io.flush().await.unwrap();
                     assert_eq!(io.buf.capacity(), 0, "a flushed connection holds no buffer");
+                    flushed_tx.send_replace(got);
                 }
                 io.shutdown().await.unwrap();
+                got
             });
-            let senders = tokio::spawn(async move {
-                let mut tasks = Vec::new();
-                for i in 0..frames {
-                    let tx = tx.clone();
-                    tasks.push(tokio::spawn(async move {
-                        tx.send(vec![(i % 251) as u8; 400]).unwrap();
-                    }));
-                }
-                for t in tasks {
-                    t.await.unwrap();
-                }
+            for _ in 0..streams {
+                ready.recv().await.unwrap();
+            }
+            let reader = tokio::spawn(async move {
+                let mut received = Vec::new();
+                far.read_to_end(&mut received).await.unwrap();
+                received
             });
-            senders.await.unwrap();
-            let mut received = Vec::new();
-            far.read_to_end(&mut received).await.unwrap();
-            conn.await.unwrap();
-            received
+            for round in 1..=publishes {
+                publish.send(round).unwrap();
+                // The next publish once the connection flushed this one's frames, so
+                // every stream sends every round (a watch keeps only the newest).
+                let want = streams * round as usize;
+                flushed.wait_for(|got| *got >= want).await.unwrap();
+            }
+            drop(publish);
+            for t in stream_tasks {
+                t.await.unwrap();
+            }
+            assert_eq!(conn.await.unwrap(), streams * publishes as usize);
+            reader.await.unwrap()
         });
         (writes.load(Ordering::Relaxed), received)
     }
 
     #[test]
     fn a_fan_out_of_small_frames_leaves_in_few_writes_and_whole() {
-        let frames = 200;
-        let (writes, received) = fan_out(frames);
+        let (streams, publishes) = (200, 5u8);
+        let frames = streams * publishes as usize;
+        let (writes, received) = fan_out(streams, publishes);
         assert_eq!(received.len(), frames * 400, "every frame arrives");
-        let mut counts = [0usize; 251];
+        let mut per_round = vec![0usize; publishes as usize + 1];
         for chunk in received.chunks(400) {
             assert!(chunk.iter().all(|b| *b == chunk[0]), "frames arrive whole");
-            counts[chunk[0] as usize] += 1;
+            per_round[chunk[0] as usize] += 1;
         }
-        assert_eq!(counts.iter().sum::<usize>(), frames);
+        assert!(per_round[1..].iter().all(|n| *n == streams), "{per_round:?}");
         assert!(
             writes <= frames / 10,
             "{writes} writes for {frames} frames of 400 bytes: flushes were not coalesced"
