@@ -85,9 +85,8 @@ fn rss_kib() -> u64 {
 fn cpu_time() -> Duration {
     use nix::sys::resource::{UsageWho, getrusage};
     let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
-    let time = |t: nix::sys::time::TimeVal| {
-        Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000)
-    };
+    let time =
+        |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
     time(usage.user_time()) + time(usage.system_time())
 }
 

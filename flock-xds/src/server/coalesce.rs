@@ -320,7 +320,10 @@ mod tests {
             assert!(chunk.iter().all(|b| *b == chunk[0]), "frames arrive whole");
             per_round[chunk[0] as usize] += 1;
         }
-        assert!(per_round[1..].iter().all(|n| *n == streams), "{per_round:?}");
+        assert!(
+            per_round[1..].iter().all(|n| *n == streams),
+            "{per_round:?}"
+        );
         assert!(
             writes <= frames / 10,
             "{writes} writes for {frames} frames of 400 bytes: flushes were not coalesced"

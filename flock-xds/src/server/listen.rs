@@ -32,8 +32,8 @@
 //! every `accept` fails again).
 
 use super::Server;
-use super::coalesce::Coalescing;
 use super::auth::{RefusalReason, Refusals};
+use super::coalesce::Coalescing;
 use super::metrics::Metrics;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
