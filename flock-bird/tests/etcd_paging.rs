@@ -344,7 +344,7 @@ async fn lists_more_than_one_message_and_relists_after_compaction() {
     assert!(v.synced);
     assert_eq!(v.endpoints.len(), REMOTE);
     assert_same(&addresses(&v), &expected, "the listed view");
-    assert_eq!(v.endpoints[&remote(4321).key()], remote(4321));
+    assert_eq!(*v.endpoints[&remote(4321).key()], remote(4321));
     let rejections = reg.rejections().unwrap();
     assert_eq!(rejections.count(Reject::Node), 1);
     assert_eq!(rejections.count(Reject::Oversized), 5);

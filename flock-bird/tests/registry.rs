@@ -36,7 +36,10 @@ async fn semantics(reg: Arc<dyn Registry>) {
     let a = ep("c1", 8080);
     let r1 = reg.put(&a).await.unwrap();
     // The view is updated before put returns.
-    assert_eq!(view.borrow().endpoints.get(&a.key()), Some(&a));
+    assert_eq!(
+        view.borrow().endpoints.get(&a.key()).map(|e| &**e),
+        Some(&a)
+    );
     assert_eq!(view.borrow().revision, r1);
 
     // A newer put of the same key makes the older revision's conditional delete a no-op.
@@ -45,7 +48,10 @@ async fn semantics(reg: Arc<dyn Registry>) {
     let r2 = reg.put(&a2).await.unwrap();
     assert!(r2 > r1);
     assert!(!reg.delete_if_revision(&a.key(), r1).await.unwrap());
-    assert_eq!(view.borrow().endpoints.get(&a.key()), Some(&a2));
+    assert_eq!(
+        view.borrow().endpoints.get(&a.key()).map(|e| &**e),
+        Some(&a2)
+    );
     // The current revision's conditional delete works, once.
     assert!(reg.delete_if_revision(&a.key(), r2).await.unwrap());
     assert!(!view.borrow().endpoints.contains_key(&a.key()));
@@ -126,7 +132,7 @@ async fn file_persists_across_reopen_with_revision_and_mode_0600() {
     let reg = open(&spec).await;
     let view = reg.view().borrow().clone();
     assert_eq!(view.endpoints.len(), 1);
-    assert_eq!(view.endpoints.get(&a.key()), Some(&a));
+    assert_eq!(view.endpoints.get(&a.key()).map(|e| &**e), Some(&a));
     assert_eq!(view.revision, rev, "revision persisted");
     // Mod revisions survive too: the conditional delete of the loaded entry works,
     // and revisions keep growing after the reopen.

@@ -578,7 +578,7 @@ async fn an_identity_less_entry_never_creates_a_plaintext_path() {
     mesh.validate().unwrap();
     // The translation alone (without the agent's filter) must hold the line too.
     let mut unfiltered = mesh.clone();
-    unfiltered.services = service_models(view.endpoints.values());
+    unfiltered.services = service_models(view.endpoints.values().map(|e| &**e));
     for (what, m) in [("agent", &mesh), ("translation alone", &unfiltered)] {
         let rs = translate::envoy_resources(m, &EnvoyOptions::default());
         let rc: RouteConfiguration =

@@ -216,11 +216,11 @@ async fn two_nodes_see_each_other_and_deletes_propagate() {
     b.put(&eb).await.unwrap();
     let within = Duration::from_secs(5);
     wait_view(b.as_ref(), "a's endpoint", within, |v| {
-        v.endpoints.get(&ea.key()) == Some(&ea)
+        v.endpoints.get(&ea.key()).map(|e| &**e) == Some(&ea)
     })
     .await;
     wait_view(a.as_ref(), "b's endpoint", within, |v| {
-        v.endpoints.get(&eb.key()) == Some(&eb)
+        v.endpoints.get(&eb.key()).map(|e| &**e) == Some(&eb)
     })
     .await;
 
@@ -229,7 +229,7 @@ async fn two_nodes_see_each_other_and_deletes_propagate() {
     ea2.health = Health::Unhealthy;
     a.put(&ea2).await.unwrap();
     wait_view(b.as_ref(), "a's update", within, |v| {
-        v.endpoints.get(&ea.key()) == Some(&ea2)
+        v.endpoints.get(&ea.key()).map(|e| &**e) == Some(&ea2)
     })
     .await;
 
@@ -263,12 +263,15 @@ async fn delete_if_revision_only_deletes_that_revision() {
     assert!(r2 > r1);
     // The undo of the first registration does not delete the newer one.
     assert!(!a.delete_if_revision(&e.key(), r1).await.unwrap());
-    assert_eq!(a.view().borrow().endpoints.get(&e.key()), Some(&e2));
+    assert_eq!(
+        a.view().borrow().endpoints.get(&e.key()).map(|e| &**e),
+        Some(&e2)
+    );
     wait_view(
         b.as_ref(),
         "the newer registration",
         Duration::from_secs(5),
-        |v| v.endpoints.get(&e.key()) == Some(&e2),
+        |v| v.endpoints.get(&e.key()).map(|e| &**e) == Some(&e2),
     )
     .await;
     assert!(a.delete_if_revision(&e.key(), r2).await.unwrap());

@@ -115,6 +115,7 @@ fn of<'a>(view: &'a View, ns: &str, svc: &str) -> Vec<&'a Endpoint> {
         .endpoints
         .values()
         .filter(|e| e.namespace == ns && e.service == svc)
+        .map(|e| &**e)
         .collect();
     eps.sort_by_key(|e| e.address);
     eps

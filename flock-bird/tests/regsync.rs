@@ -506,8 +506,13 @@ async fn another_writers_change_of_this_nodes_keys_is_repaired_from_the_views_de
         assert!(matches!(added, Ok(PodOutcome::Done(_))), "{added:?}");
     }
     settled(&agent).await;
-    let wanted: std::collections::BTreeMap<String, Endpoint> =
-        reg.view().borrow().endpoints.clone().into_iter().collect();
+    let wanted: std::collections::BTreeMap<String, Endpoint> = reg
+        .view()
+        .borrow()
+        .endpoints
+        .iter()
+        .map(|(k, e)| (k.clone(), (**e).clone()))
+        .collect();
     assert_eq!(wanted.len(), 3);
     let mut keys = wanted.keys();
     let (gone, changed) = (keys.next().unwrap().clone(), keys.next().unwrap().clone());
@@ -524,12 +529,12 @@ async fn another_writers_change_of_this_nodes_keys_is_repaired_from_the_views_de
         let view = reg.view().borrow().clone();
         wanted
             .iter()
-            .all(|(k, ep)| view.endpoints.get(k) == Some(ep))
+            .all(|(k, ep)| view.endpoints.get(k).map(|e| &**e) == Some(ep))
     })
     .await;
     let view = reg.view().borrow().clone();
     assert_eq!(
-        view.endpoints.get(&remote_key),
+        view.endpoints.get(&remote_key).map(|e| &**e),
         Some(&remote),
         "another node's key is not ours"
     );

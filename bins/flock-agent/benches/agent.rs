@@ -253,7 +253,13 @@ async fn publish_cost() {
         agent.add_pod(&input).await.unwrap();
     }
     agent.publish();
-    let eps: Vec<_> = reg.view().borrow().endpoints.values().cloned().collect();
+    let eps: Vec<_> = reg
+        .view()
+        .borrow()
+        .endpoints
+        .values()
+        .map(|e| (**e).clone())
+        .collect();
     let mut changed = Vec::new();
     let mut unchanged = Vec::new();
     for round in 0..50 {

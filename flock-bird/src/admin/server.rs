@@ -569,7 +569,7 @@ impl Views for AgentViews {
             endpoints: view
                 .endpoints
                 .iter()
-                .map(|(k, e)| (k.clone(), e.clone()))
+                .map(|(k, e)| (k.clone(), (**e).clone()))
                 .collect(),
         }
     }

@@ -146,7 +146,7 @@ impl Agent {
         let mut writes = 0;
         for (ep_key, ep) in &desired {
             stale.remove(ep_key);
-            if view.endpoints.get(ep_key) == Some(ep) {
+            if view.endpoints.get(ep_key).map(|e| &**e) == Some(ep) {
                 continue;
             }
             let rev = match self.registry.put(ep).await {

@@ -91,7 +91,7 @@ pub fn serving_endpoints(view: &View) -> (Vec<&Endpoint>, BTreeMap<String, Rejec
         } else if e.identity.is_none() && mtls.contains(&(svc.0, svc.1, e.service_port)) {
             excluded.insert(key.clone(), Reject::Downgrade);
         } else {
-            kept.push(e);
+            kept.push(&**e);
         }
     }
     (kept, excluded)

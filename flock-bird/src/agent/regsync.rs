@@ -461,7 +461,7 @@ impl Agent {
                 held.insert(
                     key.clone(),
                     Held::Known {
-                        value: ep.clone(),
+                        value: (**ep).clone(),
                         revision,
                     },
                 );
@@ -747,7 +747,7 @@ impl Agent {
             }
             let echo = match (view.endpoints.get(key), desired.all.get(key)) {
                 (Some(now), Some(want)) => {
-                    now == want
+                    **now == *want
                         && view.revisions.get(key) == own.get(key)
                         && !st.unknown.contains(key)
                 }

@@ -187,7 +187,7 @@ struct Ops {
 struct ViewState {
     /// Endpoints by key: a persistent map, so publishing a view shares it instead of
     /// copying every endpoint (a change then costs O(log n), not O(registry)).
-    entries: OrdMap<String, Endpoint>,
+    entries: OrdMap<String, Arc<Endpoint>>,
     /// The mod revision of each entry in `entries`, by key (persistent, as `entries`).
     revs: OrdMap<String, u64>,
     /// Own deletes applied before the watch reported them: key → delete revision, so an
@@ -250,14 +250,14 @@ impl ViewState {
         self.tombstones.remove(&key);
         self.revs.insert(key.clone(), rev_u);
         match self.entries.get_mut(&key) {
-            Some(old) if *old == ep => {}
+            Some(old) if **old == ep => {}
             Some(old) => {
-                *old = ep;
+                *old = Arc::new(ep);
                 self.note(&key, Change::Changed);
             }
             None => {
                 self.note(&key, Change::Added);
-                self.entries.insert(key, ep);
+                self.entries.insert(key, Arc::new(ep));
             }
         }
         true
@@ -1367,7 +1367,7 @@ mod tests {
         assert_eq!(*v.delta, delta(&["e"], &["c"], &["b"]));
         assert_eq!(v.revisions["d"], 26);
         assert_eq!(v.revision, 30);
-        assert_eq!(v.endpoints["c"], ep("c", 9));
+        assert_eq!(*v.endpoints["c"], ep("c", 9));
 
         // The same list again: nothing changed, no new delta.
         s.relist(

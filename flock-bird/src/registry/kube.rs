@@ -154,7 +154,7 @@ struct ViewBuilder {
     generation: u64,
     was_erroring: bool,
     /// The endpoints of the last view built, and the revision they got.
-    last_endpoints: super::OrdMap<String, Endpoint>,
+    last_endpoints: super::OrdMap<String, Arc<Endpoint>>,
     view_revision: u64,
 }
 
@@ -286,7 +286,7 @@ impl ViewBuilder {
         for mapped in self.slices.values() {
             for (key, ep) in &mapped.endpoints {
                 view.revisions.insert(key.clone(), mapped.revision);
-                view.endpoints.insert(key.clone(), ep.clone());
+                view.endpoints.insert(key.clone(), Arc::new(ep.clone()));
             }
             for (key, why) in &mapped.rejected {
                 self.rejections.reject(DESCRIBE, key, why);

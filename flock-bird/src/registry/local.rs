@@ -71,9 +71,9 @@ fn next_view(
     match now {
         Some(ep) => {
             next.revisions.insert(key.to_string(), revision);
-            match next.endpoints.insert(key.to_string(), ep.clone()) {
+            match next.endpoints.insert(key.to_string(), Arc::new(ep.clone())) {
                 None => delta.added.push(key.to_string()),
-                Some(old) if old != *ep => delta.changed.push(key.to_string()),
+                Some(old) if *old != *ep => delta.changed.push(key.to_string()),
                 Some(_) => {}
             }
         }
@@ -299,6 +299,6 @@ mod tests {
             }
         }
         assert_eq!(keys, v.endpoints.keys().cloned().collect());
-        assert_eq!(v.endpoints.get(&a.key()), Some(&a2));
+        assert_eq!(v.endpoints.get(&a.key()).map(|e| &**e), Some(&a2));
     }
 }

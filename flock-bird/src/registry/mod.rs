@@ -107,7 +107,7 @@ pub struct View {
     /// The endpoints by [`Endpoint::key`]. A persistent map: a backend publishes each
     /// change as a new view sharing all unchanged entries with the last one, so a view
     /// costs O(log n) per change instead of a copy of the registry.
-    pub endpoints: OrdMap<String, Endpoint>,
+    pub endpoints: OrdMap<String, Arc<Endpoint>>,
     /// The mod revision of each endpoint's last write, by key (etcd: the key's
     /// `mod_revision`; memory/file: the counter at the write), for deletes that must
     /// not take a newer registration than the one seen ([`Registry::delete_if_revision`]).
