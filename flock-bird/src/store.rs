@@ -150,6 +150,13 @@ struct SchemaProbe {
     schema: Option<serde_json::Value>,
 }
 
+/// A validated, encoded pod record, ready for [`PodStore::put_encoded`].
+#[derive(Debug, Clone)]
+pub struct EncodedRecord {
+    file_name: String,
+    bytes: Vec<u8>,
+}
+
 /// The pod store: one directory, one file per pod. Cheap to share (`&self` methods;
 /// it is `Send + Sync`).
 ///
@@ -221,6 +228,14 @@ impl PodStore {
     /// and fsyncs the directory: on return the record survives a crash or power loss.
     /// On error the previous file (if any) is untouched and the temporary file removed.
     pub fn put(&self, rec: &PodRecord) -> Result<(), StoreError> {
+        let encoded = self.encode(rec)?;
+        self.put_encoded(&encoded)
+    }
+
+    /// The first half of [`put`](Self::put), which does no I/O: validates `rec` and
+    /// encodes it. An error here is the record's own ([`StoreError::InvalidRecord`],
+    /// [`StoreError::RecordTooLarge`]); [`put_encoded`](Self::put_encoded) writes it.
+    pub fn encode(&self, rec: &PodRecord) -> Result<EncodedRecord, StoreError> {
         let path = self.path_for(&rec.key);
         validate_record(rec).map_err(|reason| StoreError::InvalidRecord {
             path: path.clone(),
@@ -237,8 +252,18 @@ impl PodStore {
                 limit: MAX_FILE_BYTES,
             });
         }
-        let tmp = self.dir.join(temp_name(&file_name_for(&rec.key)));
-        let result = write_new_file(&tmp, &bytes).and_then(|()| {
+        Ok(EncodedRecord {
+            file_name: file_name_for(&rec.key),
+            bytes,
+        })
+    }
+
+    /// The second half of [`put`](Self::put): writes a record [`encode`](Self::encode)
+    /// made, durably (two fsyncs). Blocks.
+    pub fn put_encoded(&self, rec: &EncodedRecord) -> Result<(), StoreError> {
+        let path = self.dir.join(&rec.file_name);
+        let tmp = self.dir.join(temp_name(&rec.file_name));
+        let result = write_new_file(&tmp, &rec.bytes).and_then(|()| {
             // `rename` replaces whatever is at `path` as a directory entry: a symlink
             // there is replaced, never followed, so the write stays inside the store.
             fs::rename(&tmp, &path).map_err(io_err("rename temporary file into", &path))

@@ -24,7 +24,7 @@ mod common;
 use common::{Agent, WAIT, sibling_bin};
 use flock_core::pod::PodKey;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -205,6 +205,19 @@ impl Node {
         msg
     }
 
+    /// The addresses of the endpoints in the agent's registry view (`/debug/registry`).
+    fn registered(&self) -> BTreeSet<String> {
+        let reg = self.agent.json("/debug/registry");
+        let eps: Vec<Value> = match &reg["endpoints"] {
+            Value::Object(m) => m.values().cloned().collect(),
+            Value::Array(a) => a.clone(),
+            other => panic!("/debug/registry endpoints: {other}"),
+        };
+        eps.iter()
+            .map(|e| e["address"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
     /// Container IDs of the pods the agent serves (`/debug/pods`).
     fn served(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.agent.json("/debug/pods")["pods"]
@@ -318,6 +331,8 @@ fn a_full_pod_store_fails_add_clearly_damages_nothing_and_recovers_without_a_res
     let before = node.store_contents();
     assert_eq!(before.len(), BEFORE, "{:?}", before.keys());
     let errors_before = node.pod_errors();
+    let registered_before = node.registered();
+    assert_eq!(registered_before.len(), BEFORE, "{registered_before:?}");
 
     let filler = fill(&node.agent.state_dir);
     let fault = Instant::now();
@@ -341,6 +356,9 @@ fn a_full_pod_store_fails_add_clearly_damages_nothing_and_recovers_without_a_res
     );
     assert_eq!(during, before, "stored records changed during the fault");
     assert_eq!(node.served(), containers(0..BEFORE));
+    // An ADD runs its in-process steps while its record is written (the write fails
+    // after the pod was published): rolled back, and nothing of it registered.
+    assert_eq!(node.registered(), registered_before);
     node.assert_responsive(&[0, BEFORE - 1]);
 
     // DEL needs no space on a full disk: it works, and is not undone by a restart.

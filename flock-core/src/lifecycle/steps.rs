@@ -10,9 +10,15 @@
 //! leftovers (the orphan GC, [`crate::gc`], removes them).
 //!
 //! `AddPod`: durable first, remote last.
-//! 1. [`Step::StoreWrite`]: nothing exists before the pod's durable record, so any
-//!    crash leaves a record the GC can compare with the runtime and repair, and the
-//!    liveness loop / resubscriber (which iterate the store) can see the pod.
+//! 1. [`Step::StoreWrite`]: nothing that can outlive the agent's process exists before
+//!    the pod's durable record, so any crash leaves a record the GC can compare with
+//!    the runtime and repair, and the liveness loop / resubscriber (which iterate the
+//!    store) can see the pod. The agent may run the steps whose effects a restart
+//!    rebuilds from the store (the identity subscription; the published snapshot,
+//!    which the node's Envoy replaces with the restarted agent's) while the write's
+//!    fsyncs run, and waits for them before a step whose effect would survive without
+//!    the record (capture rules in the pod's netns, the registry entry) and before it
+//!    answers.
 //! 2. [`Step::CaptureApply`]: a captured pod's nftables rules are in its netns before
 //!    ADD is answered (the pod's containers start after ADD, so no connection is
 //!    ever made around Envoy); right after the store write because the stored record
