@@ -116,6 +116,17 @@ struct Entry {
     vips: Vec<IpAddr>,
     /// What is served: `base` with `vips`, if valid.
     served: Option<Arc<translate::Service>>,
+    /// Its id, shared by every key of it in [`ServiceTable::service_of`] (one copy of
+    /// the namespace and name per service, not per endpoint).
+    shared_id: Option<Arc<ServiceId>>,
+}
+
+impl Entry {
+    /// Files `key` under this entry (id `id`); the shared id for `service_of`.
+    fn file(&mut self, id: &ServiceId, key: &str) -> Arc<ServiceId> {
+        self.keys.insert(key.to_string());
+        Arc::clone(self.shared_id.get_or_insert_with(|| Arc::new(id.clone())))
+    }
 }
 
 /// How the table last caught up with the registry view.
@@ -133,7 +144,7 @@ pub struct ServiceTable {
     seen: Option<Seen>,
     services: BTreeMap<ServiceId, Entry>,
     /// The service of each key in the table.
-    service_of: HashMap<String, ServiceId>,
+    service_of: HashMap<String, Arc<ServiceId>>,
     /// The VIP source's token at the last assignment (`None`: no VIPs).
     vips_token: Option<usize>,
     excluded: BTreeMap<String, Reject>,
@@ -357,25 +368,22 @@ impl ServiceTable {
             .get(key)
             .map(|e| (e.namespace.clone(), e.service.clone()));
         let before = self.service_of.get(key).cloned();
+        let moved = before.as_deref() != now.as_ref();
         if let Some(id) = &before
-            && before != now
+            && moved
         {
-            if let Some(entry) = self.services.get_mut(id) {
+            if let Some(entry) = self.services.get_mut(&**id) {
                 entry.keys.remove(key);
             }
             self.service_of.remove(key);
         }
         if let Some(id) = &before {
-            dirty.insert(id.clone());
+            dirty.insert((**id).clone());
         }
         if let Some(id) = now {
-            if before.as_ref() != Some(&id) {
-                self.services
-                    .entry(id.clone())
-                    .or_default()
-                    .keys
-                    .insert(key.to_string());
-                self.service_of.insert(key.to_string(), id.clone());
+            if moved {
+                let shared = self.services.entry(id.clone()).or_default().file(&id, key);
+                self.service_of.insert(key.to_string(), shared);
             }
             dirty.insert(id);
         }
@@ -390,12 +398,8 @@ impl ServiceTable {
         self.service_of.clear();
         for (key, e) in &view.endpoints {
             let id = (e.namespace.clone(), e.service.clone());
-            self.services
-                .entry(id.clone())
-                .or_default()
-                .keys
-                .insert(key.clone());
-            self.service_of.insert(key.clone(), id.clone());
+            let shared = self.services.entry(id.clone()).or_default().file(&id, key);
+            self.service_of.insert(key.clone(), shared);
             dirty.insert(id);
         }
     }
