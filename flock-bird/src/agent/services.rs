@@ -105,8 +105,9 @@ fn validated(svc: translate::Service) -> Option<translate::Service> {
 /// One service of the table.
 #[derive(Debug, Default)]
 struct Entry {
-    /// The registry keys of its endpoints.
-    keys: BTreeSet<String>,
+    /// The registry keys of its endpoints (each allocation shared with
+    /// [`ServiceTable::service_of`]).
+    keys: BTreeSet<Arc<str>>,
     /// The model of its serving endpoints, without VIPs; `None` if every endpoint is
     /// left out (the service is then not formed at all, and claims no VIP).
     base: Option<translate::Service>,
@@ -123,8 +124,8 @@ struct Entry {
 
 impl Entry {
     /// Files `key` under this entry (id `id`); the shared id for `service_of`.
-    fn file(&mut self, id: &ServiceId, key: &str) -> Arc<ServiceId> {
-        self.keys.insert(key.to_string());
+    fn file(&mut self, id: &ServiceId, key: Arc<str>) -> Arc<ServiceId> {
+        self.keys.insert(key);
         Arc::clone(self.shared_id.get_or_insert_with(|| Arc::new(id.clone())))
     }
 }
@@ -144,7 +145,7 @@ pub struct ServiceTable {
     seen: Option<Seen>,
     services: BTreeMap<ServiceId, Entry>,
     /// The service of each key in the table.
-    service_of: HashMap<String, Arc<ServiceId>>,
+    service_of: HashMap<Arc<str>, Arc<ServiceId>>,
     /// The VIP source's token at the last assignment (`None`: no VIPs).
     vips_token: Option<usize>,
     excluded: BTreeMap<String, Reject>,
@@ -382,8 +383,10 @@ impl ServiceTable {
         }
         if let Some(id) = now {
             if moved {
-                let shared = self.services.entry(id.clone()).or_default().file(&id, key);
-                self.service_of.insert(key.to_string(), shared);
+                let key: Arc<str> = Arc::from(key);
+                let entry = self.services.entry(id.clone()).or_default();
+                let shared = entry.file(&id, Arc::clone(&key));
+                self.service_of.insert(key, shared);
             }
             dirty.insert(id);
         }
@@ -398,8 +401,10 @@ impl ServiceTable {
         self.service_of.clear();
         for (key, e) in &view.endpoints {
             let id = (e.namespace.clone(), e.service.clone());
-            let shared = self.services.entry(id.clone()).or_default().file(&id, key);
-            self.service_of.insert(key.clone(), shared);
+            let key: Arc<str> = Arc::from(key.as_str());
+            let entry = self.services.entry(id.clone()).or_default();
+            let shared = entry.file(&id, Arc::clone(&key));
+            self.service_of.insert(key, shared);
             dirty.insert(id);
         }
     }
@@ -410,12 +415,12 @@ impl ServiceTable {
 /// endpoints only).
 fn classify(
     view: &View,
-    keys: &BTreeSet<String>,
+    keys: &BTreeSet<Arc<str>>,
 ) -> (Option<translate::Service>, Vec<(String, Reject)>) {
     let mut sub = View::default();
     for key in keys {
-        if let Some(e) = view.endpoints.get(key) {
-            sub.endpoints.insert(key.clone(), e.clone());
+        if let Some(e) = view.endpoints.get(&**key) {
+            sub.endpoints.insert(key.to_string(), e.clone());
         }
     }
     debug_assert!(
