@@ -190,7 +190,7 @@ async fn slices_of_one_service_merge_with_health_and_locality() {
     registry.put(&mine).await.unwrap();
     let key = eps[0].key();
     assert!(!registry.delete(&key).await.unwrap());
-    let rev = view.revisions[&key];
+    let rev = view.endpoints[&key].revision;
     assert!(!registry.delete_if_revision(&key, rev).await.unwrap());
     let now = registry.view().borrow().clone();
     assert!(now.endpoints.contains_key(&key));

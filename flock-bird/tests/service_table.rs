@@ -202,7 +202,7 @@ fn unchanged_services_stay_the_same_allocation() {
     let first = Arc::clone(table.services());
     assert_eq!(first.len(), 2);
     let mut endpoints = v1.endpoints.clone();
-    endpoints.insert("a".into(), Arc::new(ep("web", 3)));
+    endpoints.insert("a".into(), ep("web", 3).into());
     let v2 = Arc::new(View {
         endpoints,
         seq: 2,

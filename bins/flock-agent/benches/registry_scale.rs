@@ -41,7 +41,8 @@
 //! ```
 //!
 //! `FLOCK_BENCH_SIZES=500,5000` runs other sizes; `FLOCK_BENCH_CHANGES` sets the changes
-//! per size (default 40).
+//! per size (default 40); `FLOCK_BENCH_WRAP="heaptrack -o /tmp/agent"` runs the agent
+//! under a profiler (its figures are then the wrapper's).
 
 use flock_bird::model::{Endpoint, Health, Protocol};
 use flock_core::pod::PodKey;
@@ -483,7 +484,19 @@ fn run(
     let socket = dir.path().join("cni.sock");
     let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
     let start = Instant::now();
-    let child = Command::new(agent_bin())
+    // `FLOCK_BENCH_WRAP` (e.g. `heaptrack -o /tmp/agent`) runs the agent under a
+    // profiler for the explanation of a figure; the CPU and RSS figures are then the
+    // wrapper's process, not comparable to an unwrapped run.
+    let mut cmd = match std::env::var("FLOCK_BENCH_WRAP") {
+        Ok(wrap) if !wrap.trim().is_empty() => {
+            let mut words = wrap.split_whitespace();
+            let mut cmd = Command::new(words.next().unwrap_or_default());
+            cmd.args(words).arg(agent_bin());
+            cmd
+        }
+        _ => Command::new(agent_bin()),
+    };
+    let child = cmd
         .args(["--node-name", "bench-node", "--state-dir"])
         .arg(dir.path().join("state"))
         .arg("--cni-socket")

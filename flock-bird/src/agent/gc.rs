@@ -84,8 +84,8 @@ impl Agent {
             let deleted = if flock_core::reintroduced!("gc-unconditional") {
                 self.registry.delete(ep).await
             } else {
-                match view.revisions.get(ep) {
-                    Some(rev) => self.registry.delete_if_revision(ep, *rev).await,
+                match view.revision_of(ep) {
+                    Some(rev) => self.registry.delete_if_revision(ep, rev).await,
                     None => Ok(false),
                 }
             };

@@ -135,7 +135,7 @@ impl Agent {
             .endpoints
             .iter()
             .filter(|(_, e)| e.node == self.cfg.node_name && &e.pod_key == key)
-            .filter_map(|(k, _)| Some((k.clone(), *view.revisions.get(k)?)))
+            .map(|(k, e)| (k.clone(), e.revision))
             .collect();
         stale.extend(
             lock(&self.own)

@@ -142,6 +142,10 @@ pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<tr
                 .sort_by_key(|e| (e.service_port, e.address, e.port));
             svc.endpoints
                 .dedup_by_key(|e| (e.service_port, e.address, e.port));
+            // The lists are kept for as long as the service is unchanged: a list grown
+            // by doubling would hold up to twice its endpoints' size.
+            svc.endpoints.shrink_to_fit();
+            svc.ports.shrink_to_fit();
             svc
         })
         .collect()

@@ -457,7 +457,7 @@ impl Agent {
         let mut held = BTreeMap::new();
         let hold = |key: &String| match view.endpoints.get(key) {
             Some(ep) if ep.node == self.cfg.node_name => {
-                let revision = view.revisions.get(key).copied().unwrap_or(0);
+                let revision = ep.revision;
                 held.insert(
                     key.clone(),
                     Held::Known {
@@ -748,7 +748,7 @@ impl Agent {
             let echo = match (view.endpoints.get(key), desired.all.get(key)) {
                 (Some(now), Some(want)) => {
                     **now == *want
-                        && view.revisions.get(key) == own.get(key)
+                        && view.revision_of(key).as_ref() == own.get(key)
                         && !st.unknown.contains(key)
                 }
                 // Gone, and not wanted: nothing to write.

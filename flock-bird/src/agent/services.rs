@@ -77,6 +77,11 @@ fn claim_vips(
     vips
 }
 
+/// Whether the translation accepts `svc` ([`validated`] of a copy).
+fn is_valid(svc: &translate::Service) -> bool {
+    validated(svc.clone()).is_some()
+}
+
 /// `svc` if the translation accepts it, else `None` (logged: one inconsistent
 /// service never blocks the rest of the mesh).
 fn validated(svc: translate::Service) -> Option<translate::Service> {
@@ -108,14 +113,17 @@ struct Entry {
     /// The registry keys of its endpoints (each allocation shared with
     /// [`ServiceTable::service_of`]).
     keys: BTreeSet<Arc<str>>,
-    /// The model of its serving endpoints, without VIPs; `None` if every endpoint is
-    /// left out (the service is then not formed at all, and claims no VIP).
-    base: Option<translate::Service>,
+    /// The model of its serving endpoints with the VIPs it claimed (`vips`); `None`
+    /// if every endpoint is left out (the service is then not formed at all, and
+    /// claims no VIP).
+    model: Option<Arc<translate::Service>>,
     /// The keys the whole-view rules left out.
     excluded: Vec<(String, Reject)>,
     /// The VIPs it claimed.
     vips: Vec<IpAddr>,
-    /// What is served: `base` with `vips`, if valid.
+    /// What is served: `model`, the same allocation, if valid. (One copy of a
+    /// service's endpoints, not two: at 50,000 remote endpoints a second copy held
+    /// about 300 bytes per endpoint.)
     served: Option<Arc<translate::Service>>,
     /// Its id, shared by every key of it in [`ServiceTable::service_of`] (one copy of
     /// the namespace and name per service, not per endpoint).
@@ -259,7 +267,7 @@ impl ServiceTable {
             let Some(entry) = self.services.get_mut(id) else {
                 continue;
             };
-            let was_formed = entry.base.is_some();
+            let was_formed = entry.model.is_some();
             let (base, excluded) = classify(view, &entry.keys);
             if entry.excluded != excluded {
                 for (key, _) in &entry.excluded {
@@ -274,7 +282,17 @@ impl ServiceTable {
                 excluded_changed = true;
             }
             formed_changed |= was_formed != base.is_some();
-            entry.base = base;
+            // The VIPs claimed so far; reassigned below if the formed services or the
+            // VIP source changed.
+            entry.vips = if base.is_some() {
+                std::mem::take(&mut entry.vips)
+            } else {
+                Vec::new()
+            };
+            entry.model = base.map(|mut svc| {
+                svc.vips = entry.vips.clone();
+                Arc::new(svc)
+            });
             if entry.keys.is_empty() {
                 formed_changed |= was_formed;
                 self.services.remove(id);
@@ -287,13 +305,16 @@ impl ServiceTable {
             // Reassign every service's VIPs in order; re-derive those that moved.
             let mut taken = BTreeSet::new();
             for (id, entry) in self.services.iter_mut() {
-                let vips = match (&entry.base, vips) {
-                    (Some(base), Some((_, vips_of))) => {
-                        claim_vips(base, vips_of(&id.0, &id.1), &mut taken)
+                let vips = match (&entry.model, vips) {
+                    (Some(model), Some((_, vips_of))) => {
+                        claim_vips(model, vips_of(&id.0, &id.1), &mut taken)
                     }
                     _ => Vec::new(),
                 };
                 if vips != entry.vips {
+                    if let Some(model) = &mut entry.model {
+                        Arc::make_mut(model).vips = vips.clone();
+                    }
                     entry.vips = vips;
                     dirty.insert(id.clone());
                 }
@@ -311,13 +332,20 @@ impl ServiceTable {
                 relist = true;
                 continue;
             };
-            let served = entry.base.clone().and_then(|mut svc| {
-                svc.vips = entry.vips.clone();
-                validated(svc)
-            });
-            if entry.served.as_deref() != served.as_ref() {
+            let served = entry
+                .model
+                .as_ref()
+                .filter(|model| is_valid(model))
+                .map(Arc::clone);
+            if entry.served.as_deref() == served.as_deref() {
+                // Unchanged: the model shares the served allocation (the list holds
+                // it), rather than keep a second, equal copy.
+                if let Some(old) = &entry.served {
+                    entry.model = Some(Arc::clone(old));
+                }
+            } else {
                 let was_served = entry.served.is_some();
-                entry.served = served.map(Arc::new);
+                entry.served = served;
                 served_changed = true;
                 match &entry.served {
                     Some(now) if was_served => replaced.push(Arc::clone(now)),

@@ -36,7 +36,9 @@
 //! watch events for the same or older revisions of a key are then ignored, so the view
 //! never moves backwards.
 
-use super::{Delta, DeltaLog, OrdMap, Registry, RegistryError, RegistryOptions, Rejections, View};
+use super::{
+    Delta, DeltaLog, OrdMap, Registered, Registry, RegistryError, RegistryOptions, Rejections, View,
+};
 use crate::model::Endpoint;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
@@ -187,9 +189,8 @@ struct Ops {
 struct ViewState {
     /// Endpoints by key: a persistent map, so publishing a view shares it instead of
     /// copying every endpoint (a change then costs O(log n), not O(registry)).
-    entries: OrdMap<String, Arc<Endpoint>>,
-    /// The mod revision of each entry in `entries`, by key (persistent, as `entries`).
-    revs: OrdMap<String, u64>,
+    /// Each with its mod revision.
+    entries: OrdMap<String, Registered>,
     /// Own deletes applied before the watch reported them: key → delete revision, so an
     /// older put event replayed by the watch does not resurrect the key.
     tombstones: BTreeMap<String, i64>,
@@ -242,22 +243,22 @@ impl ViewState {
     /// delete). Returns true if the view changed.
     fn apply_put(&mut self, key: String, ep: Endpoint, rev: i64) -> bool {
         let rev_u = u64::try_from(rev).unwrap_or(0);
-        if self.revs.get(&key).is_some_and(|r| *r >= rev_u)
+        if self.entries.get(&key).is_some_and(|r| r.revision >= rev_u)
             || self.tombstones.get(&key).is_some_and(|r| *r >= rev)
         {
             return false;
         }
         self.tombstones.remove(&key);
-        self.revs.insert(key.clone(), rev_u);
         match self.entries.get_mut(&key) {
-            Some(old) if **old == ep => {}
+            // The same endpoint written again: only its revision moves.
+            Some(old) if *old.endpoint == ep => old.revision = rev_u,
             Some(old) => {
-                *old = Arc::new(ep);
+                *old = Registered::new(ep, rev_u);
                 self.note(&key, Change::Changed);
             }
             None => {
                 self.note(&key, Change::Added);
-                self.entries.insert(key, Arc::new(ep));
+                self.entries.insert(key, Registered::new(ep, rev_u));
             }
         }
         true
@@ -265,14 +266,13 @@ impl ViewState {
 
     fn apply_delete(&mut self, key: String, rev: i64) -> bool {
         if self
-            .revs
+            .entries
             .get(&key)
-            .is_some_and(|r| *r > u64::try_from(rev).unwrap_or(0))
+            .is_some_and(|r| r.revision > u64::try_from(rev).unwrap_or(0))
         {
             return false;
         }
         let removed = self.entries.remove(&key).is_some();
-        self.revs.remove(&key);
         if removed {
             self.note(&key, Change::Removed);
         }
@@ -293,22 +293,17 @@ impl ViewState {
         // listed key is news to the subscribers.
         if flock_core::reintroduced!("etcd-relist-replace") {
             self.entries.clear();
-            self.revs.clear();
         }
         let gone: Vec<String> = self
             .entries
-            .keys()
-            .filter(|k| !listed.contains_key(*k))
-            .filter(|k| {
-                self.revs
-                    .get(*k)
-                    .is_none_or(|r| *r <= u64::try_from(at).unwrap_or(0))
+            .iter()
+            .filter(|(k, r)| {
+                !listed.contains_key(*k) && r.revision <= u64::try_from(at).unwrap_or(0)
             })
-            .cloned()
+            .map(|(k, _)| k.clone())
             .collect();
         for key in gone {
             self.entries.remove(&key);
-            self.revs.remove(&key);
             self.note(&key, Change::Removed);
         }
         for (key, (ep, rev)) in listed {
@@ -338,7 +333,6 @@ impl ViewState {
         let mut view = View {
             // O(1): the persistent maps are shared, not copied.
             endpoints: self.entries.clone(),
-            revisions: self.revs.clone(),
             revision: u64::try_from(self.revision).unwrap_or(0),
             synced: self.synced,
             generation: self.generation,
@@ -1365,7 +1359,7 @@ mod tests {
         let v = s.snapshot();
         assert_eq!(v.seq, 2);
         assert_eq!(*v.delta, delta(&["e"], &["c"], &["b"]));
-        assert_eq!(v.revisions["d"], 26);
+        assert_eq!(v.revision_of("d"), Some(26));
         assert_eq!(v.revision, 30);
         assert_eq!(*v.endpoints["c"], ep("c", 9));
 

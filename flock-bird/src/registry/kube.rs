@@ -34,7 +34,7 @@
 //! the first as its `identity` and the others as `also_accept`, so a caller accepts
 //! any of the listed accounts from every endpoint of the Service (and no other).
 
-use super::{Registry, RegistryError, Rejections, View};
+use super::{Registered, Registry, RegistryError, Rejections, View};
 use crate::model::Endpoint;
 use flock_core::pod::{PodKey, check_ip};
 use flock_core::registry::{Reject, Rejected};
@@ -154,7 +154,7 @@ struct ViewBuilder {
     generation: u64,
     was_erroring: bool,
     /// The endpoints of the last view built, and the revision they got.
-    last_endpoints: super::OrdMap<String, Arc<Endpoint>>,
+    last_endpoints: super::OrdMap<String, super::Registered>,
     view_revision: u64,
 }
 
@@ -285,8 +285,8 @@ impl ViewBuilder {
         let mut refused: BTreeSet<String> = BTreeSet::new();
         for mapped in self.slices.values() {
             for (key, ep) in &mapped.endpoints {
-                view.revisions.insert(key.clone(), mapped.revision);
-                view.endpoints.insert(key.clone(), Arc::new(ep.clone()));
+                view.endpoints
+                    .insert(key.clone(), Registered::new(ep.clone(), mapped.revision));
             }
             for (key, why) in &mapped.rejected {
                 self.rejections.reject(DESCRIBE, key, why);
@@ -307,7 +307,15 @@ impl ViewBuilder {
         view.generation = self.generation;
         // The view's revision counts changes of its endpoints (not snapshot changes
         // that left them alone, such as a pod event), so an unchanged view is not sent.
-        if view.endpoints != self.last_endpoints {
+        // (The endpoints, not their revisions: a slice's revision also moves when
+        // something the mapping leaves out changes.)
+        let same = view.endpoints.len() == self.last_endpoints.len()
+            && view
+                .endpoints
+                .iter()
+                .zip(self.last_endpoints.iter())
+                .all(|((k, a), (l, b))| k == l && a.endpoint == b.endpoint);
+        if !same {
             self.view_revision += 1;
             self.last_endpoints = view.endpoints.clone();
         }

@@ -8,7 +8,9 @@
 //! ([`View::delta`], [`View::recent`]), like etcd's.
 
 use super::persist::{self, Entry};
-use super::{Delta, DeltaLog, Registry, RegistryError, RegistryOptions, Rejections, View};
+use super::{
+    Delta, DeltaLog, Registered, Registry, RegistryError, RegistryOptions, Rejections, View,
+};
 use crate::model::Endpoint;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,12 +41,12 @@ fn first_view(state: &State) -> View {
         endpoints: state
             .entries
             .iter()
-            .map(|(k, e)| (k.clone(), e.endpoint.clone()))
-            .collect(),
-        revisions: state
-            .entries
-            .iter()
-            .map(|(k, e)| (k.clone(), e.mod_revision))
+            .map(|(k, e)| {
+                (
+                    k.clone(),
+                    Registered::new(e.endpoint.clone(), e.mod_revision),
+                )
+            })
             .collect(),
         revision: state.revision,
         synced: true,
@@ -70,15 +72,16 @@ fn next_view(
     let mut delta = Delta::default();
     match now {
         Some(ep) => {
-            next.revisions.insert(key.to_string(), revision);
-            match next.endpoints.insert(key.to_string(), Arc::new(ep.clone())) {
+            match next
+                .endpoints
+                .insert(key.to_string(), Registered::new(ep.clone(), revision))
+            {
                 None => delta.added.push(key.to_string()),
-                Some(old) if *old != *ep => delta.changed.push(key.to_string()),
+                Some(old) if *old.endpoint != *ep => delta.changed.push(key.to_string()),
                 Some(_) => {}
             }
         }
         None => {
-            next.revisions.remove(key);
             if next.endpoints.remove(key).is_some() {
                 delta.removed.push(key.to_string());
             }
@@ -278,7 +281,7 @@ mod tests {
         let rev = reg.put(&a).await.unwrap();
         let v = reg.view().borrow().clone();
         assert_eq!(v.seq, 2);
-        assert_eq!(v.revisions.get(&a.key()), Some(&rev));
+        assert_eq!(v.revision_of(&a.key()), Some(rev));
         // A changed endpoint, then a delete.
         let a2 = endpoint("a", 15002);
         reg.put(&a2).await.unwrap();
