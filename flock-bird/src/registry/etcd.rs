@@ -1300,7 +1300,7 @@ impl EtcdRegistry {
 mod tests {
     use super::*;
     use crate::model::{Health, Protocol};
-    use crate::registry::RECENT_DELTAS;
+    use crate::registry::{RECENT_DELTAS, RECENT_KEYS};
     use flock_core::pod::PodKey;
 
     fn ep(pod: &str, last: u8) -> Endpoint {
@@ -1395,6 +1395,31 @@ mod tests {
         assert_eq!(v.seq, (RECENT_DELTAS + 3) as u64);
         assert_eq!(v.recent.len(), RECENT_DELTAS);
         assert!(Arc::ptr_eq(v.recent.last().unwrap(), &v.delta));
+    }
+
+    /// A delta naming more than [`RECENT_KEYS`] keys (the first list of a large
+    /// registry) is the view's delta until the next change, then leaves the recent
+    /// deltas: a subscriber that missed it re-reads the whole view.
+    #[test]
+    fn a_huge_delta_leaves_the_recent_deltas_at_the_next_change() {
+        let mut s = ViewState::default();
+        let keys: Vec<String> = (0..=RECENT_KEYS).map(|i| format!("k{i:06}")).collect();
+        let big: Vec<(&str, u8, i64)> = keys.iter().map(|k| (k.as_str(), 1, 1)).collect();
+        s.relist(listed(&big), 1);
+        let v = s.snapshot();
+        assert_eq!(v.delta.len(), RECENT_KEYS + 1);
+        assert_eq!(v.recent.len(), 1);
+        // The next change: the huge delta goes, the small one stays.
+        s.apply_put("k000000".into(), ep("k000000", 2), 2);
+        let v = s.snapshot();
+        assert_eq!(v.recent.len(), 1);
+        assert_eq!(v.delta.changed, vec!["k000000".to_string()]);
+        assert_eq!(v.deltas_since(v.seq - 1).map(|d| d.count()), Some(1));
+        assert!(v.deltas_since(v.seq - 2).is_none());
+        // Small deltas accumulate as before.
+        s.apply_put("k000001".into(), ep("k000001", 3), 3);
+        let v = s.snapshot();
+        assert_eq!(v.recent.len(), 2);
     }
 
     /// State newer than the list (an own put or delete applied after the list's

@@ -130,7 +130,8 @@ pub struct View {
     /// one that missed views applies [`View::recent`].
     pub delta: Arc<Delta>,
     /// The deltas of the last views, oldest first, ending with [`View::delta`] (etcd,
-    /// memory, file: up to [`RECENT_DELTAS`]; empty for backends that do not report changes). A
+    /// memory, file: up to [`RECENT_DELTAS`] naming up to [`RECENT_KEYS`] keys in all,
+    /// but always the last; empty for backends that do not report changes). A
     /// subscriber that last saw `seq - k` applies the last `k` in order if there are
     /// that many, else compares the whole [`View::endpoints`]. Under churn (hundreds
     /// of changes a second, one publish per debounce) nearly every publish follows
@@ -179,6 +180,13 @@ impl std::ops::Deref for Registered {
 /// second, five seconds of missed views.
 pub const RECENT_DELTAS: usize = 1024;
 
+/// How many keys the deltas of [`View::recent`] before the last may name in all. The
+/// first list of a large registry is one delta naming every key (50,000 keys, about
+/// 6 MB): kept among the recent deltas it would stay until 1,024 more changes pushed it
+/// out. A subscriber further behind than the kept deltas re-reads the whole view,
+/// which is what such a delta would have cost it anyway.
+pub const RECENT_KEYS: usize = 16_384;
+
 /// How a view's endpoints differ from the view before it ([`View::delta`]), by key.
 /// A key is in at most one list; a re-list after a lost watch reports only the keys
 /// that changed while the watch was down.
@@ -193,6 +201,11 @@ pub struct Delta {
 }
 
 impl Delta {
+    /// How many keys the delta names.
+    pub fn len(&self) -> usize {
+        self.added.len() + self.changed.len() + self.removed.len()
+    }
+
     /// True if no key changed.
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
@@ -211,17 +224,25 @@ pub(crate) struct DeltaLog {
     seq: u64,
     last: Arc<Delta>,
     recent: Vector<Arc<Delta>>,
+    /// The keys `recent` names in all.
+    recent_keys: usize,
 }
 
 impl DeltaLog {
     /// Records the next change (a non-empty delta), keeping the last
-    /// [`RECENT_DELTAS`].
+    /// [`RECENT_DELTAS`] and, before the last, [`RECENT_KEYS`] keys.
     pub(crate) fn push(&mut self, delta: Delta) {
         self.seq += 1;
+        self.recent_keys += delta.len();
         self.last = Arc::new(delta);
         self.recent.push_back(Arc::clone(&self.last));
-        if self.recent.len() > RECENT_DELTAS {
-            self.recent.pop_front();
+        while self.recent.len() > RECENT_DELTAS
+            || (self.recent.len() > 1
+                && self.recent_keys - self.last.len() > RECENT_KEYS)
+        {
+            if let Some(old) = self.recent.pop_front() {
+                self.recent_keys -= old.len();
+            }
         }
     }
 
