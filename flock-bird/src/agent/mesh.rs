@@ -66,32 +66,42 @@ pub fn endpoints(
 /// With both, every service [`service_models`] forms from the result passes the
 /// model's validation.
 pub fn serving_endpoints(view: &View) -> (Vec<&Endpoint>, BTreeMap<String, Reject>) {
-    let mtls: BTreeSet<(&str, &str, u16)> = view
-        .endpoints
-        .values()
-        .filter(|e| e.identity.is_some())
-        .map(|e| (e.namespace.as_str(), e.service.as_str(), e.service_port))
+    serving_of(
+        view.endpoints
+            .iter()
+            .map(|(k, e)| (k.as_str(), &*e.endpoint)),
+    )
+}
+
+/// [`serving_endpoints`] of the endpoints `eps` yields (by key, each key once).
+pub(crate) fn serving_of<'a>(
+    eps: impl Iterator<Item = (&'a str, &'a Endpoint)> + Clone,
+) -> (Vec<&'a Endpoint>, BTreeMap<String, Reject>) {
+    let mtls: BTreeSet<(&str, &str, u16)> = eps
+        .clone()
+        .filter(|(_, e)| e.identity.is_some())
+        .map(|(_, e)| (e.namespace.as_str(), e.service.as_str(), e.service_port))
         .collect();
     let mut ports: BTreeMap<(&str, &str), BTreeSet<u16>> = BTreeMap::new();
-    for e in view.endpoints.values() {
+    for (_, e) in eps.clone() {
         ports
             .entry((e.namespace.as_str(), e.service.as_str()))
             .or_default()
             .insert(e.service_port);
     }
-    let mut kept = Vec::with_capacity(view.endpoints.len());
+    let mut kept = Vec::with_capacity(eps.size_hint().0);
     let mut excluded = BTreeMap::new();
-    for (key, e) in &view.endpoints {
+    for (key, e) in eps {
         let svc = (e.namespace.as_str(), e.service.as_str());
         let allowed = ports
             .get(&svc)
             .is_some_and(|p| p.iter().take(MAX_PORTS).any(|p| *p == e.service_port));
         if !allowed {
-            excluded.insert(key.clone(), Reject::TooManyPorts);
+            excluded.insert(key.to_string(), Reject::TooManyPorts);
         } else if e.identity.is_none() && mtls.contains(&(svc.0, svc.1, e.service_port)) {
-            excluded.insert(key.clone(), Reject::Downgrade);
+            excluded.insert(key.to_string(), Reject::Downgrade);
         } else {
-            kept.push(&**e);
+            kept.push(e);
         }
     }
     (kept, excluded)

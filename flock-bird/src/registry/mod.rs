@@ -237,8 +237,7 @@ impl DeltaLog {
         self.last = Arc::new(delta);
         self.recent.push_back(Arc::clone(&self.last));
         while self.recent.len() > RECENT_DELTAS
-            || (self.recent.len() > 1
-                && self.recent_keys - self.last.len() > RECENT_KEYS)
+            || (self.recent.len() > 1 && self.recent_keys - self.last.len() > RECENT_KEYS)
         {
             if let Some(old) = self.recent.pop_front() {
                 self.recent_keys -= old.len();
