@@ -639,6 +639,132 @@ mod props {
             }
         }
 
+        /// The in-place path for pods: one pod added, removed or replaced per step
+        /// (what an ADD, a DEL or a changed record does to the agent's list), the
+        /// other pods passed as the same `Arc`s, and a service edited or not. At every
+        /// step both flavors' translations, and the changes applied to the last set,
+        /// equal a fresh memo's whole translation; the edit is done in place exactly
+        /// when the caller identities stay the same and the service edit allows it.
+        #[test]
+        fn a_memo_edits_an_added_removed_or_replaced_pod_in_place_like_a_fresh_translation(
+            m in mesh_strategy(),
+            start in prop::collection::vec((0..3usize, any::<bool>()), 0..6),
+            steps in prop::collection::vec((0..4u8, 0..8usize, 0..3usize, any::<bool>(), 0..3u8), 1..10),
+        ) {
+            const IDS: [&str; 3] = [
+                "spiffe://cluster.local/ns/default/sa/a",
+                "spiffe://cluster.local/ns/default/sa/b",
+                "spiffe://cluster.local/ns/default/sa/c",
+            ];
+            // Pod `name` on its own address and network namespace: a caller (an
+            // outbound listener) or not, with SPIFFE ID `IDS[id]`.
+            let pod = |name: &str, at: usize, id: usize, caller: bool| -> std::sync::Arc<translate::Pod> {
+                let p: translate::Pod = serde_json::from_value(serde_json::json!({
+                    "name": name,
+                    "ip": format!("10.2.{}.{}", at / 200, at % 200 + 1),
+                    "netns": format!("/var/run/netns/{name}"),
+                    "identity": IDS[id],
+                    "outbound_port": if caller { 15001 } else { 0 },
+                    "inbound": [{"app_port": 8080, "listen_port": 15006}],
+                }))
+                .unwrap();
+                std::sync::Arc::new(p)
+            };
+            let callers = |pods: &[std::sync::Arc<translate::Pod>]| -> BTreeSet<String> {
+                pods.iter()
+                    .filter(|p| p.outbound_port != 0)
+                    .filter_map(|p| p.identity.clone())
+                    .filter(|id| translate::model::trust_domain(id).is_some())
+                    .collect()
+            };
+            let opts = EnvoyOptions::default();
+            let mut m = m;
+            for p in &mut m.pods {
+                p.capture = None;
+            }
+            m.secrets.extend(IDS.iter().map(|id| translate::Secret {
+                name: id.to_string(),
+                kind: translate::SecretKind::TlsCertificate {
+                    certificate_chain_pem: "CERT".into(),
+                    private_key_pem: translate::PrivateKeyPem("KEY".into()),
+                },
+            }));
+            let mut pods: Vec<std::sync::Arc<translate::Pod>> =
+                m.pods.iter().cloned().map(std::sync::Arc::new).collect();
+            let mut next = 0usize;
+            for (id, caller) in start {
+                pods.push(pod(&format!("q{next}"), next, id, caller));
+                next += 1;
+            }
+            let mut services: Vec<std::sync::Arc<Service>> =
+                m.services.iter().cloned().map(std::sync::Arc::new).collect();
+            let mut envoy = Memo::new(Flavor::Envoy);
+            let mut grpc = Memo::new(Flavor::Grpc);
+            let mut applied = flock_core::resources::ResourceSet::new();
+            let mut first = true;
+            for (step, (op, at, id, caller, kind)) in
+                std::iter::once((4, 0, 0, false, 0)).chain(steps).enumerate()
+            {
+                let callers_before = callers(&pods);
+                if !first {
+                    match op {
+                        0 if !pods.is_empty() => {
+                            pods.remove(at % pods.len());
+                        }
+                        1 => {
+                            let p = pod(&format!("q{next}"), next, id, caller);
+                            next += 1;
+                            pods.insert(at % (pods.len() + 1), p);
+                        }
+                        2 if !pods.is_empty() => {
+                            let i = at % pods.len();
+                            let mut p = (*pods[i]).clone();
+                            p.uid = Some(format!("uid-{step}"));
+                            pods[i] = std::sync::Arc::new(p);
+                        }
+                        3 if !pods.is_empty() => {
+                            let i = at % pods.len();
+                            pods[i] = std::sync::Arc::new((*pods[i]).clone());
+                        }
+                        _ => {}
+                    }
+                    let i = at % services.len();
+                    services[i] = std::sync::Arc::new(edited(&services[i], kind, step as u8));
+                }
+                m.services = services.iter().map(|s| (**s).clone()).collect();
+                m.pods = pods.iter().map(|p| (**p).clone()).collect();
+                prop_assume!(m.validate().is_ok());
+                let before = (envoy.in_place_count(), grpc.in_place_count());
+                let t = envoy.translate_shared(&services, &pods, &m.secrets, &opts);
+                let entries = t.entries();
+                let fresh = Memo::new(Flavor::Envoy).translate(&m, &opts);
+                prop_assert_eq!(flat(&entries), flat(&fresh));
+                applied = match envoy.take_changes() {
+                    Some(changes) => changes.apply(&applied),
+                    None => {
+                        let mut whole = applied.edit();
+                        for (t, list) in &entries {
+                            whole.replace_type(t, list.iter().cloned());
+                        }
+                        whole.build()
+                    }
+                };
+                prop_assert!(t.counts_match(&applied), "changes applied and counts disagree");
+                let applied_flat: BTreeSet<_> = applied
+                    .type_urls()
+                    .flat_map(|t| applied.iter_type(t).map(move |(n, e)| (t.to_string(), n.to_string(), e.hash())))
+                    .collect();
+                prop_assert_eq!(&applied_flat, &flat(&fresh));
+                let g = grpc.translate_shared(&services, &pods, &m.secrets, &opts).entries();
+                prop_assert_eq!(flat(&g), flat(&Memo::new(Flavor::Grpc).translate(&m, &opts)));
+                if !first {
+                    let in_place = kind <= 2 && callers(&pods) == callers_before;
+                    prop_assert_eq!(envoy.in_place_count() > before.0, in_place);
+                }
+                first = false;
+            }
+        }
+
         /// Incremental == from scratch: a memo fed a sequence of meshes and local
         /// localities (the options change too) gives, at every step, what a fresh
         /// memo gives for that step's mesh and options; and the Envoy flavor equals

@@ -306,11 +306,69 @@ pub struct Memo {
 /// `output` is then laid out by position: one group per pod (Envoy flavor), then per
 /// service its own group and one per caller, then the group of routes and secrets.
 /// The addresses stay valid as identities: the memo holds every one of these `Arc`s
-/// (the pods' and services' entries), so none is freed and reused meanwhile.
+/// (the pods here, the services in their entries), so none is freed and reused
+/// meanwhile.
 #[derive(Debug)]
 struct Layout {
-    pods: Vec<usize>,
+    pods: Vec<Arc<Pod>>,
     services: Vec<usize>,
+}
+
+/// How this translation's pods differ from the last one's, position by position
+/// ([`pod_edit`]).
+#[derive(Debug, PartialEq, Eq)]
+enum PodEdit {
+    /// The very same `Arc`s.
+    Same,
+    /// One pod more, at this index; the others the same `Arc`s in the same order.
+    Insert(usize),
+    /// One pod less, at this index of the last list.
+    Remove(usize),
+    /// Other `Arc`s at these indices, the rest the same.
+    Replace(Vec<usize>),
+}
+
+/// The edit that turns the pod list `was` into `now` if it is one of [`PodEdit`]'s
+/// (what an ADD, a DEL or a changed record does to the agent's list); `None` for any
+/// other difference.
+fn pod_edit(was: &[Arc<Pod>], now: &[Arc<Pod>]) -> Option<PodEdit> {
+    let same = |a: &[Arc<Pod>], b: &[Arc<Pod>]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+    };
+    let first_difference = was
+        .iter()
+        .zip(now)
+        .position(|(a, b)| !Arc::ptr_eq(a, b))
+        .unwrap_or(was.len().min(now.len()));
+    if was.len() == now.len() {
+        let replaced: Vec<usize> = (first_difference..now.len())
+            .filter(|&i| !Arc::ptr_eq(&was[i], &now[i]))
+            .collect();
+        Some(if replaced.is_empty() {
+            PodEdit::Same
+        } else {
+            PodEdit::Replace(replaced)
+        })
+    } else if now.len() == was.len() + 1 {
+        let i = first_difference;
+        same(&was[i..], &now[i + 1..]).then_some(PodEdit::Insert(i))
+    } else if was.len() == now.len() + 1 {
+        let i = first_difference;
+        same(&was[i + 1..], &now[i..]).then_some(PodEdit::Remove(i))
+    } else {
+        None
+    }
+}
+
+/// The caller identity `pod` gives the translation: its SPIFFE ID if it has an
+/// outbound listener and the ID names a trust domain.
+fn caller_of(pod: &Pod) -> Option<&str> {
+    if pod.outbound_port == 0 {
+        return None;
+    }
+    pod.identity
+        .as_deref()
+        .filter(|id| super::model::trust_domain(id).is_some())
 }
 
 /// What one translation changed against the memo's previous one: resources to
@@ -645,11 +703,7 @@ impl Memo {
             keep
         });
         let callers: BTreeSet<&str> = if envoy {
-            pods.iter()
-                .filter(|p| p.outbound_port != 0)
-                .filter_map(|p| p.identity.as_deref())
-                .filter(|id| super::model::trust_domain(id).is_some())
-                .collect()
+            pods.iter().filter_map(|p| caller_of(p)).collect()
         } else {
             BTreeSet::new()
         };
@@ -917,11 +971,7 @@ impl Memo {
             && no_capture
             && out.groups.len() == pod_groups + services.len() * (1 + callers.len()) + 1)
             .then(|| Layout {
-                pods: if envoy {
-                    pods.iter().map(|p| Arc::as_ptr(p) as usize).collect()
-                } else {
-                    Vec::new()
-                },
+                pods: if envoy { pods.to_vec() } else { Vec::new() },
                 services: services.iter().map(|s| Arc::as_ptr(s) as usize).collect(),
             });
         self.output = Arc::new(out.groups);
@@ -948,17 +998,66 @@ impl Memo {
     ) -> Option<Translation> {
         let envoy = self.flavor == Flavor::Envoy;
         let layout = self.layout.as_mut()?;
-        if !self.clean
-            || layout.services.len() != services.len()
-            || (envoy
-                && (layout.pods.len() != pods.len()
-                    || layout
-                        .pods
-                        .iter()
-                        .zip(pods)
-                        .any(|(a, p)| *a != Arc::as_ptr(p) as usize)))
-        {
+        if !self.clean || layout.services.len() != services.len() {
             return None;
+        }
+        // A pod added, removed or replaced is edited in place too, if the callers
+        // stay the same (a caller identity new or gone changes every service's
+        // groups) and no pod is captured (a captured pod's listener depends on every
+        // service). An ADD or DEL with many pods present then costs O(its pod), not a
+        // pass over every pod (a hash of each one's name, the caller set rebuilt).
+        let pod_edit = if envoy {
+            pod_edit(&layout.pods, pods)?
+        } else {
+            PodEdit::Same
+        };
+        let is_caller = |id: &str| self.callers.iter().any(|c| c == id);
+        match &pod_edit {
+            PodEdit::Same => {}
+            PodEdit::Insert(i) => {
+                let pod = &pods[*i];
+                if pod.capture.is_some()
+                    || caller_of(pod).is_some_and(|id| !is_caller(id))
+                    || self.pods.contains_key(&PodId(Arc::clone(pod)))
+                {
+                    return None;
+                }
+            }
+            PodEdit::Remove(i) => {
+                let pod = &layout.pods[*i];
+                if !self
+                    .pods
+                    .get(&PodId(Arc::clone(pod)))
+                    .is_some_and(|m| Arc::ptr_eq(&m.pod, pod))
+                {
+                    return None;
+                }
+                // Its caller identity stays a caller only if another pod has it.
+                // (The same ID: it names a trust domain, as it did for this pod.)
+                if let Some(id) = caller_of(pod)
+                    && !pods
+                        .iter()
+                        .any(|p| p.outbound_port != 0 && p.identity.as_deref() == Some(id))
+                {
+                    return None;
+                }
+            }
+            PodEdit::Replace(at) => {
+                for &i in at {
+                    let (was, now) = (&layout.pods[i], &pods[i]);
+                    if was.namespace != now.namespace
+                        || was.name != now.name
+                        || now.capture.is_some()
+                        || caller_of(was) != caller_of(now)
+                        || !self
+                            .pods
+                            .get(&PodId(Arc::clone(now)))
+                            .is_some_and(|m| Arc::ptr_eq(&m.pod, was))
+                    {
+                        return None;
+                    }
+                }
+            }
         }
         // A pointer comparison per service, over two contiguous arrays: the unchanged
         // services' entries are not touched.
@@ -993,6 +1092,52 @@ impl Memo {
         let per_service = 1 + self.callers.len();
         let output = Arc::make_mut(&mut self.output);
         let counts = &mut self.output_counts;
+        match pod_edit {
+            PodEdit::Same => {}
+            PodEdit::Insert(i) => {
+                let pod = &pods[i];
+                let t = share(pod_resources(pod, opts));
+                ch.added(&t);
+                for (sum, n) in counts.iter_mut().zip(t.counts) {
+                    *sum += n;
+                }
+                output.insert(i, Arc::clone(&t));
+                self.pods.insert(
+                    PodId(Arc::clone(pod)),
+                    PodMemo {
+                        pod: Arc::clone(pod),
+                        translated: t,
+                        seen: self.pass,
+                    },
+                );
+                layout.pods.insert(i, Arc::clone(pod));
+            }
+            PodEdit::Remove(i) => {
+                let pod = layout.pods.remove(i);
+                if let Some(m) = self.pods.remove(&PodId(pod)) {
+                    ch.gone(&m.translated);
+                }
+                for (sum, n) in counts.iter_mut().zip(output[i].counts) {
+                    *sum -= n;
+                }
+                output.remove(i);
+            }
+            PodEdit::Replace(at) => {
+                for i in at {
+                    let pod = &pods[i];
+                    if let Some(m) = self.pods.get_mut(&PodId(Arc::clone(pod))) {
+                        if *m.pod != **pod {
+                            let t = share(pod_resources(pod, opts));
+                            ch.replaced(&m.translated, &t);
+                            set_group(output, counts, i, &t);
+                            m.translated = t;
+                        }
+                        m.pod = Arc::clone(pod);
+                    }
+                    layout.pods[i] = Arc::clone(pod);
+                }
+            }
+        }
         // Per route configuration (the shared one, then each caller's), whether a
         // part changed.
         let mut dirty = vec![false; per_service];
