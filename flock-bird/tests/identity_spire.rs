@@ -97,8 +97,17 @@ async fn a_rotation_by_spire_updates_the_view() {
     let socket = dir.path().join("admin.sock");
     let double = SpireDouble::start(&socket, TD).await;
     let bridge = SpireBridge::with_options(&socket, options());
+    // Connected first (the bundle arrives after the connection's resubscription
+    // pass): a subscribe racing that pass opens a second stream, which the bridge
+    // drops at once (one stream per connection), but the double may still count it
+    // open when `rotate` runs, and send it the rotation too.
+    wait_view(&bridge, |v| v.bundles.contains_key(TD)).await;
     let a = pod("a", "shop", "cart");
     bridge.subscribe(&a).await.unwrap();
+    assert!(
+        double.wait(WAIT, |d| d.open_streams("pod-a") == 1).await,
+        "one stream for the pod"
+    );
     let before = bridge
         .view()
         .borrow()
