@@ -564,6 +564,53 @@ mod props {
         s
     }
 
+    /// One step of the shared-`Arc` proptests: both flavors translate `services` and
+    /// `pods` (the mesh `m` holds the same values); each equals a fresh memo's whole
+    /// translation, and the Envoy memo's changes applied to `applied` (or the whole
+    /// lists, without changes) give that translation's set, with matching counts.
+    fn translate_and_check(
+        envoy: &mut Memo,
+        grpc: &mut Memo,
+        applied: &mut flock_core::resources::ResourceSet<envoy_types::pb::google::protobuf::Any>,
+        services: &[std::sync::Arc<Service>],
+        pods: &[std::sync::Arc<translate::Pod>],
+        m: &Mesh,
+        opts: &EnvoyOptions,
+    ) -> Result<(), TestCaseError> {
+        let t = envoy.translate_shared(services, pods, &m.secrets, opts);
+        let entries = t.entries();
+        let fresh = Memo::new(Flavor::Envoy).translate(m, opts);
+        prop_assert_eq!(flat(&entries), flat(&fresh));
+        *applied = match envoy.take_changes() {
+            Some(changes) => changes.apply(applied),
+            None => {
+                let mut whole = applied.edit();
+                for (t, list) in &entries {
+                    whole.replace_type(t, list.iter().cloned());
+                }
+                whole.build()
+            }
+        };
+        prop_assert!(
+            t.counts_match(applied),
+            "changes applied and counts disagree"
+        );
+        let applied_flat: BTreeSet<_> = applied
+            .type_urls()
+            .flat_map(|t| {
+                applied
+                    .iter_type(t)
+                    .map(move |(n, e)| (t.to_string(), n.to_string(), e.hash()))
+            })
+            .collect();
+        prop_assert_eq!(&applied_flat, &flat(&fresh));
+        let g = grpc
+            .translate_shared(services, pods, &m.secrets, opts)
+            .entries();
+        prop_assert_eq!(flat(&g), flat(&Memo::new(Flavor::Grpc).translate(m, opts)));
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
@@ -607,28 +654,7 @@ mod props {
                 m.services = services.iter().map(|s| (**s).clone()).collect();
                 prop_assume!(m.validate().is_ok());
                 let before = (envoy.in_place_count(), grpc.in_place_count());
-                let t = envoy.translate_shared(&services, &pods, &m.secrets, &opts);
-                let entries = t.entries();
-                let fresh = Memo::new(Flavor::Envoy).translate(&m, &opts);
-                prop_assert_eq!(flat(&entries), flat(&fresh));
-                applied = match envoy.take_changes() {
-                    Some(changes) => changes.apply(&applied),
-                    None => {
-                        let mut whole = applied.edit();
-                        for (t, list) in &entries {
-                            whole.replace_type(t, list.iter().cloned());
-                        }
-                        whole.build()
-                    }
-                };
-                prop_assert!(t.counts_match(&applied), "changes applied and counts disagree");
-                let applied_flat: BTreeSet<_> = applied
-                    .type_urls()
-                    .flat_map(|t| applied.iter_type(t).map(move |(n, e)| (t.to_string(), n.to_string(), e.hash())))
-                    .collect();
-                prop_assert_eq!(&applied_flat, &flat(&fresh));
-                let g = grpc.translate_shared(&services, &pods, &m.secrets, &opts).entries();
-                prop_assert_eq!(flat(&g), flat(&Memo::new(Flavor::Grpc).translate(&m, &opts)));
+                translate_and_check(&mut envoy, &mut grpc, &mut applied, &services, &pods, &m, &opts)?;
                 if !first {
                     // Under the same name and VIPs: in place, both flavors.
                     let in_place = kind <= 2;
@@ -735,28 +761,7 @@ mod props {
                 m.pods = pods.iter().map(|p| (**p).clone()).collect();
                 prop_assume!(m.validate().is_ok());
                 let before = (envoy.in_place_count(), grpc.in_place_count());
-                let t = envoy.translate_shared(&services, &pods, &m.secrets, &opts);
-                let entries = t.entries();
-                let fresh = Memo::new(Flavor::Envoy).translate(&m, &opts);
-                prop_assert_eq!(flat(&entries), flat(&fresh));
-                applied = match envoy.take_changes() {
-                    Some(changes) => changes.apply(&applied),
-                    None => {
-                        let mut whole = applied.edit();
-                        for (t, list) in &entries {
-                            whole.replace_type(t, list.iter().cloned());
-                        }
-                        whole.build()
-                    }
-                };
-                prop_assert!(t.counts_match(&applied), "changes applied and counts disagree");
-                let applied_flat: BTreeSet<_> = applied
-                    .type_urls()
-                    .flat_map(|t| applied.iter_type(t).map(move |(n, e)| (t.to_string(), n.to_string(), e.hash())))
-                    .collect();
-                prop_assert_eq!(&applied_flat, &flat(&fresh));
-                let g = grpc.translate_shared(&services, &pods, &m.secrets, &opts).entries();
-                prop_assert_eq!(flat(&g), flat(&Memo::new(Flavor::Grpc).translate(&m, &opts)));
+                translate_and_check(&mut envoy, &mut grpc, &mut applied, &services, &pods, &m, &opts)?;
                 if !first {
                     let in_place = kind <= 2 && callers(&pods) == callers_before;
                     prop_assert_eq!(envoy.in_place_count() > before.0, in_place);
