@@ -731,6 +731,65 @@ fn invalid(json: &str) -> Vec<String> {
     }
 }
 
+proptest::proptest! {
+    /// `Service::validate` (what the agent runs on each changed service) reports
+    /// exactly what `Mesh::validate` reports for a mesh of that service alone, in the
+    /// same order: over services mixing valid and invalid names, ports, endpoints,
+    /// identities, localities and VIPs.
+    #[test]
+    fn a_service_validates_alone_as_a_mesh_of_it_does(
+        name in proptest::sample::select(vec!["web", "Web_1", "a.b", ""]),
+        ports in proptest::collection::vec((0u16..4, proptest::option::of(proptest::sample::select(vec!["http", "pg", "Bad Name"]))), 0..4),
+        endpoints in proptest::collection::vec(
+            (
+                proptest::sample::select(vec!["10.0.0.1", "10.0.0.2", "0.0.0.0", "224.0.0.1", "fd00::1"]),
+                0u16..3,
+                0u32..3,
+                proptest::option::of(0u16..5),
+                proptest::option::of(proptest::sample::select(vec!["spiffe://td/ns/a/sa/x", "spiffe://td/ns/a/*", "http://x", "spiffe://td/"])),
+                proptest::collection::vec(proptest::sample::select(vec!["spiffe://td/ns/b/sa/y", "bad id"]), 0..3),
+                proptest::sample::select(vec!["", "zone-a", "bad\nzone"]),
+            ),
+            0..6,
+        ),
+        vips in proptest::collection::vec(proptest::sample::select(vec!["10.96.0.1", "10.96.0.2", "0.0.0.0"]), 0..3),
+    ) {
+        let svc = Service {
+            name: name.to_string(),
+            namespace: "default".into(),
+            ports: ports
+                .iter()
+                .map(|(port, name)| ServicePort {
+                    name: name.map(str::to_string),
+                    port: *port,
+                    protocol: Protocol::Http,
+                })
+                .collect(),
+            endpoints: endpoints
+                .iter()
+                .map(|(address, port, weight, service_port, identity, also, zone)| Endpoint {
+                    address: address.parse().unwrap(),
+                    port: *port,
+                    locality: Locality {
+                        zone: zone.to_string(),
+                        ..Locality::default()
+                    },
+                    health: Health::Healthy,
+                    weight: *weight,
+                    service_port: *service_port,
+                    identity: identity.map(str::to_string),
+                    also_accept: also.iter().map(|s| s.to_string()).collect(),
+                })
+                .collect(),
+            vips: vips.iter().map(|v| v.parse().unwrap()).collect(),
+        };
+        let alone: Vec<String> = svc.validate().err().unwrap_or_default().iter().map(ToString::to_string).collect();
+        let mesh = Mesh { services: vec![svc], ..Mesh::default() };
+        let in_mesh: Vec<String> = mesh.validate().err().unwrap_or_default().iter().map(ToString::to_string).collect();
+        proptest::prop_assert_eq!(alone, in_mesh);
+    }
+}
+
 #[test]
 fn validation_reports_every_problem_with_its_path() {
     let errors = invalid(

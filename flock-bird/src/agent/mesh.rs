@@ -111,10 +111,12 @@ pub(crate) fn serving_of<'a>(
 /// endpoints sorted, duplicate endpoints dropped. Not validated (see [`Agent`]'s
 /// publish, which serves each valid service and logs the others).
 pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<translate::Service> {
-    let mut services: BTreeMap<(String, String), translate::Service> = BTreeMap::new();
+    // Keyed by the endpoints' own strings: a service's name is copied once, not once
+    // per endpoint.
+    let mut services: BTreeMap<(&str, &str), translate::Service> = BTreeMap::new();
     for ep in eps {
         let svc = services
-            .entry((ep.namespace.clone(), ep.service.clone()))
+            .entry((ep.namespace.as_str(), ep.service.as_str()))
             .or_insert_with(|| translate::Service {
                 name: ep.service.clone(),
                 namespace: ep.namespace.clone(),

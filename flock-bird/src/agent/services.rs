@@ -25,7 +25,7 @@ use super::mesh::{service_models, serving_endpoints, serving_of};
 use crate::model::Endpoint;
 use crate::registry::View;
 use flock_core::registry::Reject;
-use flock_xds::translate::{self, Mesh};
+use flock_xds::translate;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Weak};
@@ -78,24 +78,15 @@ fn claim_vips(
     vips
 }
 
-/// Whether the translation accepts `svc` ([`validated`] of a copy).
+/// Whether the translation accepts `svc` (logged if not: one inconsistent service
+/// never blocks the rest of the mesh).
 fn is_valid(svc: &translate::Service) -> bool {
-    validated(svc.clone()).is_some()
-}
-
-/// `svc` if the translation accepts it, else `None` (logged: one inconsistent
-/// service never blocks the rest of the mesh).
-fn validated(svc: translate::Service) -> Option<translate::Service> {
-    let one = Mesh {
-        services: vec![svc],
-        ..Mesh::default()
-    };
-    match one.validate() {
-        Ok(()) => one.services.into_iter().next(),
+    match svc.validate() {
+        Ok(()) => true,
         Err(errors) => {
             tracing::warn!(
-                service = %one.services[0].name,
-                namespace = %one.services[0].namespace,
+                service = %svc.name,
+                namespace = %svc.namespace,
                 "registry entries of this service are inconsistent; not served: {}",
                 errors
                     .iter()
@@ -103,9 +94,14 @@ fn validated(svc: translate::Service) -> Option<translate::Service> {
                     .collect::<Vec<_>>()
                     .join("; ")
             );
-            None
+            false
         }
     }
+}
+
+/// `svc` if the translation accepts it ([`is_valid`]), else `None`.
+fn validated(svc: translate::Service) -> Option<translate::Service> {
+    is_valid(&svc).then_some(svc)
 }
 
 /// One service of the table.

@@ -434,6 +434,25 @@ impl Mesh {
     }
 }
 
+impl Service {
+    /// [`Mesh::validate`] of a mesh of this service alone (the same problems, with
+    /// paths under `services[0]`), without building one: the agent validates a
+    /// service on its own each time its endpoints change, and copying the service
+    /// into a mesh for that cost more than the checks.
+    pub fn validate(&self) -> Result<(), Vec<ValidationError>> {
+        let mut v = Validator::default();
+        v.endpoint_total(self.endpoints.len());
+        // What `Validator::mesh` checks of each service; the checks across services
+        // (duplicate names, a VIP host name of two services) cannot fail for one.
+        v.service("services[0]", self);
+        if v.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(v.errors)
+        }
+    }
+}
+
 #[derive(Default)]
 struct Validator {
     errors: Vec<ValidationError>,
@@ -472,13 +491,7 @@ impl Validator {
                 ),
             );
         }
-        let total: usize = m.services.iter().map(|s| s.endpoints.len()).sum();
-        if total > MAX_ENDPOINTS {
-            self.err(
-                "services",
-                format!("{total} endpoints in all, more than the limit of {MAX_ENDPOINTS}"),
-            );
-        }
+        self.endpoint_total(m.services.iter().map(|s| s.endpoints.len()).sum());
 
         let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
         // VIP host name → the service that has it: the outbound route configuration is
@@ -576,6 +589,15 @@ impl Validator {
         }
     }
 
+    fn endpoint_total(&mut self, total: usize) {
+        if total > MAX_ENDPOINTS {
+            self.err(
+                "services",
+                format!("{total} endpoints in all, more than the limit of {MAX_ENDPOINTS}"),
+            );
+        }
+    }
+
     fn service(&mut self, path: &str, s: &Service) {
         self.label(&format!("{path}.name"), "service name", &s.name);
         self.label(&format!("{path}.namespace"), "namespace", &s.namespace);
@@ -625,23 +647,35 @@ impl Validator {
         }
         // Per service port: which endpoints (address, port) it has, and their weight sum.
         let mut per_port: BTreeMap<u16, (HashSet<(IpAddr, u16)>, u64)> = BTreeMap::new();
+        // The ports an endpoint without a service port serves: every port, in order
+        // (so its duplicates are reported in port order).
+        let mut every_port: Vec<u16> = numbers.iter().copied().collect();
+        every_port.sort_unstable();
         for (k, e) in s.endpoints.iter().enumerate() {
-            let ep = format!("{path}.endpoints[{k}]");
-            self.address(&format!("{ep}.address"), e.address);
+            // The path is formatted only for an error: a service is re-validated on
+            // every change of its endpoints, and formatting each endpoint's paths up
+            // front was most of the validation's cost.
+            let ep = || format!("{path}.endpoints[{k}]");
+            if let Err(why) = pod::check_ip(e.address) {
+                self.err(format!("{}.address", ep()), why);
+            }
             if e.port == 0 {
-                self.err(format!("{ep}.port"), "port must be 1-65535");
+                self.err(format!("{}.port", ep()), "port must be 1-65535");
             }
             if let Some(id) = &e.identity {
-                self.spiffe_id(format!("{ep}.identity"), id, true);
+                self.spiffe_id(|| format!("{}.identity", ep()), id, true);
             }
             if !e.also_accept.is_empty() && e.identity.is_none() {
                 // Without `identity` the endpoint counts as identity-less (plaintext
                 // port, or left out of an mTLS one): the extra IDs would be ignored.
-                self.err(format!("{ep}.also_accept"), "also_accept needs an identity");
+                self.err(
+                    format!("{}.also_accept", ep()),
+                    "also_accept needs an identity",
+                );
             }
             if e.also_accept.len() > MAX_ALSO_ACCEPT {
                 self.err(
-                    format!("{ep}.also_accept"),
+                    format!("{}.also_accept", ep()),
                     format!(
                         "{} IDs, more than the limit of {MAX_ALSO_ACCEPT}",
                         e.also_accept.len()
@@ -649,29 +683,33 @@ impl Validator {
                 );
             } else {
                 for (j, id) in e.also_accept.iter().enumerate() {
-                    self.spiffe_id(format!("{ep}.also_accept[{j}]"), id, true);
+                    self.spiffe_id(|| format!("{}.also_accept[{j}]", ep()), id, true);
                 }
             }
             if e.weight == 0 {
-                self.err(format!("{ep}.weight"), "weight must be at least 1");
+                self.err(format!("{}.weight", ep()), "weight must be at least 1");
             }
-            self.locality(&format!("{ep}.locality"), &e.locality);
-            let serves: Vec<u16> = match e.service_port {
+            self.locality(&|| format!("{}.locality", ep()), &e.locality);
+            let one;
+            let serves: &[u16] = match e.service_port {
                 Some(sp) if !numbers.contains(&sp) => {
                     self.err(
-                        format!("{ep}.service_port"),
+                        format!("{}.service_port", ep()),
                         format!("service {}.{} has no port {sp}", s.name, s.namespace),
                     );
                     continue;
                 }
-                Some(sp) => vec![sp],
-                None => numbers.iter().copied().collect(),
+                Some(sp) => {
+                    one = [sp];
+                    &one
+                }
+                None => &every_port,
             };
-            for sp in serves {
+            for &sp in serves {
                 let (set, sum) = per_port.entry(sp).or_default();
                 if !set.insert((e.address, e.port)) {
                     self.err(
-                        ep.clone(),
+                        ep(),
                         format!(
                             "duplicate endpoint {} for port {sp}",
                             std::net::SocketAddr::new(e.address, e.port)
@@ -733,7 +771,7 @@ impl Validator {
             }
         }
         if let Some(id) = &p.identity {
-            self.spiffe_id(format!("{path}.identity"), id, false);
+            self.spiffe_id(|| format!("{path}.identity"), id, false);
         }
         if let Some(c) = &p.capture {
             // Without a netns the outbound listener would bind 0.0.0.0 in the host
@@ -758,12 +796,12 @@ impl Validator {
 
     /// A SPIFFE ID, or with `allow_prefix` also an ID prefix `spiffe://td/path/*`
     /// (an endpoint may name "any ID under this path"; a pod presents one exact ID).
-    fn spiffe_id(&mut self, at: String, id: &str, allow_prefix: bool) {
+    fn spiffe_id(&mut self, at: impl FnOnce() -> String, id: &str, allow_prefix: bool) {
         let exact = match id.strip_suffix("/*") {
             Some(prefix) if allow_prefix => prefix,
             Some(_) => {
                 self.err(
-                    at,
+                    at(),
                     format!("a pod's identity must be one SPIFFE ID, not the prefix {id:?}"),
                 );
                 return;
@@ -777,7 +815,7 @@ impl Validator {
             || exact.ends_with('/')
         {
             self.err(
-                at,
+                at(),
                 format!(
                     "identity must be a SPIFFE ID (spiffe://trust-domain/path){}, not {id:?}",
                     if allow_prefix {
@@ -843,7 +881,7 @@ impl Validator {
         }
     }
 
-    fn locality(&mut self, path: &str, l: &Locality) {
+    fn locality(&mut self, path: &dyn Fn() -> String, l: &Locality) {
         for (field, value) in [
             ("region", &l.region),
             ("zone", &l.zone),
@@ -851,7 +889,7 @@ impl Validator {
         ] {
             if value.len() > MAX_NAME_LEN || value.chars().any(char::is_control) {
                 self.err(
-                    format!("{path}.{field}"),
+                    format!("{}.{field}", path()),
                     format!("must be at most {MAX_NAME_LEN} bytes without control characters"),
                 );
             }
