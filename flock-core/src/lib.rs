@@ -26,6 +26,7 @@
 //! | [`access`] | what an xDS peer may see, from what the transport authenticated; non-loopback listeners | a client claiming to be Envoy receiving every workload key |
 //! | [`backoff`] | retry delays | synchronized retry storms |
 //! | [`capture`] | a pod's transparent-capture nftables table, and whether the kernel's copy drifted | an app reaching the network, or a caller reaching the app, around Envoy |
+//! | [`journal`] | which keys of a persistent map changed since an earlier snapshot | a per-pod derivation walking every pod to find the one that changed |
 //! | [`debounce`] | when a burst of events becomes one action (quiet period, cap) | an action per event; a never-quiet source postponing it forever |
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //! | [`registry`] | the registry key layout and which remote entries an agent serves | one node's bad or forged entry taking a service down or widening who a caller trusts |
@@ -66,6 +67,7 @@ pub mod debounce;
 pub mod epoch;
 pub mod gc;
 pub mod hash;
+pub mod journal;
 pub mod lifecycle;
 pub mod pod;
 pub mod ratelimit;

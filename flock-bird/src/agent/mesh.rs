@@ -309,7 +309,7 @@ impl Agent {
     fn pod_models(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<Arc<translate::Pod>>> {
         let missing = lock(&self.netns_missing).clone();
         let mut cache = lock(&self.pods_cache);
-        let (_, table) = self.pods.shared();
+        let table = self.pods.shared();
         let now = PodInputs::new(table, identity.map(|v| &**v), cache.seen.as_ref());
         let PodsOf {
             seen,

@@ -34,6 +34,7 @@ use super::Agent;
 use super::podinputs::PodInputs;
 use crate::model::{Endpoint, Health, PodRecord};
 use flock_core::backoff::Backoff;
+use flock_core::journal::{JournaledMap, Snapshot};
 use flock_core::pod::PodKey;
 use flock_core::regsync::{Held, SyncOp, plan};
 use flock_core::sync::{Mutex, lock};
@@ -87,7 +88,7 @@ struct State {
     /// (remote traffic only once the local proxy has the pod's config).
     /// A persistent set: the desired endpoints keep last round's copy (O(1)) and
     /// visit only the pods announced or withdrawn since.
-    announced: imbl::OrdSet<PodKey>,
+    announced: JournaledMap<PodKey, ()>,
     /// Keys this process wrote, tried to write or was asked to remove → when last
     /// touched.
     tracked: BTreeMap<String, Instant>,
@@ -128,7 +129,7 @@ struct Desired {
     inputs: Option<Inputs>,
     /// The pod table, SPIFFE IDs and announced set `by_pod` was derived from, so the
     /// next derivation visits only the pods whose inputs changed.
-    seen: Option<(PodInputs, imbl::OrdSet<PodKey>)>,
+    seen: Option<(PodInputs, Snapshot<PodKey, ()>)>,
     /// Keys whose desired endpoint may have changed since the last clean plan.
     changed: BTreeSet<String>,
     /// The view (seq, generation) of the last plan that found nothing to do.
@@ -222,7 +223,7 @@ impl Agent {
     pub(super) fn announce(self: &Arc<Self>, key: &PodKey) -> u64 {
         {
             let mut st = lock(&self.sync.state);
-            st.announced.insert(key.clone());
+            st.announced.insert(key.clone(), ());
             st.announced_gen += 1;
         }
         self.sync_kick()
@@ -332,7 +333,8 @@ impl Agent {
         // Versions first, values after (see `Inputs`).
         let health = self.sync.health_gen.load(Ordering::Acquire);
         // The table and its version together, in O(1).
-        let (pods_version, pods) = self.pods.shared();
+        let pods = self.pods.shared();
+        let pods_version = pods.version();
         let identity = self.identity_view();
         let announced_gen = lock(&self.sync.state).announced_gen;
         let inputs = Inputs {
@@ -350,7 +352,7 @@ impl Agent {
         cache.inputs = Some(inputs);
         // Read after its version (a change meanwhile is seen again next time); an
         // O(1) copy of the persistent set (lock order: desired, state).
-        let announced = lock(&self.sync.state).announced.clone();
+        let announced = lock(&self.sync.state).announced.snapshot();
         let now = PodInputs::new(
             pods,
             identity.as_deref(),
@@ -366,27 +368,20 @@ impl Agent {
         let visit: Vec<PodKey> = match seen {
             Some((was, was_announced)) if same_health && self.kube.is_none() => {
                 let mut keys = now.changed_since(was);
-                if !was_announced.ptr_eq(&announced) {
-                    super::podinputs::diff_keys(
-                        was_announced.iter().map(|k| (k, &())),
-                        announced.iter().map(|k| (k, &())),
-                        |_, _| true,
-                        &mut keys,
-                    );
-                }
+                super::podinputs::changed_keys(was_announced, &announced, |_, _| true, &mut keys);
                 keys.into_iter().collect()
             }
             _ => by_pod
                 .keys()
                 .cloned()
-                .chain(announced.iter().cloned())
+                .chain(announced.keys().cloned())
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .collect(),
         };
         for key in visit {
             let rec = match now.table.get(&key) {
-                Some(rec) if announced.contains(&key) => Arc::clone(rec),
+                Some(rec) if announced.contains_key(&key) => Arc::clone(rec),
                 _ => {
                     // Withdrawn, or gone from the table: its endpoints are not wanted.
                     if let Some(old) = by_pod.remove(&key) {
@@ -443,7 +438,7 @@ impl Agent {
     /// Whether `key`'s pod is still wanted in the registry now (R4's re-check): in
     /// the table (which RemovePod leaves first) and announced.
     fn still_wanted(&self, pod: &PodKey) -> bool {
-        self.pods.contains(pod) && lock(&self.sync.state).announced.contains(pod)
+        self.pods.contains(pod) && lock(&self.sync.state).announced.contains_key(pod)
     }
 
     /// What the registry holds of the keys the sync knows about (of `only`, if given).
@@ -702,7 +697,7 @@ impl Agent {
         });
         let gone: Vec<PodKey> = st
             .announced
-            .iter()
+            .keys()
             .filter(|k| !self.pods.contains(k))
             .cloned()
             .collect();

@@ -56,7 +56,7 @@ pub struct BuiltinCa {
 }
 
 struct State {
-    subscriptions: imbl::OrdMap<PodKey, String>,
+    subscriptions: flock_core::journal::JournaledMap<PodKey, String>,
     svids: imbl::OrdMap<String, Arc<Svid>>,
     generation: u64,
 }
@@ -146,7 +146,7 @@ impl BuiltinCa {
             serials: AtomicU64::new(0),
             issued: AtomicU64::new(0),
             state: Mutex::new(State {
-                subscriptions: imbl::OrdMap::new(),
+                subscriptions: flock_core::journal::JournaledMap::new(),
                 svids: imbl::OrdMap::new(),
                 generation: 0,
             }),
@@ -322,7 +322,7 @@ impl BuiltinCa {
         self.tx.send_replace(Arc::new(IdentityView {
             svids: state.svids.clone(),
             bundles,
-            subscriptions: state.subscriptions.clone(),
+            subscriptions: state.subscriptions.snapshot(),
             generation: state.generation,
         }));
     }

@@ -192,8 +192,9 @@ pub struct IdentityView {
     pub svids: imbl::OrdMap<String, Arc<Svid>>,
     /// Trust bundles by trust domain.
     pub bundles: BTreeMap<String, Bundle>,
-    /// Which SPIFFE ID each subscribed pod has.
-    pub subscriptions: imbl::OrdMap<PodKey, String>,
+    /// Which SPIFFE ID each subscribed pod has; its journal names the pods whose
+    /// subscription changed since an earlier view.
+    pub subscriptions: flock_core::journal::Snapshot<PodKey, String>,
     /// Increases on every change of the view, so consumers can tell views apart cheaply.
     pub generation: u64,
 }

@@ -98,7 +98,7 @@ struct Sub {
 
 struct State {
     subs: BTreeMap<PodKey, Sub>,
-    subscriptions: imbl::OrdMap<PodKey, String>,
+    subscriptions: flock_core::journal::JournaledMap<PodKey, String>,
     svids: imbl::OrdMap<String, Arc<Svid>>,
     bundles: BTreeMap<String, Bundle>,
     bundles_task: Option<AbortHandle>,
@@ -155,7 +155,7 @@ impl SpireBridge {
             closed: watch::channel(false).0,
             state: Mutex::new(State {
                 subs: BTreeMap::new(),
-                subscriptions: imbl::OrdMap::new(),
+                subscriptions: flock_core::journal::JournaledMap::new(),
                 svids: imbl::OrdMap::new(),
                 bundles: BTreeMap::new(),
                 bundles_task: None,
@@ -210,7 +210,7 @@ impl Inner {
         self.tx.send_replace(Arc::new(IdentityView {
             svids: st.svids.clone(),
             bundles: st.bundles.clone(),
-            subscriptions: st.subscriptions.clone(),
+            subscriptions: st.subscriptions.snapshot(),
             generation: st.generation,
         }));
     }

@@ -36,6 +36,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::journal::{JournaledMap, Snapshot};
 use crate::sync::{Mutex, lock};
 
 /// What a merge did, keys sorted ascending.
@@ -99,9 +100,9 @@ pub struct PodTable<K: Ord + Clone, V: Clone> {
 
 #[derive(Debug)]
 struct Table<K: Ord + Clone, V: Clone> {
-    pods: imbl::OrdMap<K, V>,
-    /// Counts the changes of `pods` (inserts, removes, merges that added).
-    version: u64,
+    /// Its version counts the changes (inserts, removes, each key a merge added), and
+    /// its snapshots name the keys of the recent ones.
+    pods: JournaledMap<K, V>,
 }
 
 impl<K: Ord + Clone, V: Clone> Default for PodTable<K, V> {
@@ -115,27 +116,19 @@ impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
     pub fn new() -> Self {
         Self {
             inner: Mutex::new(Table {
-                pods: imbl::OrdMap::new(),
-                version: 0,
+                pods: JournaledMap::new(),
             }),
         }
     }
 
     /// Inserts or updates a pod (the `AddPod` path); returns the previous value.
     pub fn insert(&self, key: K, value: V) -> Option<V> {
-        let mut t = lock(&self.inner);
-        t.version += 1;
-        t.pods.insert(key, value)
+        lock(&self.inner).pods.insert(key, value)
     }
 
     /// Removes a pod (the `RemovePod` path); returns its value.
     pub fn remove(&self, key: &K) -> Option<V> {
-        let mut t = lock(&self.inner);
-        let removed = t.pods.remove(key);
-        if removed.is_some() {
-            t.version += 1;
-        }
-        removed
+        lock(&self.inner).pods.remove(key)
     }
 
     /// Whether the pod is in the table.
@@ -156,19 +149,21 @@ impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
     /// Counts the changes of the table: equal versions, equal tables (so a reader can
     /// keep what it derived from the table until the version moves).
     pub fn version(&self) -> u64 {
-        lock(&self.inner).version
+        lock(&self.inner).pods.version()
     }
 
     /// Merges pods loaded from storage (see [`merge_loaded`]): adds absent keys,
     /// keeps present ones, removes nothing.
     pub fn load_merge(&self, loaded: impl IntoIterator<Item = (K, V)>) -> MergeReport<K> {
         let mut guard = lock(&self.inner);
-        // Once, at startup: the rule runs on a plain copy of the table.
-        let mut live: BTreeMap<K, V> = guard.pods.clone().into_iter().collect();
+        // Once, at startup: the rule runs on a plain copy of the table, and what it
+        // added goes into the table (and its journal) key by key.
+        let mut live: BTreeMap<K, V> = (*guard.pods).clone().into_iter().collect();
         let report = merge_loaded(&mut live, loaded);
-        guard.pods = live.into_iter().collect();
-        if !report.added.is_empty() {
-            guard.version += 1;
+        for key in &report.added {
+            if let Some(value) = live.remove(key) {
+                guard.pods.insert(key.clone(), value);
+            }
         }
         report
     }
@@ -180,14 +175,14 @@ impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
 
     /// A consistent copy of the whole table.
     pub fn snapshot(&self) -> BTreeMap<K, V> {
-        lock(&self.inner).pods.clone().into_iter().collect()
+        (*lock(&self.inner).pods).clone().into_iter().collect()
     }
 
-    /// The whole table as a persistent map sharing the table's nodes (O(1)), and its
-    /// [`PodTable::version`].
-    pub fn shared(&self) -> (u64, imbl::OrdMap<K, V>) {
-        let t = lock(&self.inner);
-        (t.version, t.pods.clone())
+    /// The whole table as a persistent map sharing the table's nodes (O(1)), with its
+    /// [`PodTable::version`] and the keys of its recent changes
+    /// ([`Snapshot::changed_since`]).
+    pub fn shared(&self) -> Snapshot<K, V> {
+        lock(&self.inner).pods.snapshot()
     }
 }
 
@@ -238,6 +233,22 @@ mod tests {
         assert_eq!(r.kept, vec!["new"]);
         assert_eq!(t.get(&"new"), Some(2));
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn pod_table_snapshots_name_the_keys_changed_between_them() {
+        let t = PodTable::new();
+        t.insert("a", 1);
+        let early = t.shared();
+        t.insert("b", 2);
+        t.remove(&"a");
+        t.remove(&"zz");
+        t.load_merge([("c", 3), ("b", 0)]);
+        let now = t.shared();
+        let keys: Vec<_> = now.changed_since(&early).unwrap().copied().collect();
+        assert_eq!(keys, vec!["b", "a", "c"]);
+        assert_eq!(now.version(), t.version());
+        assert_eq!(now.get(&"b"), Some(&2), "the merge kept the live value");
     }
 
     #[test]
