@@ -55,13 +55,40 @@ fn endpoint() -> impl Strategy<Value = Endpoint> {
 enum Op {
     Put(u8, Box<Endpoint>),
     Delete(u8),
+    /// Endpoints on `count` ports of service `n0/s0` (keys `k16`..), past the port
+    /// cap when `count` is over `MAX_PORTS` (32): the random puts alone (16 keys)
+    /// never reach it. Every other one has an identity (the downgrade rule per port).
+    Spread(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..16u8, endpoint()).prop_map(|(k, e)| Op::Put(k, Box::new(e))),
-        1 => (0..16u8).prop_map(Op::Delete),
+        12 => (0..16u8, endpoint()).prop_map(|(k, e)| Op::Put(k, Box::new(e))),
+        4 => (0..16u8).prop_map(Op::Delete),
+        1 => (28..40u8).prop_map(Op::Spread),
+        1 => (16..56u8).prop_map(Op::Delete),
     ]
+}
+
+fn spread(port: u8) -> Endpoint {
+    Endpoint {
+        service: "s0".into(),
+        namespace: "n0".into(),
+        service_port: 9000 + u16::from(port),
+        protocol: Protocol::Http,
+        address: IpAddr::from([10, 0, 1, port + 1]),
+        port: 15006,
+        node: "other".into(),
+        pod: format!("n0/q{port}"),
+        pod_key: PodKey::new(format!("q{port}"), "eth0"),
+        region: String::new(),
+        zone: String::new(),
+        health: Health::Healthy,
+        identity: port
+            .is_multiple_of(2)
+            .then(|| "spiffe://cluster.local/ns/n0/sa/s0".to_string()),
+        also_accept: Vec::new(),
+    }
 }
 
 /// One step: a batch of changes published as one view, whether the table sees that
@@ -120,6 +147,11 @@ proptest! {
                     }
                     Op::Delete(k) => {
                         endpoints.remove(&format!("k{k}"));
+                    }
+                    Op::Spread(count) => {
+                        for port in 0..*count {
+                            endpoints.insert(format!("k{}", 16 + port), spread(port));
+                        }
                     }
                 }
             }

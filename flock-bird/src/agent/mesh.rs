@@ -107,6 +107,40 @@ pub(crate) fn serving_of<'a>(
     (kept, excluded)
 }
 
+/// [`serving_of`] for the endpoints of one service (the service table re-derives one
+/// service per change): the same rules over sorted port lists instead of sets keyed
+/// by (namespace, name, port), whose every insert compared the two names again.
+pub(crate) fn serving_of_one<'a>(
+    eps: impl Iterator<Item = (&'a str, &'a Endpoint)> + Clone,
+) -> (Vec<&'a Endpoint>, BTreeMap<String, Reject>) {
+    let sorted = |ports: &mut Vec<u16>| {
+        ports.sort_unstable();
+        ports.dedup();
+    };
+    // The lowest MAX_PORTS ports are served.
+    let mut ports: Vec<u16> = eps.clone().map(|(_, e)| e.service_port).collect();
+    sorted(&mut ports);
+    ports.truncate(MAX_PORTS);
+    let mut mtls: Vec<u16> = eps
+        .clone()
+        .filter(|(_, e)| e.identity.is_some())
+        .map(|(_, e)| e.service_port)
+        .collect();
+    sorted(&mut mtls);
+    let mut kept = Vec::with_capacity(eps.size_hint().0);
+    let mut excluded = BTreeMap::new();
+    for (key, e) in eps {
+        if ports.binary_search(&e.service_port).is_err() {
+            excluded.insert(key.to_string(), Reject::TooManyPorts);
+        } else if e.identity.is_none() && mtls.binary_search(&e.service_port).is_ok() {
+            excluded.insert(key.to_string(), Reject::Downgrade);
+        } else {
+            kept.push(e);
+        }
+    }
+    (kept, excluded)
+}
+
 /// The services the registry's endpoints form, by (namespace, name): ports and
 /// endpoints sorted, duplicate endpoints dropped. Not validated (see [`Agent`]'s
 /// publish, which serves each valid service and logs the others).

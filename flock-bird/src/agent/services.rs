@@ -21,7 +21,7 @@
 //! [`served_services`] after every step of random change sequences, with missed views
 //! and VIP collisions.
 
-use super::mesh::{service_models, serving_endpoints, serving_of};
+use super::mesh::{service_models, serving_endpoints, serving_of_one};
 use crate::model::Endpoint;
 use crate::registry::View;
 use flock_core::registry::Reject;
@@ -458,7 +458,7 @@ fn classify(
             <= 1,
         "one service's keys"
     );
-    let (serving, excluded) = serving_of(keys.iter().map(|(k, e)| (&**k, &**e)));
+    let (serving, excluded) = serving_of_one(keys.iter().map(|(k, e)| (&**k, &**e)));
     let base = service_models(serving).into_iter().next();
     (base, excluded.into_iter().collect())
 }
