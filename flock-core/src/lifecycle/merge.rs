@@ -156,10 +156,22 @@ impl<K: Ord + Clone, V: Clone> PodTable<K, V> {
     /// keeps present ones, removes nothing.
     pub fn load_merge(&self, loaded: impl IntoIterator<Item = (K, V)>) -> MergeReport<K> {
         let mut guard = lock(&self.inner);
-        // Once, at startup: the rule runs on a plain copy of the table, and what it
-        // added goes into the table (and its journal) key by key.
+        // Once, at startup: the rule runs on a plain copy of the table, and the table
+        // then becomes that copy key by key (so its journal names each change). The
+        // rule only adds, so the first loop removes nothing unless the rule is broken
+        // (the `r3` mutant empties the copy, and the table must lose its pods then too,
+        // or the mutant would not re-introduce the race it stands for).
         let mut live: BTreeMap<K, V> = (*guard.pods).clone().into_iter().collect();
         let report = merge_loaded(&mut live, loaded);
+        let gone: Vec<K> = guard
+            .pods
+            .keys()
+            .filter(|k| !live.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in &gone {
+            guard.pods.remove(key);
+        }
         for key in &report.added {
             if let Some(value) = live.remove(key) {
                 guard.pods.insert(key.clone(), value);
