@@ -46,8 +46,12 @@ const TTL: Duration = Duration::from_secs(2);
 const FAULT: Duration = Duration::from_secs(5);
 /// Concurrent churn workers on n1.
 const WORKERS: usize = 48;
-/// The convergence bound after etcd answers again.
-const CONVERGE: Duration = Duration::from_secs(2);
+/// The convergence bound after etcd answers again: the wait for the agents' next
+/// reconnect attempt (at most 1 s, the ceiling the agent configures) plus 2 s for the
+/// session, the re-list, the sync round and the peer's watch on a machine that also runs
+/// the 48 churn workers and other tests. Run alone this converges in 0.5-0.7 s; a
+/// loaded 2-core CI machine once took 2.18 s, which a 2 s bound failed.
+const CONVERGE: Duration = Duration::from_secs(3);
 
 /// A single-member etcd on fixed ports and data dir, so it can be killed and started
 /// again on the same data.
