@@ -17,13 +17,17 @@
 //!
 //! Order. One agent, as on a node: a phase with 0 pods, then the 250 pods are added
 //! and a second phase runs. In each phase the three chains (alone, portmap, flock-cni)
-//! are measured round-robin in batches of 25 ADDs, 6 rounds (150 ADDs each), the
+//! are measured round-robin in batches of 10 ADDs, 30 rounds (300 ADDs each), the
 //! starting chain rotating every round so each chain is first, second and third
 //! equally often; a few unmeasured ADDs per chain warm each phase up (the first ADD on
 //! a bridge creates it). Alone and portmap are measured again in the 250-pod phase, so
 //! each flock-cni figure is compared with baselines taken in the same minutes, under
 //! the same background (the 250 pods' liveness probes, whatever else this machine
 //! runs), and a drift of the machine over the run lands on all three chains alike.
+//! Beside the goal's p50/p99 comparison the bench prints a paired figure: the median
+//! over rounds of flock-cni's batch median minus portmap's batch median of the same
+//! round, which takes out the drift between rounds (on this project's 2-core test
+//! machines the whole chain's p50 moved by several ms between phases of one run).
 //!
 //! The pods. The agent runs with its default capture (`--capture off`, which
 //! [`Agent::start`] keeps: it passes no `--capture`), its default probe interval (5 s,
@@ -62,10 +66,12 @@ use capturekit::{Pod, cnitool_adds};
 use common::*;
 use serde_json::{Value, json};
 
-/// Measured ADDs per chain and phase.
-const ADDS: usize = 150;
-/// ADDs per `cnitool bench` run (one batch of the round-robin).
-const BATCH: usize = 25;
+/// Measured ADDs per chain and phase: a p99 of 300 rests on 3 samples above it, not
+/// 1.5 (run-to-run p99s of 150 moved by several ms).
+const ADDS: usize = 300;
+/// ADDs per `cnitool bench` run (one batch of the round-robin): small, so the batches a
+/// paired difference compares ran within a second of each other.
+const BATCH: usize = 10;
 /// Unmeasured ADDs per chain at the start of each phase.
 const WARMUP: usize = 5;
 /// The pods the agent holds in the second phase, and their services.
@@ -231,29 +237,62 @@ fn add_held_pods(agent: &Agent, netns: &str) {
     });
 }
 
+/// One phase's latencies (ms): each chain's, sorted, and each round's batch of each
+/// chain.
+struct PhaseSamples {
+    sorted: Vec<Vec<f64>>,
+    rounds: Vec<Vec<Vec<f64>>>,
+}
+
+impl PhaseSamples {
+    /// The median over rounds of (chain `a`'s batch median − chain `b`'s batch median
+    /// in the same round): the margin of `a` over `b` with the machine's drift between
+    /// rounds taken out (each round's batches ran within a second or two of each other).
+    fn paired_median(&self, a: usize, b: usize) -> f64 {
+        let mut d: Vec<f64> = self
+            .rounds
+            .iter()
+            .map(|r| {
+                let med = |v: &Vec<f64>| {
+                    let mut v = v.clone();
+                    v.sort_by(f64::total_cmp);
+                    pct(&v, 0.5)
+                };
+                med(&r[a]) - med(&r[b])
+            })
+            .collect();
+        d.sort_by(f64::total_cmp);
+        pct(&d, 0.5)
+    }
+}
+
 /// One phase: a warm-up, then `ADDS` ADDs per chain, round-robin in batches of
-/// `BATCH` with the first chain rotating. Each chain's latencies, sorted (ms).
-fn phase(chains: &[&Chain], tag: &str, annotations: &Value) -> Vec<Vec<f64>> {
+/// `BATCH` with the first chain rotating.
+fn phase(chains: &[&Chain], tag: &str, annotations: &Value) -> PhaseSamples {
     for c in chains {
         batch(c, WARMUP, &format!("{tag}-warm-{}-", c.name), annotations);
     }
-    let mut samples = vec![Vec::with_capacity(ADDS); chains.len()];
+    let mut sorted = vec![Vec::with_capacity(ADDS); chains.len()];
+    let mut rounds = Vec::with_capacity(ADDS / BATCH);
     for round in 0..ADDS / BATCH {
+        let mut this = vec![Vec::new(); chains.len()];
         for k in 0..chains.len() {
             let i = (round + k) % chains.len();
             let c = chains[i];
-            samples[i].extend(batch(
+            this[i] = batch(
                 c,
                 BATCH,
                 &format!("{tag}-r{round}-{}-", c.name),
                 annotations,
-            ));
+            );
+            sorted[i].extend_from_slice(&this[i]);
         }
+        rounds.push(this);
     }
-    for s in &mut samples {
+    for s in &mut sorted {
         s.sort_by(f64::total_cmp);
     }
-    samples
+    PhaseSamples { sorted, rounds }
 }
 
 fn main() {
@@ -273,7 +312,12 @@ fn main() {
         "n1",
         "memory",
         &["--probe-interval-ms", PROBE_INTERVAL_MS],
-        &[("RUST_LOG", OsStr::new("info"))],
+        // Without fault injection (the harness arms it for tests): a release build's
+        // agent.
+        &[
+            ("RUST_LOG", OsStr::new("info")),
+            ("FLOCK_FAULT_INJECTION", OsStr::new("0")),
+        ],
     );
     let work = tempfile::Builder::new()
         .prefix("flock-cni-chain-bench-")
@@ -397,7 +441,10 @@ fn main() {
     println!("| chain | p50 ms | p99 ms | over bridge+host-local p50 | over portmap p50 / p99 |");
     println!("|---|---|---|---|---|");
     let mut verdicts = Vec::new();
-    for (pods, s) in [(0, &empty), (HELD, &held)] {
+    let mut paired = Vec::new();
+    for (pods, phase_samples) in [(0, &empty), (HELD, &held)] {
+        let s = &phase_samples.sorted;
+        paired.push((pods, phase_samples.paired_median(2, 1)));
         let p = |i: usize| (pct(&s[i], 0.50), pct(&s[i], 0.99));
         let (a50, a99) = p(0);
         let (m50, m99) = p(1);
@@ -429,6 +476,34 @@ fn main() {
     );
     for v in verdicts {
         println!("  {v}");
+    }
+    println!(
+        "Paired (median over the {} rounds of flock-cni's batch median minus portmap's in the same round):",
+        ADDS / BATCH
+    );
+    for (pods, d) in paired {
+        println!("  {pods} pods: {d:+.2} ms");
+    }
+    // The agent's own share of a flock-cni ADD: `took_us` of its `pod added` log line
+    // (from the request's first step to the answer), for the measured ADDs.
+    let log = agent.proc.log_text();
+    for (pods, tag) in [(0, "p0-r"), (HELD, "p250-r")] {
+        let mut took: Vec<f64> = log
+            .lines()
+            .filter(|l| l.contains("pod added") && l.contains(&format!("key={tag}")))
+            .filter_map(|l| {
+                let v = l.split("took_us=").nth(1)?.split_whitespace().next()?;
+                v.parse::<f64>().ok().map(|us| us / 1000.0)
+            })
+            .collect();
+        took.sort_by(f64::total_cmp);
+        if took.len() == ADDS {
+            println!(
+                "  the agent's own time in those ADDs ({pods} pods): p50 {:.2} ms, p99 {:.2} ms",
+                pct(&took, 0.5),
+                pct(&took, 0.99)
+            );
+        }
     }
     println!(
         "(phases took {:.0} s and {:.0} s; in the {HELD}-pod phase the agent held {HELD} pods \

@@ -272,3 +272,30 @@ fn a_kill_at_every_named_step_loses_nothing_and_leaks_nothing() {
         started.elapsed()
     );
 }
+
+/// Without `FLOCK_FAULT_INJECTION=1` at start the failpoints are not looked at: an
+/// agent of this same fault-injection build, with `add/start` armed, answers the ADD
+/// and lives (what the benchmarks rely on to measure a release build's agent).
+#[test]
+fn an_agent_started_without_fault_injection_ignores_an_armed_failpoint() {
+    let ns = common::NetNs::new("failpoints-off");
+    set_netns(ns.path());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut agent = Agent::start_node_env(
+        "n1",
+        "memory",
+        &[],
+        &[("FLOCK_FAULT_INJECTION", std::ffi::OsStr::new("0"))],
+    );
+    arm(&agent, "add/start");
+    let reply = rt.block_on(call(&agent.cni_socket, 0, Op::Add));
+    assert_eq!(reply, Reply::Success, "the ADD with add/start armed");
+    assert!(agent.proc.running(), "the agent died at an unarmed failpoint");
+    assert!(
+        agent.state_dir.join("failpoint").exists(),
+        "the agent consumed the failpoint file"
+    );
+}

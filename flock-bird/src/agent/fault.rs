@@ -1,5 +1,5 @@
-//! Test builds only (feature `fault-injection`): configs a real Envoy rejects, on
-//! demand, so the Envoy-fault tests can make a real Envoy NACK every update.
+//! Test builds only (feature `fault-injection`, and [`ARM_ENV`] set at start): configs
+//! a real Envoy rejects, on demand, so the Envoy-fault tests can make a real Envoy NACK every update.
 //!
 //! While the file [`SWITCH`] exists in the pod store's directory, every cluster and
 //! listener of the Envoy group's snapshots is made invalid the way Envoy's own
@@ -19,6 +19,19 @@ use flock_xds::translate::Entries;
 use flock_xds::types::{CLUSTER, LISTENER};
 use prost::Message as _;
 use std::sync::Arc;
+
+/// The environment variable that arms fault injection in a build that has it:
+/// `FLOCK_FAULT_INJECTION=1` in the agent's environment at start. Without it the
+/// failpoints and the switch are not looked at, so the benchmarks, which `cargo` builds
+/// with this feature (it is unified from flock-agent's dev-dependencies), measure what
+/// a release build does: no file lookup per publish and per AddPod step.
+pub const ARM_ENV: &str = "FLOCK_FAULT_INJECTION";
+
+/// Whether [`ARM_ENV`] is `1` (read once).
+pub(crate) fn armed() -> bool {
+    static ARMED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ARMED.get_or_init(|| std::env::var_os(ARM_ENV).is_some_and(|v| v == "1"))
+}
 
 /// The switch file's name in the store directory (not a pod file's name, so the
 /// store's load ignores it).
@@ -67,13 +80,16 @@ pub const FAILPOINT: &str = "failpoint";
 
 /// Failpoints: named points of AddPod, RemovePod, the GC sweep and the registry sync
 /// where the agent can be killed (SIGKILL: a crash exactly there) or stopped (SIGSTOP:
-/// an agent that hangs there), deterministically. Armed by writing the point's name
-/// into `store_dir`/[`FAILPOINT`]; the first time the agent reaches that point the
+/// an agent that hangs there), deterministically. In an agent started with
+/// [`ARM_ENV`]`=1`, armed by writing the point's name into `store_dir`/[`FAILPOINT`]; the first time the agent reaches that point the
 /// file is removed (so the restarted agent runs on) and the signal is raised. The
 /// names: `add/start`, `add/<step>` after each AddPod step (`add/StoreWrite`, ...,
 /// `add/RegistryRegister`), `remove/start`, `remove/<step>` likewise, `gc/planned`,
 /// `gc/pod-removed`, `gc/endpoint-removed`, `regsync/put`, `regsync/delete`.
 pub(crate) fn failpoint(store_dir: &std::path::Path, name: &str) {
+    if !armed() {
+        return;
+    }
     let path = store_dir.join(FAILPOINT);
     let Ok(armed) = std::fs::read_to_string(&path) else {
         return;

@@ -53,6 +53,7 @@ impl Agent {
                 let mut changes = memo.take_changes();
                 #[cfg(feature = "fault-injection")]
                 let poisoned = if group == ENVOY_GROUP
+                    && super::fault::armed()
                     && self.store.dir().join(super::fault::SWITCH).exists()
                 {
                     // What is published is not what the memo translated: the next

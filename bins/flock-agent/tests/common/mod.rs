@@ -494,7 +494,11 @@ fn node_command(
     if !extra.contains(&"--probe-interval-ms") {
         cmd.args(["--probe-interval-ms", "1000"]);
     }
-    cmd.args(extra).env("RUST_LOG", "info,flock_bird=debug");
+    // Failpoints and the Envoy-fault switch work in every test agent (the benches'
+    // agents run without them, as a release build does).
+    cmd.args(extra)
+        .env("RUST_LOG", "info,flock_bird=debug")
+        .env("FLOCK_FAULT_INJECTION", "1");
     cmd
 }
 
