@@ -293,7 +293,10 @@ fn an_agent_started_without_fault_injection_ignores_an_armed_failpoint() {
     arm(&agent, "add/start");
     let reply = rt.block_on(call(&agent.cni_socket, 0, Op::Add));
     assert_eq!(reply, Reply::Success, "the ADD with add/start armed");
-    assert!(agent.proc.running(), "the agent died at an unarmed failpoint");
+    assert!(
+        agent.proc.running(),
+        "the agent died at an unarmed failpoint"
+    );
     assert!(
         agent.state_dir.join("failpoint").exists(),
         "the agent consumed the failpoint file"
