@@ -56,7 +56,7 @@ pub struct BuiltinCa {
 }
 
 struct State {
-    subscriptions: flock_core::journal::JournaledMap<PodKey, String>,
+    subscriptions: super::subscriptions::Subscriptions,
     svids: imbl::OrdMap<String, Arc<Svid>>,
     generation: u64,
 }
@@ -146,7 +146,7 @@ impl BuiltinCa {
             serials: AtomicU64::new(0),
             issued: AtomicU64::new(0),
             state: Mutex::new(State {
-                subscriptions: flock_core::journal::JournaledMap::new(),
+                subscriptions: super::subscriptions::Subscriptions::new(),
                 svids: imbl::OrdMap::new(),
                 generation: 0,
             }),
@@ -485,12 +485,12 @@ impl BuiltinCa {
     /// Removes `key`'s subscription from `state`, and its SVID when it was the last
     /// subscriber of it. Returns whether anything changed.
     fn drop_subscription(state: &mut State, key: &PodKey) -> bool {
-        let Some(id) = state.subscriptions.remove(key) else {
+        let Some(left) = state.subscriptions.remove(key) else {
             return false;
         };
-        if !state.subscriptions.values().any(|other| *other == id) {
-            state.svids.remove(&id);
-            tracing::info!(spiffe_id = %id, "dropped SVID (no subscriber left)");
+        if left.last {
+            state.svids.remove(&left.id);
+            tracing::info!(spiffe_id = %left.id, "dropped SVID (no subscriber left)");
         }
         true
     }

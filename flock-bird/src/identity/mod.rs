@@ -28,6 +28,7 @@
 mod builtin;
 pub mod ca_dir;
 pub mod spire;
+mod subscriptions;
 
 pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, CaReload, MAX_TTL, MIN_TTL};
 use flock_core::rotation::Issued;

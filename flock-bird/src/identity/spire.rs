@@ -98,7 +98,7 @@ struct Sub {
 
 struct State {
     subs: BTreeMap<PodKey, Sub>,
-    subscriptions: flock_core::journal::JournaledMap<PodKey, String>,
+    subscriptions: super::subscriptions::Subscriptions,
     svids: imbl::OrdMap<String, Arc<Svid>>,
     bundles: BTreeMap<String, Bundle>,
     bundles_task: Option<AbortHandle>,
@@ -155,7 +155,7 @@ impl SpireBridge {
             closed: watch::channel(false).0,
             state: Mutex::new(State {
                 subs: BTreeMap::new(),
-                subscriptions: flock_core::journal::JournaledMap::new(),
+                subscriptions: super::subscriptions::Subscriptions::new(),
                 svids: imbl::OrdMap::new(),
                 bundles: BTreeMap::new(),
                 bundles_task: None,
@@ -221,11 +221,11 @@ impl Inner {
 
     /// Removes `key` from the view (and its SVID when no other pod uses it).
     fn drop_from_view(st: &mut State, key: &PodKey) -> bool {
-        let Some(id) = st.subscriptions.remove(key) else {
+        let Some(left) = st.subscriptions.remove(key) else {
             return false;
         };
-        if !st.subscriptions.values().any(|other| *other == id) {
-            st.svids.remove(&id);
+        if left.last {
+            st.svids.remove(&left.id);
         }
         true
     }
