@@ -15,6 +15,9 @@
 //!
 //! Run: `cargo bench -p flock-xds --bench publish -- --warm-up-time 1 --measurement-time 3`.
 //!
+//! Flatness in one time window, the sizes interleaved (see `flatness_mode`):
+//! `FLOCK_PUBLISH_FLATNESS=1 cargo bench -p flock-xds --bench publish`.
+//!
 //! Instruction counts (repeatable on a busy machine), per 1,000 changes at n resources:
 //! `FLOCK_PUBLISH_COUNT=<n> valgrind --tool=callgrind --toggle-collect='*counted_changes*'
 //! target/release/deps/publish-<hash>` (see `count_mode`).
@@ -303,11 +306,69 @@ fn count_mode(resources: &str) {
     println!("{changes} changes at {n} resources (named: {named})");
 }
 
+/// Flatness in one time window (`FLOCK_PUBLISH_FLATNESS=1`): criterion measures the
+/// sizes one after the other, minutes apart, and on a shared host the machine's speed
+/// drifts by more than the growth being measured (the full rebuild at 10,000 moved from
+/// 35 to 57 ms between two runs of one session). Here one stream per size runs in
+/// rounds: each round times a batch of `BATCH` changes at every size, the first size
+/// rotating, so the batches a ratio compares ran within milliseconds of each other.
+/// Prints each size's median per-change time over the rounds and the median over rounds
+/// of each round's ratio to the smallest size.
+fn flatness_mode() {
+    const ROUNDS: usize = 100;
+    // Large enough that the cache misses of switching sizes are a small part of a
+    // batch (with 200, the 100-resource stream ran 1.5x slower than alone).
+    const BATCH: usize = 2_000;
+    let mut flocks: Vec<Flock> = SIZES.iter().map(|&n| Flock::new(n)).collect();
+    for f in &mut flocks {
+        // Every name changed once, as in the other modes.
+        for _ in 0..f.n.max(1_000) {
+            f.change();
+        }
+    }
+    let mut per_change = vec![Vec::with_capacity(ROUNDS); SIZES.len()];
+    let mut ratios = vec![Vec::with_capacity(ROUNDS); SIZES.len()];
+    for round in 0..ROUNDS {
+        let mut this = vec![0.0; SIZES.len()];
+        for k in 0..SIZES.len() {
+            let i = (round + k) % SIZES.len();
+            let t = std::time::Instant::now();
+            counted_changes(&mut flocks[i], BATCH);
+            this[i] = t.elapsed().as_secs_f64() * 1e9 / BATCH as f64;
+        }
+        for i in 0..SIZES.len() {
+            per_change[i].push(this[i]);
+            ratios[i].push(this[i] / this[0]);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "publish flatness, one window: {ROUNDS} rounds of {BATCH} changes per size, sizes interleaved"
+    );
+    println!("| resources | per change (median of rounds) | ratio to {} (median of rounds) |", SIZES[0]);
+    println!("|---|---|---|");
+    for i in 0..SIZES.len() {
+        println!(
+            "| {} | {:.2} µs | {:.2}× |",
+            SIZES[i],
+            median(&mut per_change[i]) / 1000.0,
+            median(&mut ratios[i])
+        );
+    }
+}
+
 criterion_group!(benches, publish, breakdown);
 
 fn main() {
     if let Ok(n) = std::env::var("FLOCK_PUBLISH_COUNT") {
         count_mode(&n);
+        return;
+    }
+    if std::env::var("FLOCK_PUBLISH_FLATNESS").is_ok_and(|v| v == "1") {
+        flatness_mode();
         return;
     }
     benches();
