@@ -348,7 +348,10 @@ fn flatness_mode() {
     println!(
         "publish flatness, one window: {ROUNDS} rounds of {BATCH} changes per size, sizes interleaved"
     );
-    println!("| resources | per change (median of rounds) | ratio to {} (median of rounds) |", SIZES[0]);
+    println!(
+        "| resources | per change (median of rounds) | ratio to {} (median of rounds) |",
+        SIZES[0]
+    );
     println!("|---|---|---|");
     for i in 0..SIZES.len() {
         println!(

@@ -10,7 +10,10 @@
 //! 4. Snapshot publish cost of one SVID rotation with 1,000 pods (16 identities, the
 //!    built-in CA with 30 s SVIDs; the identities are issued at least 250 ms apart, so
 //!    each comes due alone, half a lifetime after its issuance on the monotonic clock
-//!    rotation runs on: this part takes about 20 s).
+//!    rotation runs on: this part takes about 20 s, twice).
+//!
+//! Parts 2 and 4 run twice: the agent as it is, then the baseline that rebuilds the
+//! whole mesh and its translation on every publish (`publish_from_scratch`).
 //!
 //! ```sh
 //! cargo build --release -p flock-agent -p flock-cni-plugin && cargo bench -p flock-agent --bench agent
@@ -214,7 +217,24 @@ async fn add_latency() {
     let _ = agent.wait();
 }
 
-async fn publish_cost() {
+/// The in-process agent's configuration; `from_scratch`: the baseline, which rebuilds
+/// the whole mesh and its translation on every publish
+/// (`AgentConfig::publish_from_scratch`, the agent before it was incremental).
+fn config(from_scratch: bool) -> AgentConfig {
+    let mut cfg = AgentConfig::new("bench");
+    cfg.publish_from_scratch = from_scratch;
+    cfg
+}
+
+fn label(from_scratch: bool) -> &'static str {
+    if from_scratch {
+        ", baseline: full rebuild"
+    } else {
+        ""
+    }
+}
+
+async fn publish_cost(from_scratch: bool) {
     let dir = tempfile::tempdir().unwrap();
     let reg = registry::connect(
         &RegistrySpec::Memory,
@@ -228,7 +248,7 @@ async fn publish_cost() {
     let store = Arc::new(PodStore::open(dir.path()).unwrap());
     let cache = Arc::new(flock_xds::cache::Cache::new(group_of));
     let agent = Arc::new(Agent::new(
-        AgentConfig::new("bench"),
+        config(from_scratch),
         store,
         Arc::clone(&reg),
         cache,
@@ -279,7 +299,10 @@ async fn publish_cost() {
     }
     changed.sort_by(f64::total_cmp);
     unchanged.sort_by(f64::total_cmp);
-    println!("snapshot publish at 1,000 pods (50 samples):");
+    println!(
+        "snapshot publish at 1,000 pods (50 samples){}:",
+        label(from_scratch)
+    );
     println!(
         "  one endpoint changed: p50 {:.2} ms, p99 {:.2} ms; nothing changed (re-translation only): p50 {:.2} ms",
         pct(&changed, 0.5),
@@ -288,7 +311,7 @@ async fn publish_cost() {
     );
 }
 
-async fn rotation_cost() {
+async fn rotation_cost(from_scratch: bool) {
     const LIFETIME: Duration = Duration::from_secs(30);
     const APART: Duration = Duration::from_millis(250);
     let dir = tempfile::tempdir().unwrap();
@@ -306,8 +329,7 @@ async fn rotation_cost() {
     let store = Arc::new(PodStore::open(dir.path()).unwrap());
     let cache = Arc::new(flock_xds::cache::Cache::new(group_of));
     let agent = Arc::new(
-        Agent::new(AgentConfig::new("bench"), store, Arc::clone(&reg), cache)
-            .with_identity(ca.clone()),
+        Agent::new(config(from_scratch), store, Arc::clone(&reg), cache).with_identity(ca.clone()),
     );
     agent.load().await.unwrap();
     // Identity k's SVID is issued (with its first pod) at least APART after identity
@@ -361,7 +383,8 @@ async fn rotation_cost() {
     );
     samples.sort_by(f64::total_cmp);
     println!(
-        "publish after one SVID rotation at 1,000 pods / 16 identities: p50 {:.2} ms, max {:.2} ms",
+        "publish after one SVID rotation at 1,000 pods / 16 identities{}: p50 {:.2} ms, max {:.2} ms",
+        label(from_scratch),
         pct(&samples, 0.5),
         pct(&samples, 1.0)
     );
@@ -373,11 +396,14 @@ async fn main() {
     // (comma-separated: rotation, publish, add) runs only those parts.
     let parts = std::env::var("FLOCK_BENCH_PARTS").unwrap_or_default();
     let run = |part: &str| parts.is_empty() || parts.split(',').any(|p| p.trim() == part);
+    // Each beside its baseline in the same run.
     if run("rotation") {
-        rotation_cost().await;
+        rotation_cost(false).await;
+        rotation_cost(true).await;
     }
     if run("publish") {
-        publish_cost().await;
+        publish_cost(false).await;
+        publish_cost(true).await;
     }
     if run("add") {
         add_latency().await;

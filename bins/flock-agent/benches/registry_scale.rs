@@ -32,9 +32,10 @@
 //! not seen within 30 s of the last write, and the RSS after.
 //!
 //! Each size runs twice: the agent as it is (its service table re-derives only the
-//! services a change touches), and the baseline, the same agent recomputing every
-//! service from the whole registry view on every publish
-//! (`FLOCK_PUBLISH_FROM_SCRATCH=1`, what it did before the table).
+//! services a change touches), and the baseline, the same agent rebuilding the whole
+//! mesh on every publish: every service from the whole registry view, every pod's
+//! model, and the translation and encoding of everything
+//! (`FLOCK_PUBLISH_FROM_SCRATCH=1`, what it did before it was incremental).
 //!
 //! Each size gets a fresh etcd (`FLOCK_ETCD_BIN`), filled before the agent starts with
 //! valid entries written in transactions of 128 puts (etcd's default
@@ -225,9 +226,9 @@ async fn fill(addr: &str, n: usize) -> Duration {
 
 struct Sample {
     n: usize,
-    /// The agent recomputed the registry's services from the whole view on every
-    /// publish (`FLOCK_PUBLISH_FROM_SCRATCH=1`, the agent before its incremental
-    /// service table): the baseline.
+    /// The agent rebuilt the whole mesh and its translation on every publish
+    /// (`FLOCK_PUBLISH_FROM_SCRATCH=1`, the agent before it was incremental): the
+    /// baseline.
     baseline: bool,
     fill: Duration,
     ready: Duration,

@@ -612,7 +612,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     agent.gc_interval = Duration::from_secs(args.gc_interval.max(1));
     agent.capture = node_capture(&args)?;
     // The scale benchmark's baseline only (not a flag: nobody should run it): every
-    // publish recomputes the registry's services from the whole view.
+    // publish rebuilds the whole mesh and its translation.
     agent.publish_from_scratch =
         std::env::var_os("FLOCK_PUBLISH_FROM_SCRATCH").is_some_and(|v| v == "1");
     check_listen_addr(

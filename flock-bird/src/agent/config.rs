@@ -33,9 +33,11 @@ pub struct AgentConfig {
     /// How long ADD and DEL wait for the registry sync before answering anyway (the
     /// sync keeps retrying): bounds what a down registry adds to CNI latency.
     pub register_wait: Duration,
-    /// Recompute the registry's services from the whole view on every publish, as
-    /// the agent did before its service table was incremental. Only the scale
-    /// benchmark's baseline sets it (`FLOCK_PUBLISH_FROM_SCRATCH=1`).
+    /// Rebuild the whole mesh on every publish, as the agent did before it was
+    /// incremental: the registry's services from the whole view, every pod's model,
+    /// the secrets, and the translation and encoding of everything (a fresh memo).
+    /// Only the benchmarks' baselines set it (`FLOCK_PUBLISH_FROM_SCRATCH=1` for the
+    /// binary).
     pub publish_from_scratch: bool,
 }
 

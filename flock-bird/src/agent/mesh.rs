@@ -327,6 +327,12 @@ impl Agent {
             Arc::clone(table.services())
         };
         let identity = self.identity_view();
+        if self.cfg.publish_from_scratch {
+            // The baseline again: every pod re-derived and re-validated, every secret
+            // copied, as before the pod models and secrets were kept between publishes.
+            *lock(&self.pods_cache) = PodsOf::default();
+            *lock(&self.secrets_cache) = None;
+        }
         let secrets = self.secrets(identity.as_ref());
         let pods = self.pod_models(identity.as_ref());
         MeshParts {

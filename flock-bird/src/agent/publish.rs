@@ -47,6 +47,16 @@ impl Agent {
                 } else {
                     &self.grpc_memo
                 });
+                if self.config().publish_from_scratch {
+                    // The benchmarks' baseline: a fresh memo translates and encodes
+                    // every service and pod again, as every publish did before the
+                    // translation was incremental.
+                    *memo = flock_xds::translate::Memo::new(if group == ENVOY_GROUP {
+                        flock_xds::translate::Flavor::Envoy
+                    } else {
+                        flock_xds::translate::Flavor::Grpc
+                    });
+                }
                 let translation =
                     memo.translate_shared(&parts.services, &parts.pods, &parts.secrets, &opts);
                 #[allow(unused_mut)]
