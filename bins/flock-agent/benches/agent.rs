@@ -12,8 +12,9 @@
 //!    each comes due alone, half a lifetime after its issuance on the monotonic clock
 //!    rotation runs on: this part takes about 20 s, twice).
 //!
-//! Parts 2 and 4 run twice: the agent as it is, then the baseline that rebuilds the
-//! whole mesh and its translation on every publish (`publish_from_scratch`).
+//! Parts 1, 2 and 4 run twice: the agent as it is, then the baseline that rebuilds
+//! the whole mesh and its translation on every publish (`publish_from_scratch`;
+//! `FLOCK_PUBLISH_FROM_SCRATCH=1` for the agent binary of part 1).
 //!
 //! ```sh
 //! cargo build --release -p flock-agent -p flock-cni-plugin && cargo bench -p flock-agent --bench agent
@@ -133,7 +134,7 @@ async fn grpc_add(socket: &Path, i: usize) {
     assert_eq!(resp.outcome, Outcome::Success as i32, "{}", resp.message);
 }
 
-async fn add_latency() {
+async fn add_latency(from_scratch: bool) {
     let plugin = bin("flock-cni");
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("cni.sock");
@@ -155,6 +156,10 @@ async fn add_latency() {
         .arg(dir.path().join("run").join("xds.sock"))
         .args(["--admin-address", &admin])
         .env("RUST_LOG", "warn")
+        .env(
+            "FLOCK_PUBLISH_FROM_SCRATCH",
+            if from_scratch { "1" } else { "0" },
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -164,7 +169,10 @@ async fn add_latency() {
         assert!(Instant::now() < deadline, "agent did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    println!("AddPod through the real plugin (exec → exit), 100 samples each:");
+    println!(
+        "AddPod through the real plugin (exec → exit), 100 samples each{}:",
+        label(from_scratch)
+    );
     println!("{:>14} {:>10} {:>10}", "pods present", "p50 ms", "p99 ms");
     let rss0 = rss_kib(agent.id());
     let mut present = 0;
@@ -406,6 +414,7 @@ async fn main() {
         publish_cost(true).await;
     }
     if run("add") {
-        add_latency().await;
+        add_latency(false).await;
+        add_latency(true).await;
     }
 }
