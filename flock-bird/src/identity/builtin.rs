@@ -521,9 +521,13 @@ impl IdentityProvider for BuiltinCa {
             state.svids.insert(id.clone(), Arc::new(svid));
         }
         // A pod re-subscribing under another identity (its service account changed)
-        // leaves its old one first.
-        Self::drop_subscription(&mut state, &pod.key);
-        state.subscriptions.insert(pod.key.clone(), id.clone());
+        // leaves its old one: dropped if it was that SVID's last subscriber.
+        if let Some(left) = state.subscriptions.insert(pod.key.clone(), id.clone())
+            && left.last
+        {
+            state.svids.remove(&left.id);
+            tracing::info!(spiffe_id = %left.id, "dropped SVID (no subscriber left)");
+        }
         self.publish(&mut state);
         Ok(id)
     }

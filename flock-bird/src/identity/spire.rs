@@ -409,10 +409,13 @@ impl Inner {
             Some(svid) => {
                 tracing::info!(pod = %key, spiffe_id = %svid.spiffe_id, serial = %svid.serial, not_after_ms = svid.not_after_ms.as_millis(), "SVID from SPIRE");
                 let id = svid.spiffe_id.clone();
-                if st.subscriptions.get(key) != Some(&id) {
-                    Self::drop_from_view(&mut st, key);
+                // A pod whose SPIFFE ID changed leaves its old one (dropped if it
+                // was that SVID's last subscriber).
+                if let Some(left) = st.subscriptions.insert(key.clone(), id.clone())
+                    && left.last
+                {
+                    st.svids.remove(&left.id);
                 }
-                st.subscriptions.insert(key.clone(), id.clone());
                 st.svids.insert(id, Arc::new(svid));
             }
             None => {
