@@ -32,6 +32,8 @@ pub struct Options {
     pub agent: AgentConfig,
     /// The pod store directory.
     pub state_dir: PathBuf,
+    /// What a returned pod store write survives (the agent's crash, or also a power loss).
+    pub store_durability: crate::store::Durability,
     /// The CNI socket (created 0600).
     pub cni_socket: PathBuf,
     /// xDS over a unix socket (the node's Envoy, by its peer credentials), if any.
@@ -223,7 +225,7 @@ pub async fn run(
     on_bound: impl FnOnce(Bound) + Send,
 ) -> anyhow::Result<()> {
     let store = Arc::new(
-        PodStore::open(&opts.state_dir)
+        PodStore::open_with(&opts.state_dir, opts.store_durability)
             .with_context(|| format!("opening the pod store in {}", opts.state_dir.display()))?,
     );
     // Before the registry: `--registry kubernetes` reads EndpointSlices from this watch.

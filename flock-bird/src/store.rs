@@ -14,19 +14,26 @@
 //!   a human to look at (created `0700` when first needed).
 //!
 //! Durability: [`PodStore::put`] writes a temporary file (`O_CREAT|O_EXCL|O_NOFOLLOW`,
-//! mode `0600`), fsyncs it, renames it over the final name and fsyncs the directory. A
-//! crash at any point leaves either the old file or the new one, never a torn file
-//! (a torn *temporary* file is never loaded). `rename(2)` replaces a symlink planted at
-//! the final name instead of writing through it, so nothing is ever written outside the
-//! directory.
+//! mode `0600`) and renames it over the final name, so a crash of the writing process at
+//! any point leaves either the old file or the new one, never a torn file (a torn
+//! *temporary* file is never loaded). How far a returned `put` or `remove` survives is
+//! the store's [`Durability`]: with [`Durability::PowerLoss`] (what [`PodStore::open`]
+//! gives) the file is fsynced before the rename and the directory after it, so the
+//! change also survives a power loss or a kernel crash; with
+//! [`Durability::ProcessCrash`] neither flush is made, and the change survives the
+//! agent's crash, kill or restart (the kernel's page cache outlives the process and
+//! `rename(2)` is atomic in it) but not the node's. `rename(2)` replaces a symlink
+//! planted at the final name instead of writing through it, so nothing is ever written
+//! outside the directory.
 //!
 //! Startup (rule R3): the agent calls [`PodStore::load_all`] and merges the result into
 //! its in-memory table with `flock_core::lifecycle::merge::PodTable::load_merge`, which
 //! adds what is missing and never replaces or removes what the running agent already
 //! knows. The store only loads; it never decides.
 //!
-//! Every method is synchronous and **blocks** on disk I/O (each `put` and `remove` waits
-//! for two fsyncs): call them from `tokio::task::spawn_blocking` or a blocking thread.
+//! Every method is synchronous and **blocks** on disk I/O (with
+//! [`Durability::PowerLoss`], each `put` and `remove` waits for its fsyncs): call them
+//! from `tokio::task::spawn_blocking` or a blocking thread.
 //! [`decode_record`], [`encode_record`], [`validate_record`] and [`file_name_for`] are
 //! pure and do no I/O.
 
@@ -167,6 +174,28 @@ pub struct EncodedRecord {
 #[derive(Debug)]
 pub struct PodStore {
     dir: PathBuf,
+    durability: Durability,
+}
+
+/// What a returned [`PodStore::put`] or [`PodStore::remove`] survives.
+///
+/// A pod store holds pod sandboxes, and no sandbox survives its node's reboot: after a
+/// power loss the runtime creates new sandboxes (new container IDs, new CNI ADDs), and
+/// the records of the old ones are orphans the agent's GC removes. What the store must
+/// survive is the agent's own crash or restart while the node runs, which a rename
+/// gives without a flush. [`Durability::PowerLoss`] is for a store whose records must
+/// outlive the node's kernel; it costs two flushes per change (about 0.5 ms on this
+/// project's test machines, most of what a chained ADD adds over `portmap`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Fsync the file before the rename and the directory after it (and after a
+    /// removal): the change survives a power loss or kernel crash.
+    #[default]
+    PowerLoss,
+    /// No flush: the change survives the writing process's crash or kill, not the
+    /// node's. After a power loss a record may be missing, stale or empty; an empty or
+    /// torn one is quarantined at the next load like any unusable file.
+    ProcessCrash,
 }
 
 impl PodStore {
@@ -184,6 +213,11 @@ impl PodStore {
     /// not our nonce. Removing a live foreign writer's file only makes that writer's
     /// `put` fail (its rename finds no file); it never corrupts a pod file.
     pub fn open(dir: &Path) -> Result<PodStore, StoreError> {
+        PodStore::open_with(dir, Durability::PowerLoss)
+    }
+
+    /// [`open`](Self::open) with the given [`Durability`] for every later change.
+    pub fn open_with(dir: &Path, durability: Durability) -> Result<PodStore, StoreError> {
         match fs::symlink_metadata(dir) {
             Ok(meta) => check_dir_meta(dir, &meta)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -204,6 +238,7 @@ impl PodStore {
         }
         let store = PodStore {
             dir: dir.to_path_buf(),
+            durability,
         };
         store.remove_leftover_temps()?;
         Ok(store)
@@ -214,18 +249,29 @@ impl PodStore {
         &self.dir
     }
 
+    /// What a returned change survives.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    fn flushes(&self) -> bool {
+        self.durability == Durability::PowerLoss
+    }
+
     /// The path of `key`'s file (it may not exist).
     pub fn path_for(&self, key: &PodKey) -> PathBuf {
         self.dir.join(file_name_for(key))
     }
 
-    /// Stores `rec` durably, replacing any previous record of its key. Blocks (two
-    /// fsyncs).
+    /// Stores `rec`, replacing any previous record of its key. Blocks (on two fsyncs
+    /// with [`Durability::PowerLoss`]).
     ///
     /// Validates the record ([`validate_record`]) and its encoded size
     /// ([`MAX_FILE_BYTES`]) first. Writes a fresh temporary file
-    /// (`O_CREAT|O_EXCL|O_NOFOLLOW`, `0600`), fsyncs it, renames it over the final name
-    /// and fsyncs the directory: on return the record survives a crash or power loss.
+    /// (`O_CREAT|O_EXCL|O_NOFOLLOW`, `0600`) and renames it over the final name: on
+    /// return the record survives the process's crash, and with
+    /// [`Durability::PowerLoss`] (file fsynced before the rename, directory after it)
+    /// a power loss too.
     /// On error the previous file (if any) is untouched and the temporary file removed.
     pub fn put(&self, rec: &PodRecord) -> Result<(), StoreError> {
         let encoded = self.encode(rec)?;
@@ -259,11 +305,11 @@ impl PodStore {
     }
 
     /// The second half of [`put`](Self::put): writes a record [`encode`](Self::encode)
-    /// made, durably (two fsyncs). Blocks.
+    /// made, as durably as the store's [`Durability`] says. Blocks.
     pub fn put_encoded(&self, rec: &EncodedRecord) -> Result<(), StoreError> {
         let path = self.dir.join(&rec.file_name);
         let tmp = self.dir.join(temp_name(&rec.file_name));
-        let result = write_new_file(&tmp, &rec.bytes).and_then(|()| {
+        let result = write_new_file(&tmp, &rec.bytes, self.flushes()).and_then(|()| {
             // `rename` replaces whatever is at `path` as a directory entry: a symlink
             // there is replaced, never followed, so the write stays inside the store.
             fs::rename(&tmp, &path).map_err(io_err("rename temporary file into", &path))
@@ -282,12 +328,16 @@ impl PodStore {
             }
             return Err(e);
         }
-        // Without this the rename may be lost in a crash: the old file (or none)
+        // Without this the rename may be lost in a power loss: the old file (or none)
         // would come back although `put` returned Ok.
-        fsync_dir(&self.dir)
+        if self.flushes() {
+            fsync_dir(&self.dir)?;
+        }
+        Ok(())
     }
 
-    /// Removes `key`'s file; `true` if it existed. Blocks (one fsync of the directory).
+    /// Removes `key`'s file; `true` if it existed. Blocks (one fsync of the directory
+    /// with [`Durability::PowerLoss`]).
     ///
     /// An error means the record may still be there (the file could not be removed,
     /// or its removal could not be made durable): the caller must not treat the pod
@@ -298,8 +348,10 @@ impl PodStore {
         let path = self.path_for(key);
         match fs::remove_file(&path) {
             Ok(()) => {
-                // Otherwise a crash could resurrect the pod at the next startup.
-                fsync_dir(&self.dir)?;
+                // Otherwise a power loss could resurrect the pod at the next startup.
+                if self.flushes() {
+                    fsync_dir(&self.dir)?;
+                }
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -647,7 +699,7 @@ fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
         .map_err(io_err("fsync directory", dir))
 }
 
-fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+fn write_new_file(path: &Path, bytes: &[u8], flush: bool) -> Result<(), StoreError> {
     // O_EXCL: never reuse or truncate an existing file (or a planted symlink: with
     // O_CREAT|O_EXCL the kernel fails on a symlink instead of following it);
     // O_NOFOLLOW says the same explicitly.
@@ -659,8 +711,11 @@ fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         .open(path)
         .map_err(io_err("create temporary file", path))?;
     file.write_all(bytes).map_err(io_err("write", path))?;
-    // Data before rename: otherwise a crash after the rename can leave an empty file
-    // under the final name (ext4 delalloc, XFS).
+    if !flush {
+        return Ok(());
+    }
+    // Data before rename: otherwise a power loss after the rename can leave an empty
+    // file under the final name (ext4 delalloc, XFS).
     file.sync_all().map_err(io_err("fsync", path))
 }
 

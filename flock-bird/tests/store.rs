@@ -89,6 +89,37 @@ fn round_trip_get_and_load() {
     assert_eq!(v["pod"]["key"]["container_id"], "abc123");
 }
 
+/// Both durabilities keep the same contract towards the process: a put is there when it
+/// returns, a remove is gone, and a reopened store loads exactly that. (Whether the
+/// flushes are made is what `benches/` measures; a power loss cannot be had here.)
+#[test]
+fn both_durabilities_round_trip_and_reopen() {
+    for durability in [
+        store::Durability::PowerLoss,
+        store::Durability::ProcessCrash,
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("pods");
+        let store = PodStore::open_with(&dir, durability).unwrap();
+        assert_eq!(store.durability(), durability);
+        let (a, b) = (rec("a", "eth0"), rec("b", "eth0"));
+        store.put(&a).unwrap();
+        store.put(&b).unwrap();
+        assert!(store.remove(&a.key).unwrap());
+        drop(store);
+        let again = PodStore::open_with(&dir, durability).unwrap();
+        assert_eq!(again.load_all().unwrap().pods, vec![b], "{durability:?}");
+        assert_eq!(mode(&again.path_for(&rec("b", "eth0").key)), 0o600);
+    }
+    assert_eq!(
+        PodStore::open(tempfile::tempdir().unwrap().path())
+            .unwrap()
+            .durability(),
+        store::Durability::PowerLoss,
+        "the library's default is the strong contract"
+    );
+}
+
 #[test]
 fn files_are_0600_and_dir_is_0700() {
     let tmp = tempfile::tempdir().unwrap();

@@ -37,6 +37,9 @@
 //! (resolved exactly like no annotation on a node whose capture is off). The measured
 //! pod is `default/bench-0` of service `svc-0` (port 8080): in the 250-pod phase it
 //! joins a service that already has other endpoints, as a scaled-up deployment does.
+//! The agent's pod store is its default (`--store-sync crash`: written by rename, not
+//! flushed); `FLOCK_CHAIN_STORE_SYNC=power-loss` runs the agent with the store that
+//! fsyncs the record and the directory on every ADD and DEL.
 //!
 //! ```sh
 //! cargo build --release -p flock-agent -p flock-cni-plugin -p flock-install-cni &&
@@ -308,10 +311,18 @@ fn main() {
     }
     assert_eq!(nix::unistd::geteuid().as_raw(), 0, "run as root");
 
+    // The agent's default store (`crash`: no flush), or `FLOCK_CHAIN_STORE_SYNC=power-loss`
+    // for the store that fsyncs the file and the directory on every ADD and DEL.
+    let store_sync = std::env::var("FLOCK_CHAIN_STORE_SYNC").unwrap_or_else(|_| "crash".into());
     let agent = Agent::start_node_env(
         "n1",
         "memory",
-        &["--probe-interval-ms", PROBE_INTERVAL_MS],
+        &[
+            "--probe-interval-ms",
+            PROBE_INTERVAL_MS,
+            "--store-sync",
+            &store_sync,
+        ],
         // Without fault injection (the harness arms it for tests): a release build's
         // agent.
         &[
@@ -435,7 +446,7 @@ fn main() {
         "CNI ADD through libcni ({ADDS} ADDs per chain and phase, each followed by its DEL; \
          round-robin in batches of {BATCH}, {WARMUP} unmeasured ADDs per chain first; \
          flock-cni pods: `flock.io/capture: off`, agent `--capture off`, probes every \
-         {PROBE_INTERVAL_MS} ms):"
+         {PROBE_INTERVAL_MS} ms, `--store-sync {store_sync}`):"
     );
     println!();
     println!("| chain | p50 ms | p99 ms | over bridge+host-local p50 | over portmap p50 / p99 |");

@@ -42,14 +42,15 @@ async fn await_durable(pending: &mut Option<Durable>) -> Result<(), String> {
 }
 
 impl Agent {
-    /// `Step::StoreWrite`: the record's durable write ([`crate::store::PodStore::put`]:
-    /// temporary file, fsync, rename, directory fsync), in a blocking task.
+    /// `Step::StoreWrite`: the record's write ([`crate::store::PodStore::put`]:
+    /// temporary file, rename, and with `Durability::PowerLoss` an fsync before and
+    /// after the rename), in a blocking task.
     ///
     /// Awaited here only when the ADD captures the pod's traffic or replaces a pod the
-    /// agent holds; otherwise the ADD's next steps run while the disk works (two
-    /// fsyncs, 0.5–0.8 ms on this project's test machines, as long as those steps
+    /// agent holds; otherwise the ADD's next steps run while the disk works (with the
+    /// two fsyncs 0.5–0.8 ms on this project's test machines, as long as those steps
     /// together), and the registry step waits for the write. What may run before the
-    /// record is on disk is what a crash or power loss cannot leave behind without it:
+    /// record is written is what a crash cannot leave behind without it:
     /// the pod table, the identity subscription and the published snapshot live in
     /// this process (a restart rebuilds them from the store, and the node's Envoy gets
     /// the restarted agent's snapshot), and the ADD is not answered until the write is
