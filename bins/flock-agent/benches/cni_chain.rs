@@ -515,6 +515,38 @@ fn main() {
                 pct(&took, 0.99)
             );
         }
+        // And per step (`step_us` of the same lines): where that time goes.
+        let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
+        for line in log
+            .lines()
+            .filter(|l| l.contains("pod added") && l.contains(&format!("key={tag}")))
+        {
+            let Some(list) = line.split("step_us=").nth(1) else {
+                continue;
+            };
+            let list = list.trim_start_matches('"');
+            let list = list.split(['"', ' ']).next().unwrap_or_default();
+            for (i, item) in list.split(',').enumerate() {
+                let Some((name, us)) = item.split_once(':') else {
+                    continue;
+                };
+                let Ok(us) = us.parse::<f64>() else { continue };
+                if steps.len() <= i {
+                    steps.push((name.to_string(), Vec::new()));
+                }
+                steps[i].1.push(us / 1000.0);
+            }
+        }
+        let medians: Vec<String> = steps
+            .iter_mut()
+            .map(|(name, v)| {
+                v.sort_by(f64::total_cmp);
+                format!("{name} {:.2}", pct(v, 0.5))
+            })
+            .collect();
+        if !medians.is_empty() {
+            println!("    per step, p50 ms: {}", medians.join(", "));
+        }
     }
     println!(
         "(phases took {:.0} s and {:.0} s; in the {HELD}-pod phase the agent held {HELD} pods \

@@ -316,6 +316,10 @@ impl Agent {
         // `store_write`).
         let mut pending_durable = None;
         let started = std::time::Instant::now();
+        // Each step's own time (`StoreWrite:62,CaptureApply:1,...`, µs) in the `pod
+        // added` line: which step a slow ADD spent its time in.
+        let mut step_us = String::new();
+        let mut step_started = started;
         for step in ADD_POD {
             let mut failed = *step;
             let done = match step {
@@ -401,6 +405,12 @@ impl Agent {
                 });
             }
             self.failpoint(|| format!("add/{step}"));
+            let now = std::time::Instant::now();
+            if !step_us.is_empty() {
+                step_us.push(',');
+            }
+            step_us.push_str(&format!("{step}:{}", (now - step_started).as_micros()));
+            step_started = now;
         }
         // Every AddPod sequence ends with the registry step, which waited; this holds
         // the answer back all the same should the steps ever change.
@@ -415,7 +425,7 @@ impl Agent {
             });
         }
         let took_us = started.elapsed().as_micros() as u64;
-        tracing::info!(pod = %rec.pod_ref(), key = %rec.key, service = %rec.service, service_account = %rec.service_account, ports = rec.ports.len(), version, took_us, "pod added");
+        tracing::info!(pod = %rec.pod_ref(), key = %rec.key, service = %rec.service, service_account = %rec.service_account, ports = rec.ports.len(), version, took_us, step_us, "pod added");
         if rec.service.is_empty() {
             let memberships: BTreeSet<String> = self
                 .endpoints_of(rec, Health::Healthy)
