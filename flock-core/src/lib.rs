@@ -16,6 +16,7 @@
 //!
 //! | module | decides | race or bug it rules out |
 //! |---|---|---|
+//! | [`agent`] | the node agent's pod state and every decision about it, as a sans-IO machine: per-pod turns, the re-checks after writes outside a turn, the GC's conditional removals, the start-up merge | R3, R4, R6 in the agent; the GC removing what a re-added pod owns; an abandoned ADD kept |
 //! | [`snapshot`] | one publish point for state changes, versions, subscribers | R1 stale snapshot wins; R2 aliased mutation |
 //! | [`resources`] | typed resource sets and their diff, content hash as version | unchanged resources resent; O(all) per change |
 //! | [`cniconf`] | parsing, patching and unpatching CNI configs; the per-file ledger | the two-file patch loop, corrupted configs |
@@ -60,6 +61,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod agent;
 pub mod backoff;
 pub mod capture;
 pub mod cniconf;

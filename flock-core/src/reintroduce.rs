@@ -54,6 +54,8 @@ pub const KNOWN: &[&str] = &[
     "service-table-exclusions-in-one-pass",
     "memo-changes-keep-gone",
     "regsync-plan-misses-view-changes",
+    "undo-unconditional",
+    "gc-unsubscribe-unconditional",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile
