@@ -4,10 +4,9 @@ use super::{AddPodInput, Agent, PodError, PodOutcome};
 use crate::identity::PodIdentity;
 use crate::kube::KubeAdmission;
 use crate::model::{Endpoint, Health, PodRecord, SERVICE_ANNOTATION};
-use flock_core::lifecycle::liveness::Liveness;
+use flock_core::agent::{Guard, OpKind};
 use flock_core::lifecycle::steps::{ADD_POD, Op, Step};
 use flock_core::pod::PodKey;
-use flock_core::sync::lock;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -72,7 +71,7 @@ impl Agent {
     /// Whether an ADD of `rec` may run its next steps before its store write is done
     /// (see [`store_write`](Self::store_write)).
     fn may_overlap_store_write(&self, rec: &PodRecord) -> bool {
-        rec.capture.is_none() && self.pods.get(&rec.key).is_none()
+        rec.capture.is_none() && !self.is_live(&rec.key)
     }
 
     /// Subscribes a pod's identity, guarded (R6): if the pod was removed while the
@@ -87,7 +86,8 @@ impl Agent {
             .map_err(|e| e.to_string())?;
         // The re-check: RemovePod deletes the store record before it unsubscribes, so
         // a pod gone now may have had its unsubscribe run before this subscribe.
-        if !flock_core::reintroduced!("r6-agent") && !self.pods.contains(&rec.key) {
+        let guard = self.core().subscribed(&rec.key);
+        if let Guard::Undo(_) = guard {
             self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
             provider.unsubscribe(&rec.key).await;
         }
@@ -113,23 +113,15 @@ impl Agent {
         for (key, rec) in &loaded {
             self.note_netns(key, &rec.netns);
         }
-        let merge = self.pods.load_merge(loaded);
-        {
-            // Warm-up and probe deadlines are this process's own: monotonic time.
-            let now = flock_clock::mono_now();
-            let mut live = lock(&self.liveness);
-            for key in &merge.added {
-                live.entry(key.clone())
-                    .or_insert_with(|| Liveness::new(now, self.cfg.liveness));
-            }
-        }
+        // Warm-up and probe deadlines are this process's own: monotonic time.
+        let merge = self.core().load(loaded, flock_clock::mono_now());
         // Captured pods' rules: a netns that outlived the agent may have lost or
         // changed them meanwhile. Before the store counts as loaded, so no ADD or CHECK
         // is answered against rules still being repaired.
         let captured: Vec<PodRecord> = merge
             .added
             .iter()
-            .filter_map(|key| self.pods.get(key))
+            .filter_map(|key| self.pod(key))
             .filter(|rec| rec.capture.is_some())
             .map(|rec| PodRecord::clone(&rec))
             .collect();
@@ -144,7 +136,7 @@ impl Agent {
             "pod store loaded (merged into the live table)"
         );
         for key in &merge.added {
-            if let Some(rec) = self.pods.get(key)
+            if let Some(rec) = self.pod(key)
                 && let Err(e) = self.subscribe_identity(&rec).await
             {
                 tracing::warn!(pod = %rec.pod_ref(), "identity resubscription failed (the GC retries): {e}");
@@ -285,19 +277,17 @@ impl Agent {
 
     async fn add_record(self: &Arc<Self>, rec: PodRecord, answer: Answer) {
         let key = rec.key.clone();
-        self.locks
-            .run(&key, async {
+        self.in_turn(&key, OpKind::Add, async {
                 let result = self.add_locked(&rec).await;
                 match &result {
                     Ok(_) => self.metrics.pods_added.fetch_add(1, Ordering::Relaxed),
                     Err(_) => self.metrics.pod_errors.fetch_add(1, Ordering::Relaxed),
                 };
-                // Answered under the pod's lock: if the caller is gone, the undo runs
+                // Answered in the pod's turn: if the caller is gone, the undo runs
                 // before any later operation on the pod.
-                let Err(unanswered) = answer.send(result) else {
-                    return;
-                };
-                if unanswered.is_ok() && !flock_core::reintroduced!("abandoned-add-kept") {
+                let succeeded = result.is_ok();
+                let delivered = answer.send(result).is_ok();
+                if flock_core::agent::after_answer(delivered, succeeded) {
                     tracing::warn!(pod = %rec.pod_ref(), key = %rec.key, "the ADD's caller went away before its answer (the runtime saw it fail); undoing it");
                     self.metrics.adds_undone.fetch_add(1, Ordering::Relaxed);
                     if let Err(e) = self.remove_locked(&rec.key).await {
@@ -334,12 +324,12 @@ impl Agent {
                     };
                     if written.is_ok() {
                         self.note_netns(&rec.key, &rec.netns);
-                        self.pods.insert(rec.key.clone(), Arc::new(rec.clone()));
-                        let replaced = lock(&self.liveness).insert(
+                        let stored = self.core().stored(
                             rec.key.clone(),
-                            Liveness::new(flock_clock::mono_now(), self.cfg.liveness),
+                            Arc::new(rec.clone()),
+                            flock_clock::mono_now(),
                         );
-                        if replaced.is_some() {
+                        if stored.health_reset {
                             // A repeated ADD resets the pod's health (to serving)
                             // while its record may compare equal: the registry
                             // sync must re-derive its endpoints all the same.
@@ -458,7 +448,10 @@ impl Agent {
     /// start (a ghost), and no tombstone can be written to a disk that refuses the
     /// delete.
     pub async fn remove_pod(self: &Arc<Self>, key: &PodKey) -> Result<PodOutcome, PodError> {
-        match self.locks.run(key, self.remove_locked(key)).await {
+        match self
+            .in_turn(key, OpKind::Remove, self.remove_locked(key))
+            .await
+        {
             Ok(true) => {
                 self.metrics.pods_removed.fetch_add(1, Ordering::Relaxed);
                 Ok(PodOutcome::Done(format!("pod {key} removed")))
@@ -505,33 +498,23 @@ impl Agent {
                         Err(e) => return Err(format!("store delete task: {e}")),
                     }
                     // Invisible first: from here no background loop sees the pod.
-                    removed = self.pods.remove(key);
+                    removed = self.core().removed(key);
                     existed |= removed.is_some();
-                    lock(&self.liveness).remove(key);
                     if let Some(kube) = &self.kube {
                         kube.forget(key);
                     }
-                    lock(&self.netns_missing).remove(key);
                 }
                 Step::XdsWithdraw => {
                     self.publish();
                 }
                 Step::RegistryUnregister => {
-                    let keys: Vec<String> = {
+                    let in_view: Vec<String> = {
                         let view = self.registry.view().borrow().clone();
-                        let mut keys: BTreeSet<String> = view
-                            .endpoints
+                        view.endpoints
                             .iter()
                             .filter(|(_, e)| e.node == self.cfg.node_name && &e.pod_key == key)
                             .map(|(k, _)| k.clone())
-                            .collect();
-                        keys.extend(
-                            lock(&self.own)
-                                .keys()
-                                .filter(|k| key_owner(k).as_ref() == Some(key))
-                                .cloned(),
-                        );
-                        keys.into_iter().collect()
+                            .collect()
                     };
                     // Handed to the registry sync, which deletes them (and retries
                     // while the registry is down); the DEL does not fail on the
@@ -540,10 +523,10 @@ impl Agent {
                     // Registry keys do not make the pod "known": a withdrawal the sync
                     // has not finished leaves them in the view, and a repeated DEL of
                     // the removed pod must still answer that it is gone (IGNORED), not
-                    // that it removed it again. The keys are handed over either way.
-                    if flock_core::reintroduced!("del-counts-pending-keys") {
-                        existed |= !keys.is_empty();
-                    }
+                    // that it removed it again (`flock_core::agent::Withdrawal`).
+                    let withdrawal = self.core().withdrawal(key, in_view);
+                    existed |= withdrawal.counts_as_known;
+                    let keys = withdrawal.keys;
                     let seq = self.withdraw(key, keys);
                     if let Err(why) = self.sync_wait(seq).await {
                         tracing::warn!(%key, %why, "pod removed locally; its unregistration is pending (the registry sync retries)");
@@ -573,18 +556,9 @@ impl Agent {
     /// CNI CHECK: the pod is held as added and, if it is captured, its netns holds
     /// exactly its capture table (the error names the netns and the drift).
     pub async fn check_pod(&self, key: &PodKey) -> Result<(), String> {
-        match self.pods.get(key) {
+        match self.pod(key) {
             Some(rec) => self.capture_check(&rec).await,
             None => Err(format!("pod {key} is not known to this agent")),
         }
     }
-}
-
-/// The pod key encoded in a registry key (`…/<container_id>/<ifname>/<port>`).
-pub(super) fn key_owner(key: &str) -> Option<PodKey> {
-    let mut parts = key.rsplit('/');
-    let _port = parts.next()?;
-    let ifname = parts.next()?;
-    let container = parts.next()?;
-    Some(PodKey::new(container, ifname))
 }

@@ -3,9 +3,8 @@
 
 use super::Agent;
 use crate::model::{Health, PodRecord};
-use flock_core::lifecycle::liveness::Liveness;
+use flock_core::agent::{Guard, Writer};
 use flock_core::pod::PodKey;
-use flock_core::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,39 +12,26 @@ use std::sync::atomic::Ordering;
 impl Agent {
     /// Each live pod's health decision.
     pub fn health(&self) -> BTreeMap<PodKey, Health> {
-        lock(&self.liveness)
-            .iter()
-            .map(|(k, l)| (k.clone(), l.health()))
-            .collect()
+        self.core().healths()
     }
 
     /// Records whether `netns` exists; returns whether that changed.
     pub(super) fn note_netns(&self, key: &PodKey, netns: &str) -> bool {
-        let missing = !std::path::Path::new(netns).exists();
-        let mut set = lock(&self.netns_missing);
-        if missing {
-            set.insert(key.clone())
-        } else {
-            set.remove(key)
-        }
+        let exists = std::path::Path::new(netns).exists();
+        self.core().note_netns(key, exists)
     }
 
     /// The health a pod's endpoints are registered with: unhealthy once its probes say
     /// so, else serving.
     pub(super) fn registered_health(&self, key: &PodKey) -> Health {
-        match lock(&self.liveness).get(key).map(Liveness::health) {
-            Some(Health::Unhealthy) => Health::Unhealthy,
-            // Not decided yet (a new pod) registers as serving: it is not kept out
-            // of the mesh until its first probes pass.
-            _ => Health::Healthy,
-        }
+        self.core().registered_health(key)
     }
 
     /// Re-registers a pod's endpoints with its current health, guarded (R4): after
     /// the put, the pod must still be live, else the registration is undone — only
     /// if it is still the one we wrote.
     pub async fn reregister(&self, key: &PodKey) {
-        let Some(rec) = self.pods.get(key) else {
+        let Some(rec) = self.pod(key) else {
             return;
         };
         let health = self.registered_health(key);
@@ -62,15 +48,23 @@ impl Agent {
             // The re-check: RemovePod deletes the store record before it unregisters,
             // so if the pod is gone now, its unregister may already have run and
             // missed this put.
-            let still_live = flock_core::reintroduced!("r4-agent") || self.pods.contains(key);
-            if still_live {
-                lock(&self.own).insert(ep_key, rev);
-            } else {
+            let guard = self.core().registered(key, &ep_key, rev, Writer::Liveness);
+            if let Guard::Undo(undo) = guard {
                 self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = self.registry.delete_if_revision(&ep_key, rev).await {
-                    tracing::warn!(endpoint = %ep_key, "undo of a late registration failed (GC removes it): {e}");
-                }
+                self.undo_registration(&ep_key, undo.revision).await;
             }
+        }
+    }
+
+    /// Undoes a registration whose pod left while it was in flight, at the revision
+    /// it wrote (`None`: whatever is there, only under a mutant).
+    pub(super) async fn undo_registration(&self, ep_key: &str, revision: Option<u64>) {
+        let undone = match revision {
+            Some(rev) => self.registry.delete_if_revision(ep_key, rev).await,
+            None => self.registry.delete(ep_key).await,
+        };
+        if let Err(e) = undone {
+            tracing::warn!(endpoint = %ep_key, "undo of a late registration failed (GC removes it): {e}");
         }
     }
 
@@ -80,14 +74,7 @@ impl Agent {
         // One clock read for the round: which pods are due, and the time their results
         // are recorded at (monotonic: a wall-clock jump neither skips nor repeats probes).
         let now = flock_clock::mono_now();
-        let due: Vec<Arc<PodRecord>> = {
-            let live = lock(&self.liveness);
-            self.pods
-                .snapshot()
-                .into_values()
-                .filter(|p| live.get(&p.key).is_some_and(|l| l.is_due(now)))
-                .collect()
-        };
+        let due: Vec<Arc<PodRecord>> = self.core().due(now);
         let mut netns_changed = false;
         for pod in &due {
             netns_changed |= self.note_netns(&pod.key, &pod.netns);
@@ -108,9 +95,7 @@ impl Agent {
             if !ok {
                 self.metrics.probe_failures.fetch_add(1, Ordering::Relaxed);
             }
-            let transition = lock(&self.liveness)
-                .get_mut(&key)
-                .and_then(|l| l.observe(now, ok));
+            let transition = self.core().probed(&key, now, ok);
             if let Some(t) = transition {
                 // After the change: the registry sync re-derives the desired endpoints.
                 self.sync.health_gen.fetch_add(1, Ordering::Release);

@@ -24,9 +24,9 @@
 use super::{Agent, AgentConfig};
 use crate::kube::Members;
 use crate::model::{Endpoint, Health, PodRecord};
+use flock_core::agent::{Guard, OpKind, Writer};
 use flock_core::debounce::{Debounce, DebouncePoll};
 use flock_core::pod::PodKey;
-use flock_core::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -86,20 +86,18 @@ impl Agent {
         if !kube.snapshot().synced {
             return 0;
         }
-        let live = self.pods.snapshot();
+        let live = self.core().pods();
         kube.retain(&live.keys().cloned().collect());
         let keys: Vec<PodKey> = live
-            .into_iter()
+            .iter()
             .filter(|(_, rec)| rec.service.is_empty())
-            .map(|(key, _)| key)
+            .map(|(key, _)| key.clone())
             .collect();
         let mut writes = 0;
         for key in keys {
-            if flock_core::reintroduced!("r4-kube-resync") {
-                writes += self.resync_pod(&key).await;
-            } else {
-                writes += self.locks.run(&key, self.resync_pod(&key)).await;
-            }
+            writes += self
+                .in_turn(&key, OpKind::Resync, self.resync_pod(&key))
+                .await;
         }
         if writes > 0 {
             let version = self.publish();
@@ -120,7 +118,7 @@ impl Agent {
         if self.registry.read_only() {
             return 0;
         }
-        let Some(rec) = self.pods.get(key) else {
+        let Some(rec) = self.pod(key) else {
             return 0;
         };
         let desired: BTreeMap<String, Endpoint> = self
@@ -137,12 +135,7 @@ impl Agent {
             .filter(|(_, e)| e.node == self.cfg.node_name && &e.pod_key == key)
             .map(|(k, e)| (k.clone(), e.revision))
             .collect();
-        stale.extend(
-            lock(&self.own)
-                .iter()
-                .filter(|(k, _)| super::lifecycle::key_owner(k).as_ref() == Some(key))
-                .map(|(k, rev)| (k.clone(), *rev)),
-        );
+        stale.extend(self.core().own_of(key));
         let mut writes = 0;
         for (ep_key, ep) in &desired {
             stale.remove(ep_key);
@@ -162,14 +155,10 @@ impl Agent {
             // RemovePod of this key that ran before we took it left no record, and
             // we only got here if the record is live; checking again keeps the rule
             // local and true whoever calls this.
-            let still_live = flock_core::reintroduced!("r4-kube-resync") || self.pods.contains(key);
-            if still_live {
-                lock(&self.own).insert(ep_key.clone(), rev);
-            } else {
+            let guard = self.core().registered(key, ep_key, rev, Writer::KubeResync);
+            if let Guard::Undo(undo) = guard {
                 self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = self.registry.delete_if_revision(ep_key, rev).await {
-                    tracing::warn!(endpoint = %ep_key, "undo of a late registration failed (GC removes it): {e}");
-                }
+                self.undo_registration(ep_key, undo.revision).await;
             }
         }
         for (ep_key, rev) in stale {
@@ -177,7 +166,7 @@ impl Agent {
                 Ok(deleted) => {
                     // Gone, or rewritten at another revision by someone else: either
                     // way no longer a write of ours to track.
-                    lock(&self.own).remove(&ep_key);
+                    self.core().forget(&ep_key);
                     if deleted {
                         writes += 1;
                         tracing::info!(pod = %rec.pod_ref(), endpoint = %ep_key, "membership ended; endpoint unregistered");

@@ -10,7 +10,6 @@ use crate::model::{Endpoint, Health, OUTBOUND_PORT, PodRecord};
 use crate::registry::View;
 use flock_core::pod::MAX_PORTS;
 use flock_core::registry::Reject;
-use flock_core::sync::lock;
 use flock_xds::translate::{self, Mesh};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -294,7 +293,11 @@ impl Agent {
     /// entry never blocks the rest of the mesh. The services come from the
     /// incremental [`ServiceTable`](super::services::ServiceTable): a change of one
     /// endpoint re-derives one service, not the registry.
-    pub(super) fn mesh_parts(&self, view: &Arc<View>) -> MeshParts {
+    pub(super) fn mesh_parts(
+        &self,
+        state: &mut super::publish::PublishState,
+        view: &Arc<View>,
+    ) -> MeshParts {
         // Kube mode, whatever the registry: a Service's ClusterIPs are host names of
         // its ports too (the snapshot's address names its state).
         let kube = self.kube.as_ref().map(|k| k.snapshot());
@@ -316,7 +319,7 @@ impl Agent {
             }
             Arc::new(services.into_iter().map(Arc::new).collect())
         } else {
-            let mut table = lock(&self.services);
+            let table = &mut state.services;
             let excluded_before = table.excluded_generation();
             table.update(view, vips);
             if table.excluded_generation() != excluded_before
@@ -330,11 +333,11 @@ impl Agent {
         if self.cfg.publish_from_scratch {
             // The baseline again: every pod re-derived and re-validated, every secret
             // copied, as before the pod models and secrets were kept between publishes.
-            *lock(&self.pods_cache) = PodsOf::default();
-            *lock(&self.secrets_cache) = None;
+            state.pods = PodsOf::default();
+            state.secrets = None;
         }
-        let secrets = self.secrets(identity.as_ref());
-        let pods = self.pod_models(identity.as_ref());
+        let secrets = Self::secrets(&mut state.secrets, identity.as_ref());
+        let pods = self.pod_models(&mut state.pods, identity.as_ref());
         MeshParts {
             services,
             pods,
@@ -346,17 +349,22 @@ impl Agent {
     /// SPIFFE ID changed since the last call are re-derived and re-validated, and only
     /// they are visited ([`PodInputs::changed_since`]); all of them when the set of
     /// pods whose netns is missing changed. A pod change used to visit every pod.
-    fn pod_models(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<Arc<translate::Pod>>> {
-        let missing = lock(&self.netns_missing).clone();
-        let mut cache = lock(&self.pods_cache);
-        let table = self.pods.shared();
+    fn pod_models(
+        &self,
+        cache: &mut PodsOf,
+        identity: Option<&Arc<IdentityView>>,
+    ) -> Arc<Vec<Arc<translate::Pod>>> {
+        let (missing, table) = {
+            let core = self.core();
+            (core.netns_missing().clone(), core.pods())
+        };
         let now = PodInputs::new(table, identity.map(|v| &**v), cache.seen.as_ref());
         let PodsOf {
             seen,
             missing: seen_missing,
             pods,
             by_pod,
-        } = &mut *cache;
+        } = cache;
         let visit: Box<dyn Iterator<Item = flock_core::pod::PodKey>> = match seen {
             Some(seen) if *seen_missing == missing => {
                 let changed = now.changed_since(seen);
@@ -411,11 +419,13 @@ impl Agent {
     /// The secrets of the identity view: certificates named by SPIFFE ID, bundles by
     /// trust domain (the names the translation's TLS contexts refer to). Kept per
     /// view, so the private keys are copied once per identity change, not per publish.
-    fn secrets(&self, identity: Option<&Arc<IdentityView>>) -> Arc<Vec<translate::Secret>> {
+    fn secrets(
+        cached: &mut Option<SecretsOf>,
+        identity: Option<&Arc<IdentityView>>,
+    ) -> Arc<Vec<translate::Secret>> {
         let Some(view) = identity else {
             return Arc::default();
         };
-        let mut cached = lock(&self.secrets_cache);
         if let Some((seen, secrets)) = &*cached
             && std::ptr::eq(seen.as_ptr(), Arc::as_ptr(view))
         {

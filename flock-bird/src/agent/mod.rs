@@ -48,7 +48,6 @@ mod fault;
 mod gc;
 mod lifecycle;
 mod liveness;
-mod locks;
 mod members;
 pub mod mesh;
 mod metrics;
@@ -57,6 +56,7 @@ mod publish;
 mod regsync;
 mod request;
 pub mod services;
+mod turns;
 
 pub use capture::CaptureMetrics;
 pub use config::AgentConfig;
@@ -71,15 +71,12 @@ use crate::model::PodRecord;
 use crate::registry::Registry;
 use crate::store::PodStore;
 use envoy_types::pb::google::protobuf::Any;
-use flock_core::gc::GcState;
-use flock_core::lifecycle::liveness::Liveness;
-use flock_core::lifecycle::merge::PodTable;
+use flock_core::agent::AgentCore;
 use flock_core::pod::PodKey;
-use flock_core::sync::Mutex;
+use flock_core::sync::{Mutex, MutexGuard, lock};
 use flock_xds::cache::Cache;
 use flock_xds::callbacks::NodeInfo;
-use flock_xds::translate::{Flavor, Memo};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -101,36 +98,30 @@ pub fn group_of(node: &NodeInfo) -> String {
     }
 }
 
+/// The agent's sans-IO core over its pod records; an operation waiting for a pod's
+/// turn is woken through its oneshot.
+type Core = AgentCore<Arc<PodRecord>, tokio::sync::oneshot::Sender<()>>;
+
 /// The agent. See the module docs.
 pub struct Agent {
     cfg: AgentConfig,
     store: Arc<PodStore>,
-    /// The live pods. Records are shared (`Arc`): a reader takes a pointer, not a copy,
-    /// and a cache keyed by a pod can tell an unchanged record by pointer.
-    pods: PodTable<PodKey, Arc<PodRecord>>,
     registry: Arc<dyn Registry>,
     cache: Arc<Cache<Any>>,
     identity: Option<Arc<dyn IdentityProvider>>,
     /// Kube mode's pod source (`--kube`), if on.
     kube: Option<Arc<crate::kube::KubePods>>,
-    /// Registry keys this agent wrote → the revision of its last write.
-    own: Mutex<BTreeMap<String, u64>>,
-    liveness: Mutex<BTreeMap<PodKey, Liveness>>,
-    locks: locks::PodLocks,
-    gc_state: Mutex<GcState>,
-    last_gc: Mutex<Option<flock_core::gc::GcReport>>,
+    /// The agent's pod state and every decision about it (`flock_core::agent`): the
+    /// live table, liveness, this agent's registry writes, the GC's state and the
+    /// per-pod turns. The one lock of the pod side: each method of the core is one step
+    /// of an operation, and no I/O runs under it.
+    core: Mutex<Core>,
+    /// What the publish keeps between publishes (the translation memos, the
+    /// incremental service table, the pod models and secrets): the one lock of the
+    /// publish side, held for a whole publish. Lock order: `publish`, then `core`.
+    publish: Mutex<publish::PublishState>,
     store_loaded: AtomicBool,
     first_published: AtomicBool,
-    envoy_memo: Mutex<Memo>,
-    grpc_memo: Mutex<Memo>,
-    services: Mutex<services::ServiceTable>,
-    secrets_cache: Mutex<Option<mesh::SecretsOf>>,
-    pods_cache: Mutex<mesh::PodsOf>,
-    /// Pods whose network namespace file was missing when last checked (at AddPod,
-    /// load, and every liveness round). Kept here so a publish makes no syscall per
-    /// pod (a `stat` of a netns link costs ~10 µs: 1,000 pods made it the dominant
-    /// cost of a publish).
-    netns_missing: Mutex<BTreeSet<PodKey>>,
     /// The registry sync: the one path from the pod table to the registry
     /// (`regsync`).
     sync: Arc<regsync::RegSync>,
@@ -154,26 +145,16 @@ impl Agent {
         cache: Arc<Cache<Any>>,
     ) -> Self {
         Self {
+            core: Mutex::new(Core::new(cfg.liveness)),
+            publish: Mutex::new(publish::PublishState::new()),
             cfg,
             store,
-            pods: PodTable::new(),
             registry,
             cache,
             identity: None,
             kube: None,
-            own: Mutex::new(BTreeMap::new()),
-            liveness: Mutex::new(BTreeMap::new()),
-            locks: locks::PodLocks::new(),
-            gc_state: Mutex::new(GcState::default()),
-            last_gc: Mutex::new(None),
             store_loaded: AtomicBool::new(false),
             first_published: AtomicBool::new(false),
-            envoy_memo: Mutex::new(Memo::new(Flavor::Envoy)),
-            grpc_memo: Mutex::new(Memo::new(Flavor::Grpc)),
-            services: Mutex::new(services::ServiceTable::new()),
-            secrets_cache: Mutex::new(None),
-            pods_cache: Mutex::new(mesh::PodsOf::default()),
-            netns_missing: Mutex::new(BTreeSet::new()),
             sync: Arc::new(regsync::RegSync::new()),
             registry_synced_once: AtomicBool::new(false),
             xds_answers: Arc::default(),
@@ -240,18 +221,38 @@ impl Agent {
         &self.cache
     }
 
+    /// The core, locked: one step of an operation (never held across I/O).
+    pub(super) fn core(&self) -> MutexGuard<'_, Core> {
+        lock(&self.core)
+    }
+
+    /// A live pod's record.
+    pub(super) fn pod(&self, key: &PodKey) -> Option<Arc<PodRecord>> {
+        self.core().pod(key).cloned()
+    }
+
+    /// Whether the pod is live (in the table, which RemovePod leaves first).
+    pub(super) fn is_live(&self, key: &PodKey) -> bool {
+        self.core().is_live(key)
+    }
+
     /// How many pods are live (O(1): the metrics read it on every scrape).
     pub fn pod_count(&self) -> usize {
-        self.pods.len()
+        self.core().pod_count()
     }
 
     /// The live pods (a copy of every record).
     pub fn pods(&self) -> BTreeMap<PodKey, PodRecord> {
-        self.pods
-            .snapshot()
-            .into_iter()
-            .map(|(k, rec)| (k, PodRecord::clone(&rec)))
+        self.core()
+            .pods()
+            .iter()
+            .map(|(k, rec)| (k.clone(), PodRecord::clone(rec)))
             .collect()
+    }
+
+    /// Which pods have an operation running, and how many more wait for their turn.
+    pub fn busy_pods(&self) -> BTreeMap<PodKey, (flock_core::agent::OpKind, usize)> {
+        self.core().busy()
     }
 
     /// Why the agent is not ready, or `None` when it is: the store is loaded, in kube

@@ -5,8 +5,33 @@ use super::{Agent, ENVOY_GROUP, GRPC_GROUP};
 use envoy_types::pb::google::protobuf::Any;
 use flock_core::resources::ResourceSet;
 use flock_core::sync::lock;
-use flock_xds::translate::{Entries, EnvoyOptions, Locality};
+use flock_xds::translate::{Entries, EnvoyOptions, Flavor, Locality, Memo};
 use std::sync::atomic::Ordering;
+
+/// What the publish keeps between publishes, behind the agent's one publish lock.
+pub(super) struct PublishState {
+    /// Each node group's translation memo.
+    envoy_memo: Memo,
+    grpc_memo: Memo,
+    /// The registry's services, kept from the view's deltas.
+    pub(super) services: super::services::ServiceTable,
+    /// The identity view's secrets, kept per view.
+    pub(super) secrets: Option<super::mesh::SecretsOf>,
+    /// The pod models, kept per pod.
+    pub(super) pods: super::mesh::PodsOf,
+}
+
+impl PublishState {
+    pub(super) fn new() -> Self {
+        Self {
+            envoy_memo: Memo::new(Flavor::Envoy),
+            grpc_memo: Memo::new(Flavor::Grpc),
+            services: super::services::ServiceTable::new(),
+            secrets: None,
+            pods: super::mesh::PodsOf::default(),
+        }
+    }
+}
 
 /// `prev` with each type replaced by the translation's whole list.
 fn replace_all(prev: &ResourceSet<Any>, entries: &Entries) -> ResourceSet<Any> {
@@ -34,6 +59,10 @@ impl Agent {
             ..EnvoyOptions::default()
         };
         let mut version = 0;
+        // Held for the whole publish: the memos, the service table and the pod models
+        // each follow one line of snapshots.
+        let mut state = lock(&self.publish);
+        let state = &mut *state;
         for group in [ENVOY_GROUP, GRPC_GROUP] {
             let publisher = self.cache.publisher(group);
             // The very first snapshot is published even if empty: clients wait for
@@ -41,20 +70,20 @@ impl Agent {
             let first = publisher.latest().version() == 0;
             let published = publisher.try_publish(|prev| {
                 let view = self.registry.view().borrow().clone();
-                let parts = self.mesh_parts(&view);
-                let mut memo = lock(if group == ENVOY_GROUP {
-                    &self.envoy_memo
+                let parts = self.mesh_parts(state, &view);
+                let memo = if group == ENVOY_GROUP {
+                    &mut state.envoy_memo
                 } else {
-                    &self.grpc_memo
-                });
+                    &mut state.grpc_memo
+                };
                 if self.config().publish_from_scratch {
                     // The benchmarks' baseline: a fresh memo translates and encodes
                     // every service and pod again, as every publish did before the
                     // translation was incremental.
-                    *memo = flock_xds::translate::Memo::new(if group == ENVOY_GROUP {
-                        flock_xds::translate::Flavor::Envoy
+                    *memo = Memo::new(if group == ENVOY_GROUP {
+                        Flavor::Envoy
                     } else {
-                        flock_xds::translate::Flavor::Grpc
+                        Flavor::Grpc
                     });
                 }
                 let translation =

@@ -333,7 +333,7 @@ impl Agent {
         // Versions first, values after (see `Inputs`).
         let health = self.sync.health_gen.load(Ordering::Acquire);
         // The table and its version together, in O(1).
-        let pods = self.pods.shared();
+        let pods = self.core().pods();
         let pods_version = pods.version();
         let identity = self.identity_view();
         let announced_gen = lock(&self.sync.state).announced_gen;
@@ -438,7 +438,7 @@ impl Agent {
     /// Whether `key`'s pod is still wanted in the registry now (R4's re-check): in
     /// the table (which RemovePod leaves first) and announced.
     fn still_wanted(&self, pod: &PodKey) -> bool {
-        self.pods.contains(pod) && lock(&self.sync.state).announced.contains_key(pod)
+        self.is_live(pod) && lock(&self.sync.state).announced.contains_key(pod)
     }
 
     /// What the registry holds of the keys the sync knows about (of `only`, if given).
@@ -448,7 +448,8 @@ impl Agent {
         only: Option<&BTreeSet<String>>,
     ) -> BTreeMap<String, Held<Endpoint>> {
         let st = lock(&self.sync.state);
-        let own = lock(&self.own);
+        let core = self.core();
+        let own = core.own();
         let mut held = BTreeMap::new();
         let hold = |key: &String| match view.endpoints.get(key) {
             Some(ep) if ep.node == self.cfg.node_name => {
@@ -632,7 +633,7 @@ impl Agent {
                     st.unknown.remove(&key);
                     st.tracked.insert(key.clone(), Instant::now());
                 }
-                lock(&self.own).insert(key.clone(), rev);
+                self.core().wrote(&key, rev);
                 // R4's re-check: RemovePod leaves the table before it hands the pod's
                 // keys over, so a pod gone now may have been withdrawn before this put
                 // landed. Undo exactly this write.
@@ -640,7 +641,7 @@ impl Agent {
                     self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
                     let undo = self.registry.delete_if_revision(&key, rev);
                     if self.bounded("undo put", &key, undo).await.is_ok() {
-                        lock(&self.own).remove(&key);
+                        self.core().forget(&key);
                     }
                 }
                 Ok(())
@@ -660,7 +661,7 @@ impl Agent {
                     Ok(_) => {
                         self.failpoint(|| "regsync/delete".into());
                         lock(&self.sync.state).unknown.remove(&key);
-                        lock(&self.own).remove(&key);
+                        self.core().forget(&key);
                         Ok(())
                     }
                     Err(e) => {
@@ -695,12 +696,15 @@ impl Agent {
                 || unknown.contains(k)
                 || now.duration_since(*touched) < LINGER
         });
-        let gone: Vec<PodKey> = st
-            .announced
-            .keys()
-            .filter(|k| !self.pods.contains(k))
-            .cloned()
-            .collect();
+        // state, then core: the sync's lock order.
+        let gone: Vec<PodKey> = {
+            let core = self.core();
+            st.announced
+                .keys()
+                .filter(|k| !core.is_live(k))
+                .cloned()
+                .collect()
+        };
         for k in &gone {
             st.announced.remove(k);
         }
@@ -728,10 +732,11 @@ impl Agent {
             return true;
         };
         let prefix = format!("{}/", self.cfg.node_name);
-        // Lock order, here and everywhere the sync nests them: desired, state, own.
+        // Lock order, here and everywhere the sync nests them: desired, state, core.
         let desired = lock(&self.sync.desired);
         let st = lock(&self.sync.state);
-        let own = lock(&self.own);
+        let core = self.core();
+        let own = core.own();
         let concerns = |key: &String| {
             let ours = key.starts_with(&prefix)
                 || st.tracked.contains_key(key)
