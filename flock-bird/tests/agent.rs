@@ -448,6 +448,75 @@ async fn gc_never_deletes_a_registration_newer_than_its_plan() {
     );
 }
 
+/// The orphan GC's unsubscribe against a pod that comes back: a crash after the
+/// store delete leaked the pod's endpoint and its identity subscription; the sweep
+/// plans to remove both, and the pod's AddPod (run just before the GC's endpoint
+/// delete lands) subscribes it again. The GC withdraws a subscription only in the
+/// pod's turn and only while the pod is still gone, so the live pod keeps its
+/// certificate. With the unconditional unsubscribe
+/// (`reintroduced!("gc-unsubscribe-unconditional")`, checked by scripts/test) the live
+/// pod loses its subscription and this test fails.
+#[tokio::test]
+async fn gc_never_unsubscribes_a_pod_added_after_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = input("back", Some("web"), "8080");
+    let racing = Arc::new(ComesBack {
+        inner: memory().await,
+        agent: std::sync::Mutex::new(std::sync::Weak::new()),
+        input: pod.clone(),
+        fired: false.into(),
+    });
+    // One provider across the restart: its subscriptions outlive the first agent,
+    // as a SPIRE agent's do.
+    let ca = flock_bird::identity::BuiltinCa::new(
+        "cluster.local",
+        std::time::Duration::from_secs(3600),
+        flock_clock::unix_now,
+    )
+    .unwrap();
+    let with_ca =
+        |agent: Arc<Agent>| Arc::new(Arc::into_inner(agent).unwrap().with_identity(ca.clone()));
+    let agent = with_ca(agent_over(
+        dir.path(),
+        Arc::clone(&racing) as Arc<dyn Registry>,
+    ));
+    agent.load().await.unwrap();
+    agent.add_pod(&pod).await.unwrap();
+    let key = PodKey::new("back", "eth0");
+    drop(agent);
+    assert!(PodStore::open(dir.path()).unwrap().remove(&key).unwrap());
+    let reopened = with_ca(agent_over(
+        dir.path(),
+        Arc::clone(&racing) as Arc<dyn Registry>,
+    ));
+    *racing.agent.lock().unwrap() = Arc::downgrade(&reopened);
+    reopened.load().await.unwrap();
+    let subscribed = || {
+        flock_bird::identity::IdentityProvider::view(&*ca)
+            .borrow()
+            .subscriptions
+            .contains_key(&key)
+    };
+    assert!(
+        !reopened.pods().contains_key(&key),
+        "the store lost the pod"
+    );
+    assert!(subscribed(), "the crash leaked the pod's subscription");
+
+    let sweeps = flock_core::gc::GcPolicy::default().confirm_sweeps;
+    for _ in 1..sweeps {
+        assert_eq!(reopened.gc_sweep(None).await, 0, "not confirmed yet");
+    }
+    // This sweep plans the endpoint delete and the unsubscribe; the pod comes back
+    // before the delete lands, so before the unsubscribe too.
+    reopened.gc_sweep(None).await;
+    assert!(reopened.pods().contains_key(&key), "the pod came back");
+    assert!(
+        subscribed(),
+        "the live pod's subscription was withdrawn by a GC plan made before its ADD"
+    );
+}
+
 /// An identity provider whose `subscribe` can be held at a gate.
 struct GatedIdentity {
     inner: Arc<dyn flock_bird::identity::IdentityProvider>,
