@@ -30,10 +30,13 @@
 //!   newer registration of a re-added pod survives the undo.
 //! * **R6** (leaked subscription): [`AgentCore::subscribed`], the same re-check for an
 //!   identity subscription made outside the pod's turn (the start-up resubscription).
+//!   Its undo has no revision to be conditional on, so it runs in the pod's turn and
+//!   only while the pod is still gone ([`AgentCore::may_unsubscribe`]): a DEL and a
+//!   new ADD of the same pod may both have run since the re-check.
 //! * **The orphan GC removing what a re-added pod owns**: the GC's endpoint deletes are
 //!   conditional on the revision its plan saw ([`GcActions::endpoints`]), and a
 //!   planned unsubscribe runs in the pod's turn only if the pod is still not live
-//!   then ([`AgentCore::gc_may_unsubscribe`]): the plan was made from a view taken
+//!   then ([`AgentCore::may_unsubscribe`]): the plan was made from a view taken
 //!   before, and the pod may have been added again since.
 //! * **An ADD its caller gave up on**: kept, the pod would be meshed while the runtime
 //!   thinks the ADD failed and never sends its DEL ([`after_answer`]).
@@ -64,6 +67,8 @@ pub enum OpKind {
     Gc,
     /// Kube mode's resync of the pod's Service memberships.
     Resync,
+    /// The undo of a resubscription that lost its race with a DEL.
+    Undo,
 }
 
 /// A waiter's place in a pod's queue ([`AgentCore::acquire`], [`AgentCore::cancel`]).
@@ -434,7 +439,9 @@ impl<R: Clone, W> AgentCore<R, W> {
     }
 
     /// An identity subscription of `pod` made outside its turn is in place: the R6
-    /// re-check. Kept while the pod is live; otherwise to be withdrawn.
+    /// re-check. Kept while the pod is live; otherwise to be withdrawn, in the pod's
+    /// turn and after [`may_unsubscribe`](Self::may_unsubscribe) (a DEL and a new ADD
+    /// of the pod may both have run since).
     pub fn subscribed(&self, pod: &PodKey) -> Guard {
         if crate::reintroduced!("r6-agent") || self.is_live(pod) {
             return Guard::Keep;
@@ -571,12 +578,29 @@ impl<R: Clone, W> AgentCore<R, W> {
         }
     }
 
-    /// Whether the GC may withdraw `pod`'s planned-orphan subscription now, in the
-    /// pod's turn: only if the pod is still not live (an ADD since the plan made it
-    /// live again, and its new subscription must stay).
-    pub fn gc_may_unsubscribe(&self, pod: &PodKey) -> bool {
-        crate::reintroduced!("gc-unsubscribe-unconditional") || !self.is_live(pod)
+    /// Whether `pod`'s identity subscription may be withdrawn now, in the pod's
+    /// turn: only if the pod is still not live. Both withdrawals decided outside the
+    /// pod's turn ask this: the GC's (its plan saw the pod gone) and the undo of a
+    /// resubscription whose re-check saw it gone ([`subscribed`](Self::subscribed)).
+    /// An ADD of the pod since then made it live again and subscribed it in its own
+    /// turn: withdrawing would leave a meshed pod without its certificate.
+    pub fn may_unsubscribe(&self, pod: &PodKey, by: Unsubscriber) -> bool {
+        let unchecked = match by {
+            Unsubscriber::Gc => crate::reintroduced!("gc-unsubscribe-unconditional"),
+            Unsubscriber::Resubscription => false,
+        };
+        unchecked || !self.is_live(pod)
     }
+}
+
+/// Who withdraws a subscription outside the pod's own DEL
+/// ([`AgentCore::may_unsubscribe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unsubscriber {
+    /// The orphan GC.
+    Gc,
+    /// The undo of a resubscription that lost its race with a DEL.
+    Resubscription,
 }
 
 /// After an ADD's answer: whether the ADD must be undone. An ADD that succeeded but
@@ -744,10 +768,11 @@ mod tests {
         );
         assert_eq!(actions.unsubscribe, vec![gone.clone()]);
         assert!(c.last_gc().is_some());
-        assert!(c.gc_may_unsubscribe(&gone));
+        assert!(c.may_unsubscribe(&gone, Unsubscriber::Gc));
         // The pod is added again before the GC gets its turn.
         c.stored(gone.clone(), "back", MonoMs(1));
-        assert!(!c.gc_may_unsubscribe(&gone));
+        assert!(!c.may_unsubscribe(&gone, Unsubscriber::Gc));
+        assert!(!c.may_unsubscribe(&gone, Unsubscriber::Resubscription));
     }
 
     #[test]

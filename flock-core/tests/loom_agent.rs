@@ -18,7 +18,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use flock_core::agent::{Acquire, AgentCore, GcSweep, Guard, OpKind, SeenEndpoint, Writer};
+use flock_core::agent::{
+    Acquire, AgentCore, GcSweep, Guard, OpKind, SeenEndpoint, Unsubscriber, Writer,
+};
 use flock_core::gc::GcPolicy;
 use flock_core::lifecycle::liveness::LivenessPolicy;
 use flock_core::pod::PodKey;
@@ -223,7 +225,11 @@ impl World {
         lock(&self.identity).insert(pod());
         let guard = lock(&self.core).subscribed(&pod());
         if let Guard::Undo(_) = guard {
-            lock(&self.identity).remove(&pod());
+            self.in_turn(OpKind::Undo, || {
+                if lock(&self.core).may_unsubscribe(&pod(), Unsubscriber::Resubscription) {
+                    lock(&self.identity).remove(&pod());
+                }
+            });
         }
     }
 
@@ -260,7 +266,7 @@ impl World {
         }
         for p in &actions.unsubscribe {
             self.in_turn(OpKind::Gc, || {
-                if lock(&self.core).gc_may_unsubscribe(p) {
+                if lock(&self.core).may_unsubscribe(p, Unsubscriber::Gc) {
                     lock(&self.identity).remove(p);
                 }
             });
@@ -386,8 +392,10 @@ fn the_startup_load_never_replaces_a_concurrent_adds_record() {
         let load = {
             let w = w.clone();
             thread::spawn(move || {
-                let stored: Vec<(PodKey, u32)> =
-                    lock(&w.store).iter().map(|(k, v)| (k.clone(), *v)).collect();
+                let stored: Vec<(PodKey, u32)> = lock(&w.store)
+                    .iter()
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect();
                 lock(&w.core).load(stored, MonoMs(0));
             })
         };

@@ -2,7 +2,7 @@
 //! this removes.
 
 use super::{Agent, PodOutcome};
-use flock_core::agent::{GcSweep, OpKind, SeenEndpoint};
+use flock_core::agent::{GcSweep, OpKind, SeenEndpoint, Unsubscriber};
 use flock_core::pod::PodKey;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -101,7 +101,7 @@ impl Agent {
                 // leave a meshed pod without its certificate.
                 let withdrawn = self
                     .in_turn(key, OpKind::Gc, async {
-                        if !self.core().gc_may_unsubscribe(key) {
+                        if !self.core().may_unsubscribe(key, Unsubscriber::Gc) {
                             return false;
                         }
                         provider.unsubscribe(key).await;

@@ -4,7 +4,7 @@ use super::{AddPodInput, Agent, PodError, PodOutcome};
 use crate::identity::PodIdentity;
 use crate::kube::KubeAdmission;
 use crate::model::{Endpoint, Health, PodRecord, SERVICE_ANNOTATION};
-use flock_core::agent::{Guard, OpKind};
+use flock_core::agent::{Guard, OpKind, Unsubscriber};
 use flock_core::lifecycle::steps::{ADD_POD, Op, Step};
 use flock_core::pod::PodKey;
 use std::collections::BTreeSet;
@@ -89,7 +89,18 @@ impl Agent {
         let guard = self.core().subscribed(&rec.key);
         if let Guard::Undo(_) = guard {
             self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
-            provider.unsubscribe(&rec.key).await;
+            // In the pod's turn and only while it is still gone: a DEL and a new ADD
+            // of the pod may both have run since the re-check, and the ADD's
+            // subscription must stay.
+            self.in_turn(&rec.key, OpKind::Undo, async {
+                let may = self
+                    .core()
+                    .may_unsubscribe(&rec.key, Unsubscriber::Resubscription);
+                if may {
+                    provider.unsubscribe(&rec.key).await;
+                }
+            })
+            .await;
         }
         Ok(())
     }
