@@ -45,7 +45,7 @@
 //! );
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What the registry holds of this node under one key, as far as the agent knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +120,109 @@ pub fn plan<E: Clone + PartialEq>(
     deletes.chain(puts).collect()
 }
 
+/// How the registry sync guards one put (R4 in its registry form): the put is sent
+/// only while its pod is still wanted; its key is tracked before it is sent (so a put
+/// that timed out and lands later shows up in the view as a key the sync knows, and is
+/// deleted if no pod wants it by then, instead of staying as a ghost) and remembered
+/// as of unknown outcome if it fails without an answer; after it lands, it is undone
+/// at the revision it wrote if its pod left meanwhile (RemovePod leaves the table
+/// before it hands the pod's keys over, so the withdrawal may have run before the put
+/// landed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutGuard {
+    guarded: bool,
+}
+
+impl Default for PutGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PutGuard {
+    /// The guard (without it only under the `regsync-unguarded` mutant).
+    pub fn new() -> Self {
+        Self {
+            guarded: !crate::reintroduced!("regsync-unguarded"),
+        }
+    }
+
+    /// Before the put: whether to send it, from whether its pod is still wanted now.
+    pub fn send(&self, still_wanted: bool) -> bool {
+        !self.guarded || still_wanted
+    }
+
+    /// Whether the key is tracked before the put is sent, and marked of unknown
+    /// outcome when the put fails without an answer.
+    pub fn track(&self) -> bool {
+        self.guarded
+    }
+
+    /// After the put landed: whether to undo it (at its revision), from whether its
+    /// pod is still wanted now.
+    pub fn undo(&self, still_wanted: bool) -> bool {
+        self.guarded && !still_wanted
+    }
+}
+
+/// The keys a plan must look at when it need not look at all of them: since the last
+/// plan that found nothing to do, those whose desired endpoint `changed`, those the
+/// registry view changed (`view_changed`: another writer may have deleted or
+/// overwritten one of this node's keys, and only the view says so), those handed
+/// over for removal (`withdrawn`) and those whose last write is of unknown outcome.
+/// Every other key still matches as it did then, so a plan over these alone makes the
+/// same writes as a plan over all ([`plan`] decides each key on its own).
+pub fn plan_candidates<'a>(
+    changed: &BTreeSet<String>,
+    view_changed: impl IntoIterator<Item = &'a String>,
+    withdrawn: impl IntoIterator<Item = &'a String>,
+    unknown: impl IntoIterator<Item = &'a String>,
+) -> BTreeSet<String> {
+    let mut keys = changed.clone();
+    if !crate::reintroduced!("regsync-plan-misses-view-changes") {
+        keys.extend(view_changed.into_iter().cloned());
+    }
+    keys.extend(withdrawn.into_iter().cloned());
+    keys.extend(unknown.into_iter().cloned());
+    keys
+}
+
+/// How a reader that keeps state derived from the registry view (the agent's service
+/// table) catches up with a newer view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatchUp {
+    /// Nothing changed.
+    Nothing,
+    /// Apply the view's last `k` deltas, oldest first.
+    Deltas(usize),
+    /// Derive everything again from the whole view.
+    Rebuild,
+}
+
+/// How to catch up from the view numbered `seen` to the view numbered `now` (views
+/// count their changes; `0`: a backend that does not), when the view keeps its last
+/// `recent` deltas. The watch channel the view comes through keeps only the newest
+/// view: a delta says how a view differs from the one just before it, and applied
+/// over a view that was missed it would lose that view's changes, so every missed
+/// view's delta is applied, or everything is derived again when the view no longer
+/// keeps them.
+pub fn catch_up(seen: u64, now: u64, recent: usize) -> CatchUp {
+    if now == 0 || seen == 0 || now < seen {
+        return CatchUp::Rebuild;
+    }
+    let missed = now - seen;
+    if missed == 0 {
+        return CatchUp::Nothing;
+    }
+    if missed == 1 || crate::reintroduced!("service-table-delta-over-gap") {
+        return CatchUp::Deltas(1);
+    }
+    match usize::try_from(missed) {
+        Ok(k) if k <= recent => CatchUp::Deltas(k),
+        _ => CatchUp::Rebuild,
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -163,5 +266,34 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn catching_up_applies_every_missed_delta_or_rebuilds() {
+        assert_eq!(catch_up(5, 5, 8), CatchUp::Nothing);
+        assert_eq!(catch_up(5, 6, 8), CatchUp::Deltas(1));
+        assert_eq!(catch_up(5, 9, 8), CatchUp::Deltas(4));
+        assert_eq!(catch_up(5, 20, 8), CatchUp::Rebuild);
+        assert_eq!(catch_up(0, 3, 8), CatchUp::Rebuild);
+        assert_eq!(catch_up(3, 0, 8), CatchUp::Rebuild);
+        assert_eq!(catch_up(9, 3, 8), CatchUp::Rebuild);
+    }
+
+    #[test]
+    fn plan_candidates_include_the_views_changes() {
+        let changed = BTreeSet::from(["a".to_string()]);
+        let view = ["b".to_string()];
+        let withdrawn = ["c".to_string()];
+        let unknown = ["d".to_string()];
+        let keys = plan_candidates(&changed, &view, &withdrawn, &unknown);
+        assert_eq!(keys.into_iter().collect::<Vec<_>>(), ["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn a_put_is_sent_tracked_and_kept_only_while_its_pod_is_wanted() {
+        let g = PutGuard::new();
+        assert!(g.send(true) && !g.send(false));
+        assert!(g.track());
+        assert!(g.undo(false) && !g.undo(true));
     }
 }

@@ -7,7 +7,7 @@
 //! ([`member_endpoints`] of [`crate::kube::KubePods::members`]) with what the registry
 //! holds for it, and writes the difference:
 //!
-//! * under the pod's lock, so it never interleaves with the pod's AddPod or RemovePod;
+//! * in the pod's turn, so it never interleaves with the pod's AddPod or RemovePod;
 //! * a put is re-checked against the live table afterwards and undone by a
 //!   conditional delete if the pod went away meanwhile (R4, as the liveness
 //!   re-registration does). With the lock held no RemovePod can run in between, so
@@ -111,7 +111,7 @@ impl Agent {
     }
 
     /// Brings one pod's registrations to its current memberships (the caller holds the
-    /// pod's lock).
+    /// pod's turn).
     async fn resync_pod(&self, key: &PodKey) -> usize {
         // A read-only registry (`kubernetes`) is written by the EndpointSlice
         // controller: nothing to register, and its view holds no key of ours.
@@ -151,7 +151,7 @@ impl Agent {
                 }
             };
             writes += 1;
-            // The R4 re-check, as in `reregister`: the pod's lock is held, but a
+            // The R4 re-check, as in `reregister`: the pod's turn is held, but a
             // RemovePod of this key that ran before we took it left no record, and
             // we only got here if the record is live; checking again keeps the rule
             // local and true whoever calls this.

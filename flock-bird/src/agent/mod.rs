@@ -2,25 +2,33 @@
 //! model built from local pods and the registry, and the one publisher of xDS.
 //!
 //! # Where each race is closed (docs/races.md)
+//! The agent's pod state and every decision about it live in flock-core's sans-IO
+//! [`AgentCore`] (`flock_core::agent`), behind the agent's one pod-side lock; this
+//! module performs the I/O around it (store, registry, identity provider, probes,
+//! capture rules) and feeds back what happened. The core's loom models and property
+//! test check the interleavings of these operations; see its docs for each rule.
 //! * **R1** (version vs content): every publish goes through the node group's
 //!   `flock_core::snapshot::Publisher`, and the mesh is read *inside* the publish
 //!   closure, under its lock, so a later version is always built from later state.
 //! * **R3** (startup load wipes a concurrent AddPod): [`Agent::load`] merges the stored
-//!   pods into the live table with `PodTable::load_merge` (adds absent keys only).
+//!   pods into the live table (`AgentCore::load`: adds absent keys only).
 //! * **R4** (ghost endpoint): `RemovePod` deletes the store record first
-//!   (`flock_core::lifecycle::REMOVE_POD`), and the liveness loop's re-registration
-//!   re-checks the pod after registering and undoes it with a *conditional* delete
-//!   (only the revision it wrote) — the async form of
-//!   `flock_core::lifecycle::guard::register_if_live`.
-//! * Operations on one pod are serialized by a per-pod lock; different pods proceed
-//!   in parallel.
+//!   (`flock_core::lifecycle::REMOVE_POD`), and a registration made outside the pod's
+//!   turn (the liveness re-registration, kube mode's resync) is re-checked after it
+//!   lands (`AgentCore::registered`) and undone at the revision it wrote.
+//! * **R6** (leaked subscription): the start-up resubscription is re-checked
+//!   (`AgentCore::subscribed`), and its undo, like the GC's unsubscribe, runs in the
+//!   pod's turn only while the pod is still gone (`AgentCore::may_unsubscribe`).
+//! * Operations on one pod (ADD, DEL, a GC removal, a resync) take the pod's turn
+//!   (`turns`: the core's queue, in arrival order); different pods proceed in
+//!   parallel.
 //!
 //! # Where each job lives
 //! * `config`: [`AgentConfig`]; `error`: [`PodError`], [`PodOutcome`]; `metrics`:
 //!   [`AgentMetrics`];
 //! * `request`: an AddPod request ([`AddPodInput`]) checked into a pod record by the
 //!   shared pod validator (`flock_core::pod`);
-//! * `locks`: the per-pod locks; `lifecycle`: AddPod, RemovePod, CHECK and startup load;
+//! * `turns`: the per-pod turns; `lifecycle`: AddPod, RemovePod, CHECK and startup load;
 //! * `liveness`: the probe round and the guarded re-registration;
 //! * `regsync`: the registry sync (this node's pods in the registry, planned from the
 //!   changed keys); `podinputs`: the pod table and SPIFFE IDs a per-pod derivation
@@ -28,7 +36,8 @@
 //! * [`mesh`]: the registry view and the live pods as a translation model;
 //!   [`services`]: the registry's services kept incrementally from the view's deltas;
 //! * `publish`: the one publish point, translating through each node group's
-//!   `flock_xds::translate::Memo`; `gc`: the orphan-GC executor;
+//!   `flock_xds::translate::Memo` (the publish side's state, behind its one lock);
+//!   `gc`: the orphan-GC executor;
 //! * `members`: kube mode's registrations (one endpoint per Service port the pod is a
 //!   member of) and the resync that keeps them current as labels and Services change.
 //!
@@ -37,7 +46,7 @@
 //! Kubernetes API ([`crate::kube`]): its record holds the service account and ports
 //! the API gives and no service; what it registers is recomputed from the reflectors
 //! ([`Agent::kube_resync`], run by [`Agent::run_kube_resync`] on every change), under
-//! the pod's lock and with the same guards as the liveness re-registration (R4) and
+//! the pod's turn and with the same guards as the liveness re-registration (R4) and
 //! conditional deletes.
 
 mod capture;

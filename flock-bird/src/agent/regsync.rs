@@ -36,7 +36,7 @@ use crate::model::{Endpoint, Health, PodRecord};
 use flock_core::backoff::Backoff;
 use flock_core::journal::{JournaledMap, Snapshot};
 use flock_core::pod::PodKey;
-use flock_core::regsync::{Held, SyncOp, plan};
+use flock_core::regsync::{Held, PutGuard, SyncOp, plan};
 use flock_core::sync::{Mutex, lock};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -499,15 +499,14 @@ impl Agent {
             return None;
         }
         let deltas = view.deltas_since(seq)?;
-        let mut keys = desired.changed.clone();
-        if !flock_core::reintroduced!("regsync-plan-misses-view-changes") {
-            for d in deltas {
-                keys.extend(d.keys().cloned());
-            }
-        }
+        let view_changed: Vec<&String> = deltas.flat_map(|d| d.keys()).collect();
         let st = lock(&self.sync.state);
-        keys.extend(st.withdrawn.keys().cloned());
-        keys.extend(st.unknown.iter().cloned());
+        let keys = flock_core::regsync::plan_candidates(
+            &desired.changed,
+            view_changed,
+            st.withdrawn.keys(),
+            &st.unknown,
+        );
         Some((keys, st.withdrawals))
     }
 
@@ -601,15 +600,16 @@ impl Agent {
     async fn apply(&self, op: SyncOp<crate::model::Endpoint>) -> Result<(), RoundError> {
         match op {
             SyncOp::Put { key, value } => {
-                let guarded = !flock_core::reintroduced!("regsync-unguarded");
-                // R4's first check: only a pod still wanted is registered.
-                if guarded && !self.still_wanted(&value.pod_key) {
+                // R4 in its registry form (flock_core::regsync::PutGuard): only a pod
+                // still wanted is registered.
+                let guard = PutGuard::new();
+                if !guard.send(self.still_wanted(&value.pod_key)) {
                     return Ok(());
                 }
                 // Tracked before the put is sent: if it times out and lands later, the
                 // view shows a key the sync knows, and a pod gone by then gets it
                 // deleted instead of leaving a ghost.
-                if guarded {
+                if guard.track() {
                     lock(&self.sync.state)
                         .tracked
                         .insert(key.clone(), Instant::now());
@@ -621,7 +621,7 @@ impl Agent {
                         rev
                     }
                     Err(e) => {
-                        if guarded {
+                        if guard.track() {
                             lock(&self.sync.state).unknown.insert(key.clone());
                         }
                         self.metrics.registry_errors.fetch_add(1, Ordering::Relaxed);
@@ -637,7 +637,7 @@ impl Agent {
                 // R4's re-check: RemovePod leaves the table before it hands the pod's
                 // keys over, so a pod gone now may have been withdrawn before this put
                 // landed. Undo exactly this write.
-                if guarded && !self.still_wanted(&value.pod_key) {
+                if guard.undo(self.still_wanted(&value.pod_key)) {
                     self.metrics.guard_undos.fetch_add(1, Ordering::Relaxed);
                     let undo = self.registry.delete_if_revision(&key, rev);
                     if self.bounded("undo put", &key, undo).await.is_ok() {
