@@ -396,9 +396,52 @@ fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Resu
     Ok(())
 }
 
+/// Applies a batch of changes to the map of registry entries left out of the mesh
+/// (key → why), each change one service's exclusions before and after: every old
+/// exclusion of the batch is dropped before any new one is added. A key that moved
+/// between two services of one batch may be excluded by the one it moved to and have
+/// been by the one it left; applied service by service, in one pass, the second
+/// service's drop of its old exclusion would remove the first one's new exclusion of
+/// the same key, and the key would be served.
+pub fn apply_exclusions<R>(
+    all: &mut std::collections::BTreeMap<String, R>,
+    changes: Vec<(Vec<(String, R)>, Vec<(String, R)>)>,
+) {
+    if crate::reintroduced!("service-table-exclusions-in-one-pass") {
+        for (old, new) in changes {
+            for (key, _) in old {
+                all.remove(&key);
+            }
+            all.extend(new);
+        }
+        return;
+    }
+    let mut added = Vec::new();
+    for (old, new) in changes {
+        for (key, _) in old {
+            all.remove(&key);
+        }
+        added.extend(new);
+    }
+    all.extend(added);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_moving_between_two_services_of_a_batch_stays_excluded() {
+        let mut all = std::collections::BTreeMap::from([("k".to_string(), "old")]);
+        // Service A newly excludes k (it moved there); service B, which excluded it
+        // before, no longer does.
+        let changes = vec![
+            (vec![], vec![("k".to_string(), "new")]),
+            (vec![("k".to_string(), "old")], vec![]),
+        ];
+        apply_exclusions(&mut all, changes);
+        assert_eq!(all.get("k"), Some(&"new"));
+    }
 
     fn good<'a>() -> EntryFields<'a> {
         EntryFields {

@@ -242,9 +242,10 @@ impl ServiceTable {
         // changed (VIPs are claimed in service order).
         let mut formed_changed = false;
         let mut excluded_changed = false;
-        // A key that moved between two dirty services may be left out by the one and
-        // was by the other: every old exclusion goes before any new one is added.
-        let mut newly_excluded = Vec::new();
+        // Each changed service's exclusions, old and new, applied together after the
+        // loop (flock_core::registry::apply_exclusions: a key may move between two of
+        // them).
+        let mut exclusion_changes = Vec::new();
         for id in &dirty {
             let Some(entry) = self.services.get_mut(id) else {
                 continue;
@@ -252,15 +253,8 @@ impl ServiceTable {
             let was_formed = entry.model.is_some();
             let (base, excluded) = classify(&entry.keys);
             if entry.excluded != excluded {
-                for (key, _) in &entry.excluded {
-                    self.excluded.remove(key);
-                }
-                if flock_core::reintroduced!("service-table-exclusions-in-one-pass") {
-                    self.excluded.extend(excluded.iter().cloned());
-                } else {
-                    newly_excluded.extend(excluded.iter().cloned());
-                }
-                entry.excluded = excluded;
+                let old = std::mem::replace(&mut entry.excluded, excluded.clone());
+                exclusion_changes.push((old, excluded));
                 excluded_changed = true;
             }
             formed_changed |= was_formed != base.is_some();
@@ -280,7 +274,7 @@ impl ServiceTable {
                 self.services.remove(id);
             }
         }
-        self.excluded.extend(newly_excluded);
+        flock_core::registry::apply_exclusions(&mut self.excluded, exclusion_changes);
         let token = vips.map(|v| v.0);
         let mut served_changed = false;
         if formed_changed || token != self.vips_token {
