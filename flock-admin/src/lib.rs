@@ -1,0 +1,14 @@
+//! The flock agent's admin API: the typed JSON documents of its views and the HTTP client `flockctl` uses.
+//!
+//! The agent (flock-bird's `admin::server`) builds the documents in [`api`] and serves
+//! them; [`client`] fetches and decodes them. Both sides share these types, so they
+//! cannot disagree on a key. The crate carries none of the agent's registry,
+//! Kubernetes or SPIRE code, so a client links only serde, hyper and tokio.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod client;
+
+pub use api::Route;
+pub use client::{AdminClient, ClientError};
