@@ -34,7 +34,7 @@ const DEFAULT_PLUGIN_CONFIG: &str = r#"{"type":"flock-cni","agent_socket":"/run/
 /// Logs go to stderr (RUST_LOG sets the level, default info). Every flag can also be
 /// set through the environment variable shown.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about, max_term_width = 100)]
+#[command(version, max_term_width = 100)]
 struct Args {
     /// The CNI network config directory to keep patched. Must exist. Writes never leave
     /// it: symlinked configs are reported, never replaced or followed for writing.

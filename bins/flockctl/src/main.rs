@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 /// Prints what the agent holds in a form meant for people; add --json for the raw
 /// documents (/debug/status, /debug/pods, /debug/snapshot, /debug/registry).
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version)]
 struct Args {
     /// The agent's admin address (flock-agent --admin-address).
     #[arg(
