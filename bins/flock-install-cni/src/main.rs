@@ -172,3 +172,17 @@ fn configure(args: Args) -> Result<Config, String> {
         hooks: install::Hooks::default(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_plugin_config_points_at_the_agents_default_socket() {
+        // The plugin, the agent (--cni-socket) and this default must name one socket.
+        let config: serde_json::Value = serde_json::from_str(DEFAULT_PLUGIN_CONFIG).unwrap();
+        assert_eq!(config["type"], "flock-cni");
+        assert_eq!(config["agent_socket"], flock_cni::cni::DEFAULT_AGENT_SOCKET);
+        assert!(OurPlugin::from_bytes(DEFAULT_PLUGIN_CONFIG.as_bytes()).is_ok());
+    }
+}

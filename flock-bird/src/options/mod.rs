@@ -68,7 +68,7 @@ pub struct Flags {
     #[arg(long, value_enum, default_value_t = StoreSync::Crash, value_name = "WHAT")]
     pub store_sync: StoreSync,
     /// The CNI plugin's socket (created 0600; flock-cni's `agent_socket`).
-    #[arg(long, default_value = "/run/flock/cni.sock", value_name = "PATH")]
+    #[arg(long, default_value = flock_cni::cni::DEFAULT_AGENT_SOCKET, value_name = "PATH")]
     pub cni_socket: PathBuf,
     /// Serve xDS (ADS, SotW and Delta) to the node's Envoy on this unix socket, in a
     /// directory the agent owns (created 0700; never group- or other-writable). The
