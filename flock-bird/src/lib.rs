@@ -12,6 +12,7 @@ pub mod identity;
 pub mod kube;
 pub mod model;
 pub mod node_ready;
+pub mod options;
 pub mod probe;
 pub mod registry;
 pub mod runtime;

@@ -54,18 +54,6 @@ thread_local! {
     static DONE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Parses `--keep-capability` values (`CAP_SYS_PTRACE` or `sys_ptrace`).
-pub fn parse_capability(name: &str) -> Result<Capability, String> {
-    let upper = name.to_ascii_uppercase();
-    let full = if upper.starts_with("CAP_") {
-        upper
-    } else {
-        format!("CAP_{upper}")
-    };
-    full.parse::<Capability>()
-        .map_err(|_| format!("{name:?} is not a Linux capability (e.g. CAP_SYS_PTRACE)"))
-}
-
 fn final_set() -> CapsHashSet {
     FINAL
         .lock()

@@ -22,7 +22,7 @@ use flock_cni::plugin::{self, Output};
 ///
 /// Try: CNI_COMMAND=VERSION flock-cni
 #[derive(Parser)]
-#[command(version, about, long_about)]
+#[command(version)]
 struct Args {}
 
 fn main() {

@@ -34,7 +34,7 @@ const DEFAULT_PLUGIN_CONFIG: &str = r#"{"type":"flock-cni","agent_socket":"/run/
 /// Logs go to stderr (RUST_LOG sets the level, default info). Every flag can also be
 /// set through the environment variable shown.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about, max_term_width = 100)]
+#[command(version, max_term_width = 100)]
 struct Args {
     /// The CNI network config directory to keep patched. Must exist. Writes never leave
     /// it: symlinked configs are reported, never replaced or followed for writing.
@@ -171,4 +171,18 @@ fn configure(args: Args) -> Result<Config, String> {
         write_interval: Duration::from_millis(args.write_interval_ms),
         hooks: install::Hooks::default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_plugin_config_points_at_the_agents_default_socket() {
+        // The plugin, the agent (--cni-socket) and this default must name one socket.
+        let config: serde_json::Value = serde_json::from_str(DEFAULT_PLUGIN_CONFIG).unwrap();
+        assert_eq!(config["type"], "flock-cni");
+        assert_eq!(config["agent_socket"], flock_cni::cni::DEFAULT_AGENT_SOCKET);
+        assert!(OurPlugin::from_bytes(DEFAULT_PLUGIN_CONFIG.as_bytes()).is_ok());
+    }
 }

@@ -29,7 +29,7 @@ use flock_hotrestart::{Config, Exit};
 ///     --admin-address 127.0.0.1:9901 --state-dir /run/flock/envoy --base-id 7
 ///     --ready-file /run/flock/envoy/ready -- --log-level info
 #[derive(Parser, Debug)]
-#[command(version, about, long_about, verbatim_doc_comment)]
+#[command(version, verbatim_doc_comment)]
 struct Args {
     /// The Envoy executable (the real ELF, not a wrapper script).
     #[arg(long, env = "FLOCK_ENVOY_BIN", value_name = "PATH")]

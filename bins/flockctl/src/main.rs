@@ -2,8 +2,8 @@
 
 use anyhow::bail;
 use clap::{Parser, Subcommand};
-use flock_bird::admin::api::{Pods, RegistryView, Snapshot, Status};
-use flock_bird::admin::client::AdminClient;
+use flock_admin::AdminClient;
+use flock_admin::api::{Pods, RegistryView, Snapshot, Status};
 use std::fmt::Write as _;
 
 /// Inspect a running flock-agent through its admin endpoint.
@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 /// Prints what the agent holds in a form meant for people; add --json for the raw
 /// documents (/debug/status, /debug/pods, /debug/snapshot, /debug/registry).
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version)]
 struct Args {
     /// The agent's admin address (flock-agent --admin-address).
     #[arg(
@@ -184,9 +184,7 @@ fn render_endpoints(doc: &RegistryView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flock_bird::admin::api::{Pod, SnapshotGroup};
-    use flock_bird::model::{Endpoint, Health, PodPort, Protocol};
-    use flock_core::gc::PodKey;
+    use flock_admin::api::{Endpoint, Health, Pod, PodKey, PodPort, Protocol, SnapshotGroup};
     use std::collections::BTreeMap;
 
     #[test]
@@ -214,7 +212,7 @@ mod tests {
                     },
                 ],
                 health: Health::Unhealthy,
-                added_at_ms: flock_core::UnixMs(1),
+                added_at_ms: flock_admin::api::UnixMs(1),
             }],
         };
         let out = render_pods(&doc);

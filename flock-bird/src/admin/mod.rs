@@ -1,17 +1,17 @@
 //! The admin endpoint: `/healthz`, `/readyz`, `/metrics` (Prometheus text) and the
 //! JSON views `/debug/status`, `/debug/pods`, `/debug/snapshot`, `/debug/registry`.
 //!
-//! - [`api`]: the documents, one serde type per view, used by both sides.
+//! - [`api`]: the documents, one serde type per view, used by both sides (the
+//!   `flock-admin` crate's, re-exported).
 //! - [`server`]: HTTP/1.1 on hyper; GET only, a cap on concurrent connections, and
 //!   backoff on accept errors (a process out of file descriptors must not spin).
 //! - [`client`]: the typed client `flockctl` uses, on hyper, with timeouts and a
-//!   body size limit.
+//!   body size limit (`flock-admin`'s, re-exported).
 //!
 //! [`route`] is the only decision taken on what a client sent (hyper parses the
 //! request); it is pure, so it is fuzzed (`fuzz/fuzz_targets/admin_request.rs`).
 
-pub mod api;
-pub mod client;
+pub use flock_admin::{api, client};
 pub mod server;
 
 pub use api::Route;

@@ -2,9 +2,8 @@
 //! (which builds them from the agent) and the client (which decodes them), so the
 //! two cannot disagree on a key.
 
-use crate::model::{Endpoint, PodPort};
 pub use flock_core::UnixMs;
-pub use flock_core::pod::Health;
+pub use flock_core::pod::{Health, PodKey, PodPort, Protocol};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -157,6 +156,85 @@ pub struct RegistryView {
     pub generation: u64,
     /// The endpoints by key.
     pub endpoints: BTreeMap<String, Endpoint>,
+}
+
+/// One endpoint in the shared registry: one (pod, app port).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    /// Service name.
+    pub service: String,
+    /// Service namespace.
+    pub namespace: String,
+    /// The service port (= the pod's app port).
+    pub service_port: u16,
+    /// How the port speaks.
+    pub protocol: Protocol,
+    /// The address to connect to: the pod IP.
+    pub address: IpAddr,
+    /// The port to connect to: the pod's inbound listener port.
+    pub port: u16,
+    /// The node (agent `--node-name`) that owns it.
+    pub node: String,
+    /// The pod, `<namespace>/<name>`.
+    pub pod: String,
+    /// The pod's CNI attachment.
+    pub pod_key: PodKey,
+    /// Region of the node.
+    pub region: String,
+    /// Zone of the node.
+    pub zone: String,
+    /// Health as probed by the owning agent.
+    pub health: Health,
+    /// The pod's SPIFFE ID when it serves mTLS (its inbound listeners require it).
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// Further SPIFFE IDs (or `/*` ID prefixes) callers accept from this endpoint, only
+    /// with `identity`: a registry that knows a service's accounts but not which one
+    /// each endpoint runs as (a Kubernetes EndpointSlice) lists the others here.
+    /// Absent in entries written before it existed, and by agents for their own pods
+    /// (a pod has one identity).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also_accept: Vec<String>,
+}
+
+impl Endpoint {
+    /// The registry key of this endpoint, unique across the mesh:
+    /// `<node>/<namespace>/<service>/<container_id>/<ifname>/<service_port>`
+    /// ([`flock_core::registry::endpoint_key`]). The node comes first so that etcd RBAC
+    /// can confine each agent to writing under `<prefix><node>/`. Its parts are
+    /// validated by the agent (no `/` inside them).
+    pub fn key(&self) -> String {
+        flock_core::registry::endpoint_key(
+            &self.node,
+            &self.namespace,
+            &self.service,
+            &self.pod_key.container_id,
+            &self.pod_key.ifname,
+            self.service_port,
+        )
+    }
+
+    /// The fields [`flock_core::registry::check_entry`] checks, for this endpoint
+    /// found under `key` (relative to the registry prefix).
+    pub fn entry_fields<'a>(&'a self, key: &'a str) -> flock_core::registry::EntryFields<'a> {
+        flock_core::registry::EntryFields {
+            key,
+            node: &self.node,
+            namespace: &self.namespace,
+            service: &self.service,
+            service_port: self.service_port,
+            address: self.address,
+            port: self.port,
+            pod: &self.pod,
+            container_id: &self.pod_key.container_id,
+            ifname: &self.pod_key.ifname,
+            region: &self.region,
+            zone: &self.zone,
+            identity: self.identity.as_deref(),
+            also_accept: &self.also_accept,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! address pointing at some other server must produce an error, not a hang or an
 //! unbounded read.
 
-use super::api::{Pods, RegistryView, Route, Snapshot, Status};
+use crate::api::{Pods, RegistryView, Route, Snapshot, Status};
 use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper::Request;
 use hyper::body::Bytes;

@@ -1,0 +1,56 @@
+//! `flock-supervisor --help` and `-h`: the real binary starts with its description and lists the
+//! flags an operator needs first.
+
+const BIN: &str = env!("CARGO_BIN_EXE_flock-supervisor");
+/// Runs the binary with `arg` (`-h` or `--help`) and returns its stdout; it must exit 0.
+fn help(arg: &str) -> String {
+    let out = std::process::Command::new(BIN)
+        .arg(arg)
+        .env_remove("COLUMNS")
+        .output()
+        .unwrap_or_else(|e| panic!("running {BIN} {arg}: {e}"));
+    assert!(out.status.success(), "{BIN} {arg}: {:?}", out.status);
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// The first paragraph of a help text, its wrapped lines joined.
+fn first_paragraph(text: &str) -> String {
+    text.lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+const DESCRIPTION: &str = "Runs Envoy and hot-restarts it without dropping a request.";
+
+#[test]
+fn help_starts_with_the_description() {
+    assert_eq!(first_paragraph(&help("--help")), DESCRIPTION);
+    // The short form is the summary, whose final period clap drops.
+    assert_eq!(
+        first_paragraph(&help("-h")),
+        DESCRIPTION.trim_end_matches('.')
+    );
+}
+
+#[test]
+fn help_names_envoy_its_state_and_the_restart_policy() {
+    let text = help("--help");
+    for expected in [
+        "--envoy-bin <PATH>",
+        "--config <FILE>",
+        "--state-dir <DIR>",
+        "--admin-address <HOST:PORT>",
+        "--base-id <N>",
+        "--ready-file <PATH>",
+        "--drain-time-s <N>",
+        "--max-restarts <N>",
+        "[ENVOY ARGS]...",
+    ] {
+        assert!(
+            text.contains(expected),
+            "--help lacks {expected:?}:\n{text}"
+        );
+    }
+}
