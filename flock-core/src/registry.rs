@@ -396,6 +396,9 @@ fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Resu
     Ok(())
 }
 
+/// One service's exclusions (key, why) before and after a change.
+pub type ExclusionChange<R> = (Vec<(String, R)>, Vec<(String, R)>);
+
 /// Applies a batch of changes to the map of registry entries left out of the mesh
 /// (key → why), each change one service's exclusions before and after: every old
 /// exclusion of the batch is dropped before any new one is added. A key that moved
@@ -405,7 +408,7 @@ fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Resu
 /// the same key, and the key would be served.
 pub fn apply_exclusions<R>(
     all: &mut std::collections::BTreeMap<String, R>,
-    changes: Vec<(Vec<(String, R)>, Vec<(String, R)>)>,
+    changes: Vec<ExclusionChange<R>>,
 ) {
     if crate::reintroduced!("service-table-exclusions-in-one-pass") {
         for (old, new) in changes {
