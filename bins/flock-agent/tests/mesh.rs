@@ -9,8 +9,8 @@
 //! (in A's netns), B's EDS endpoint and inbound listener (in B's netns) and the app
 //! cluster to B's server on B's loopback. DEL of B removes it from Envoy's
 //! `/config_dump`, the registry and the store: no ghost. `flockctl pods` / `snapshot`
-//! (the README walkthrough) run against the agent on the way. The agent runs with
-//! every Linux capability but `CAP_SYS_ADMIN` dropped on every thread, and its
+//! (docs/walkthrough.md, "Trying the agent") run against the agent on the way. The
+//! agent runs with every Linux capability but `CAP_SYS_ADMIN` dropped on every thread, and its
 //! liveness probes (setns into B's netns) still work.
 //!
 //! Needs root, `FLOCK_ENVOY_BIN`, `FLOCK_CNI_PLUGIN_DIR`, `FLOCK_CNITOOL` (scripts/test
@@ -212,7 +212,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
         }
     }
 
-    // The README walkthrough: flockctl against this agent.
+    // docs/walkthrough.md's "Trying the agent": flockctl against this agent.
     let out = agent.flockctl(&["pods"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "flockctl pods: {out:?}");

@@ -22,7 +22,7 @@
 //! Needs root, `FLOCK_ENVOY_BIN`, `FLOCK_ETCD_BIN`, `FLOCK_CNI_PLUGIN_DIR`,
 //! `FLOCK_CNITOOL` (scripts/test or scripts/prereqs/*.sh) and the sibling binaries built
 //! (see `common`). The cross-node benchmark is the ignored test `bench_cross_node`
-//! (README: "Running on several nodes").
+//! (docs/walkthrough.md: "Running on several nodes").
 
 mod common;
 mod multinode;
@@ -340,9 +340,9 @@ fn per_node_cas_cannot_talk() {
     assert!(log.contains("cross-node mTLS needs a shared root"), "{log}");
 }
 
-/// The cross-node benchmark (not a timed test: `#[ignore]`, run it on purpose, see the
-/// README's "Running on several nodes"): a client pod on n1 calls a pod on n2 through
-/// both Envoys (n1's outbound listener, mTLS across the underlay, n2's inbound
+/// The cross-node benchmark (not a timed test: `#[ignore]`, run it on purpose, see
+/// docs/benchmarks.md, "Pod to pod across two nodes"): a client pod on n1 calls a pod
+/// on n2 through both Envoys (n1's outbound listener, mTLS across the underlay, n2's inbound
 /// listener) and directly over the underlay (the pod's IP and app port, plaintext), in
 /// one run: latency p50/p99 of one keep-alive connection sending one request at a
 /// time, and the throughput of `FLOCK_BENCH_CLIENTS` (default 4) such clients at once.
