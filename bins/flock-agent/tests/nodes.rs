@@ -204,7 +204,7 @@ fn shared_root_locality_rotation_and_node_death() {
     c.nodes[1].kill();
     let mut ejected = None;
     let ttl = Duration::from_secs(c.opts.registry_ttl);
-    let removed = wait_some(
+    let removed = wait_for(
         "n1's Envoy to drop n2's endpoint (registry lease expiry)",
         ttl + Duration::from_secs(15),
         || {
@@ -310,7 +310,7 @@ fn per_node_cas_cannot_talk() {
     let client = c.add_pod(0, "client", "client", false);
     let web2 = c.add_pod(1, "web-n2", "web", true);
     wait_endpoint(&c, 0, web2, true);
-    let (status, body, _) = wait_some("an answer from n1's Envoy", WAIT, || {
+    let (status, body, _) = wait_for("an answer from n1's Envoy", WAIT, || {
         let r = curl_web(&c.pods[client], "web");
         (r.0 != 0).then_some(r)
     });
