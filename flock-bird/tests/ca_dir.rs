@@ -9,11 +9,11 @@ use flock_bird::identity::ca_dir::{
     self, CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE, ROOT_CERT_FILE, ROOT_KEY_FILE,
 };
 use flock_bird::identity::{
-    BuiltinCa, CLOCK_SKEW, CaReload, IdentityError, IdentityProvider, IdentityView, PodIdentity,
-    Svid,
+    BuiltinCa, CLOCK_SKEW, CaReload, IdentityError, IdentityProvider, PodIdentity, Svid,
 };
 use flock_core::UnixMs;
 use flock_core::pod::PodKey;
+use flock_testkit::wait_for_async;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject as _;
@@ -25,7 +25,7 @@ use rustls::{
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use x509_parser::prelude::{FromDer as _, GeneralName, X509Certificate};
 
 const TD: &str = "cluster.local";
@@ -361,24 +361,8 @@ impl SecretVolume {
     }
 }
 
-async fn wait_for_view(
-    rx: &mut tokio::sync::watch::Receiver<Arc<IdentityView>>,
-    what: &str,
-    pred: impl Fn(&IdentityView) -> bool,
-) -> Arc<IdentityView> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        {
-            let view = rx.borrow_and_update().clone();
-            if pred(&view) {
-                return view;
-            }
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "timed out waiting for {what}");
-        let _ = tokio::time::timeout(left, rx.changed()).await;
-    }
-}
+/// How long the CA's directory watch may take to act on a change.
+const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn a_secret_swap_reissues_every_svid_and_serves_old_and_new_roots() {
@@ -416,10 +400,12 @@ async fn a_secret_swap_reissues_every_svid_and_serves_old_and_new_roots() {
         "DEBUG {:?}",
         ca_dir::load_ca_dir(&vol.dir, TD, now()).map(|s| s.describe().to_string())
     );
-    let after = wait_for_view(&mut rx, "SVIDs re-issued under the new issuer", |v| {
-        [&front, &cart].iter().all(|id| {
+    let after = wait_for_async("SVIDs re-issued under the new issuer", WAIT, || {
+        let v = rx.borrow().clone();
+        let done = [&front, &cart].iter().all(|id| {
             v.svids.get(*id).map(|s| &s.serial) != before.svids.get(*id).map(|s| &s.serial)
-        })
+        });
+        done.then_some(v)
     })
     .await;
     assert_eq!(certs(&after.bundles[TD].ca_pem), certs(&both_roots));
@@ -468,8 +454,10 @@ async fn a_secret_swap_reissues_every_svid_and_serves_old_and_new_roots() {
     );
     // Then a good one again is taken up by the watch.
     vol.update(&issuer_files(&r2, "n1-v4", Some(&read_root(&r2))));
-    let last = wait_for_view(&mut rx, "the set after the bad one", |v| {
-        v.svids[&front].serial != after.svids[&front].serial
+    let last = wait_for_async("the set after the bad one", WAIT, || {
+        let v = rx.borrow().clone();
+        let done = v.svids[&front].serial != after.svids[&front].serial;
+        done.then_some(v)
     })
     .await;
     assert_eq!(certs(&last.bundles[TD].ca_pem), certs(&read_root(&r2)));
@@ -649,8 +637,10 @@ async fn a_directory_replaced_whole_is_watched_again_and_read() {
     write_set(&next, &issuer_files(&r, "second", None));
     std::fs::rename(&dir, tmp.path().join("old")).unwrap();
     std::fs::rename(&next, &dir).unwrap();
-    let view = wait_for_view(&mut rx, "the SVID re-issued from the new directory", |v| {
-        v.svids[&id].serial != before
+    let view = wait_for_async("the SVID re-issued from the new directory", WAIT, || {
+        let v = rx.borrow().clone();
+        let done = v.svids[&id].serial != before;
+        done.then_some(v)
     })
     .await;
     let issuer = certs(&std::fs::read_to_string(dir.join(CA_CERT_FILE)).unwrap());

@@ -22,7 +22,7 @@ use flock_bird::model::Endpoint;
 use flock_bird::registry::etcd::EtcdRegistry;
 use flock_bird::registry::{Registry, RegistryOptions, View};
 use flock_core::registry::Reject;
-use flock_testkit::free_port;
+use flock_testkit::{ChildPort, eventually, reserve_port_for_child};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -40,7 +40,8 @@ const REMOTE: usize = 12_000;
 /// One etcd process; killed (SIGKILL) and reaped on drop.
 struct Etcd {
     dir: tempfile::TempDir,
-    client_port: u16,
+    /// Reserved while this etcd runs.
+    client_port: ChildPort,
     child: Child,
 }
 
@@ -56,17 +57,18 @@ impl Etcd {
             })
             .expect("etcd not found: run scripts/prereqs/40-etcd.sh or set FLOCK_ETCD_BIN");
         let dir = tempfile::tempdir().unwrap();
-        let client_port = free_port();
+        let client_port = reserve_port_for_child();
         let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{}", free_port());
+        // One member: nobody dials its peer URL, so port 0 (the kernel's pick) will do.
+        let peer = "http://127.0.0.1:0";
         let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
         let child = Command::new(bin)
             .args(["--name", "t1", "--data-dir"])
             .arg(dir.path().join("data"))
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--listen-peer-urls", peer])
+            .args(["--initial-advertise-peer-urls", peer])
             .args(["--initial-cluster", &format!("t1={peer}")])
             .args(["--heartbeat-interval", "50", "--election-timeout", "250"])
             .args(["--max-request-bytes", &(8 << 20).to_string()])
@@ -87,8 +89,7 @@ impl Etcd {
 
     /// A plain etcd client (the "operator"), once etcd answers.
     async fn client(&self) -> etcd_client::Client {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
+        eventually("etcd to answer", Duration::from_secs(15), async || {
             let attempt = async {
                 let mut c =
                     etcd_client::Client::connect([format!("http://{}", self.endpoint())], None)
@@ -96,16 +97,19 @@ impl Etcd {
                 c.status().await?;
                 Ok::<_, etcd_client::Error>(c)
             };
-            if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
-                return c;
+            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+                Ok(Ok(c)) => Ok(c),
+                Ok(Err(e)) => Err(format!(
+                    "{e}; log: {}",
+                    std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+                )),
+                Err(_) => Err(format!(
+                    "no answer in 2 s; log: {}",
+                    std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+                )),
             }
-            assert!(
-                Instant::now() < deadline,
-                "etcd did not come up; log: {}",
-                std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 }
 

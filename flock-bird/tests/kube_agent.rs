@@ -22,6 +22,7 @@ use flock_bird::registry::{self, Registry, RegistryError, RegistryOptions, Regis
 use flock_bird::store::PodStore;
 use flock_kube::double::ApiServer;
 use flock_kube::watch::{KubeWatch, WatchOptions};
+use flock_testkit::wait_for_async;
 use flock_xds::cache::Cache;
 use flock_xds::types::CLUSTER;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
@@ -166,17 +167,8 @@ async fn setup_with(
     }
 }
 
-/// Polls `cond` every 20 ms until it holds; panics with `what` after 10 s.
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+/// How long a wait for the agent or its reflectors may take.
+const WAIT: Duration = Duration::from_secs(10);
 
 fn endpoint_keys(agent: &Agent) -> Vec<String> {
     agent
@@ -203,7 +195,7 @@ async fn identity_from_the_api_and_memberships_follow_services_and_labels() {
     let agent = &s.agent;
     s.api
         .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
-    wait_until("the reflectors synced (ready)", || {
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
         agent.not_ready().is_none()
     })
     .await;
@@ -234,14 +226,14 @@ async fn identity_from_the_api_and_memberships_follow_services_and_labels() {
     // A Service created after the ADD: registered and published, no CNI call.
     s.api.apply(&web_service());
     let key = "n1/shop/web/ctr-web-0/eth0/80";
-    wait_until("the membership registered", || {
+    wait_for_async("the membership registered", WAIT, || {
         endpoint_keys(agent) == vec![key.to_string()]
     })
     .await;
     let ep = agent.registry().view().borrow().endpoints[key].clone();
     assert_eq!((ep.service_port, ep.port), (80, 15006));
     assert_eq!(ep.pod, "shop/web-0");
-    wait_until("the Service's cluster published", || {
+    wait_for_async("the Service's cluster published", WAIT, || {
         clusters(agent).iter().any(|c| c.contains("web.shop"))
     })
     .await;
@@ -255,11 +247,11 @@ async fn identity_from_the_api_and_memberships_follow_services_and_labels() {
     // A label change takes it out of the Service.
     s.api
         .apply(&pod("shop", "web-0", UID, json!({"app": "web-v2"})));
-    wait_until("the membership unregistered", || {
+    wait_for_async("the membership unregistered", WAIT, || {
         endpoint_keys(agent).is_empty()
     })
     .await;
-    wait_until("the Service's cluster withdrawn", || {
+    wait_for_async("the Service's cluster withdrawn", WAIT, || {
         !clusters(agent).iter().any(|c| c.contains("web.shop"))
     })
     .await;
@@ -267,7 +259,7 @@ async fn identity_from_the_api_and_memberships_follow_services_and_labels() {
     // Back in: registered again; then CNI DEL leaves nothing.
     s.api
         .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
-    wait_until("the membership registered again", || {
+    wait_for_async("the membership registered again", WAIT, || {
         endpoint_keys(agent) == vec![key.to_string()]
     })
     .await;
@@ -283,7 +275,7 @@ async fn identity_from_the_api_and_memberships_follow_services_and_labels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_api_fails_the_add_and_refuses_to_guess() {
     let s = setup().await;
-    wait_until("the reflectors synced (ready)", || {
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
         s.agent.not_ready().is_none()
     })
     .await;
@@ -309,7 +301,7 @@ async fn an_unreachable_api_fails_the_add_and_refuses_to_guess() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_not_opted_in_is_ignored_and_a_recreated_pods_sandbox_refused() {
     let s = setup().await;
-    wait_until("the reflectors synced (ready)", || {
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
         s.agent.not_ready().is_none()
     })
     .await;
@@ -441,7 +433,7 @@ async fn malformed_flock_annotations_are_the_agents_to_judge_kube_mode_ignores_t
     let agent = &s.agent;
     s.api
         .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
-    wait_until("the reflectors synced (ready)", || {
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
         agent.not_ready().is_none()
     })
     .await;
@@ -581,7 +573,7 @@ async fn r4_a_membership_put_racing_remove_pod_leaves_no_ghost() {
     let agent = &s.agent;
     s.api
         .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
-    wait_until("the reflectors synced (ready)", || {
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
         agent.not_ready().is_none()
     })
     .await;
@@ -591,7 +583,7 @@ async fn r4_a_membership_put_racing_remove_pod_leaves_no_ghost() {
 
     s.api.apply(&web_service());
     let kube = Arc::clone(agent.kube().unwrap());
-    wait_until("the reflector has Service web", || {
+    wait_for_async("the reflector has Service web", WAIT, || {
         !kube.watch().view().borrow().services.is_empty()
     })
     .await;

@@ -7,8 +7,8 @@
 //! certificate per user: etcd takes the certificate's CN as the user when the client
 //! sends no password).
 //!
-//! Each test starts its own single-member etcd on free ports in a temp dir; a guard
-//! kills it on drop. Waits are on the registry's view channel with a timeout.
+//! Each test starts its own single-member etcd on a reserved client port
+//! (`flock_testkit::reserve_port_for_child`) in a temp dir; a guard kills it on drop. Waits are on the registry's view channel with a timeout.
 
 #[path = "common/endpoint.rs"]
 mod endpoint;
@@ -22,8 +22,8 @@ use flock_bird::registry::{
     self, EtcdAuth, EtcdTls, Registry, RegistryError, RegistryOptions, RegistrySpec, View,
 };
 use flock_core::registry::Reject;
-use flock_testkit::free_port;
 use flock_testkit::pki::{Leaf, TestCa};
+use flock_testkit::{ChildPort, eventually, reserve_port_for_child};
 use flock_xds::translate::{self, EnvoyOptions, Mesh};
 use flock_xds::types::{CLUSTER, ENDPOINT, ROUTE};
 use prost::Message;
@@ -31,7 +31,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PREFIX: &str = "/flock/endpoints/";
 const TD: &str = "cluster.local";
@@ -70,7 +70,8 @@ impl Pki {
 /// One etcd process serving TLS with client-certificate auth; killed on drop.
 struct Etcd {
     dir: tempfile::TempDir,
-    client_port: u16,
+    /// Reserved while this etcd runs.
+    client_port: ChildPort,
     child: Option<Child>,
 }
 
@@ -93,17 +94,18 @@ impl Etcd {
         let ca = file("ca.pem", &pki.ca.ca_pem);
         let cert = file("server.pem", &server.cert_pem);
         let key = file("server-key.pem", &server.key_pem);
-        let (client_port, peer_port) = (free_port(), free_port());
+        let client_port = reserve_port_for_child();
         let client = format!("https://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
+        // One member: nobody dials its peer URL, so port 0 (the kernel's pick) will do.
+        let peer = "http://127.0.0.1:0";
         let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
         let child = Command::new(&bin)
             .args(["--name", "t1", "--data-dir"])
             .arg(dir.path().join("data"))
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--listen-peer-urls", peer])
+            .args(["--initial-advertise-peer-urls", peer])
             .args(["--initial-cluster", &format!("t1={peer}")])
             .args(["--heartbeat-interval", "50", "--election-timeout", "250"])
             .arg("--cert-file")
@@ -142,8 +144,7 @@ impl Etcd {
                 leaf.cert_pem.as_bytes(),
                 leaf.key_pem.as_bytes(),
             ));
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
+        eventually("etcd to answer", Duration::from_secs(15), async || {
             let mut opts = ConnectOptions::new().with_tls(tls.clone());
             if let Some((u, p)) = user {
                 opts = opts.with_user(u, p);
@@ -154,18 +155,13 @@ impl Etcd {
                 c.status().await?;
                 Ok::<_, etcd_client::Error>(c)
             };
-            let why = match tokio::time::timeout(Duration::from_secs(2), attempt).await {
-                Ok(Ok(c)) => return c,
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "no answer in 2 s".to_string(),
-            };
-            assert!(
-                Instant::now() < deadline,
-                "etcd did not come up: {why}; log: {}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+                Ok(Ok(c)) => Ok(c),
+                Ok(Err(e)) => Err(format!("{e}; log: {}", self.log())),
+                Err(_) => Err(format!("no answer in 2 s; log: {}", self.log())),
+            }
+        })
+        .await
     }
 }
 

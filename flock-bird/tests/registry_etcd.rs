@@ -1,10 +1,12 @@
 //! The etcd registry backend against a REAL etcd (Debian `etcd-server`, binary from
 //! `FLOCK_ETCD_BIN`, installed by scripts/prereqs/40-etcd.sh). Each test starts its own
-//! single-member etcd on free ports in a temp data dir; a guard kills it on drop, also
-//! when the test fails.
+//! single-member etcd in a temp data dir, on a client port reserved for it
+//! (`flock_testkit::reserve_port_for_child`: restarts bind it again); a guard kills it on
+//! drop, also when the test fails.
 //!
 //! Two `EtcdRegistry` instances play two nodes. Waits are on the view channel with a
-//! timeout (no fixed sleeps).
+//! timeout; the two fixed sleeps are the test's subject (a lease kept alive across
+//! several TTLs), not a wait.
 
 #[path = "common/endpoint.rs"]
 mod endpoint;
@@ -13,7 +15,7 @@ use endpoint::web as ep;
 use flock_bird::model::{Endpoint, Health};
 use flock_bird::registry::etcd::EtcdRegistry;
 use flock_bird::registry::{Registry, RegistryOptions, View};
-use flock_testkit::free_port;
+use flock_testkit::{ChildPort, eventually, reserve_port_for_child};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -25,8 +27,9 @@ const TTL: i64 = 2;
 struct Etcd {
     bin: PathBuf,
     dir: tempfile::TempDir,
-    client_port: u16,
-    peer_port: u16,
+    /// Reserved for as long as this etcd (and each restart of it, on the same port)
+    /// may bind it.
+    client_port: ChildPort,
     child: Option<Child>,
     /// More etcd flags.
     extra: Vec<String>,
@@ -48,8 +51,7 @@ impl Etcd {
         let mut etcd = Etcd {
             bin,
             dir: tempfile::tempdir().unwrap(),
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port: reserve_port_for_child(),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -59,7 +61,8 @@ impl Etcd {
 
     fn spawn(&mut self) {
         let client = format!("http://127.0.0.1:{}", self.client_port);
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        // One member: nobody dials its peer URL, so port 0 (the kernel's pick) will do.
+        let peer = "http://127.0.0.1:0";
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -76,9 +79,9 @@ impl Etcd {
             ])
             .args([
                 "--listen-peer-urls",
-                &peer,
+                peer,
                 "--initial-advertise-peer-urls",
-                &peer,
+                peer,
             ])
             .args(["--initial-cluster", &format!("t1={peer}")])
             // A fast election makes the single member leader quickly after a restart.
@@ -104,8 +107,7 @@ impl Etcd {
 
     /// A plain etcd client (the "operator"), once etcd answers.
     async fn client(&self) -> etcd_client::Client {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
+        eventually("etcd to answer", Duration::from_secs(15), async || {
             let attempt = async {
                 let mut c =
                     etcd_client::Client::connect([format!("http://{}", self.endpoint())], None)
@@ -113,16 +115,13 @@ impl Etcd {
                 c.status().await?;
                 Ok::<_, etcd_client::Error>(c)
             };
-            if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
-                return c;
+            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+                Ok(Ok(c)) => Ok(c),
+                Ok(Err(e)) => Err(format!("{e}; log: {}", self.log())),
+                Err(_) => Err(format!("no answer in 2 s; log: {}", self.log())),
             }
-            assert!(
-                Instant::now() < deadline,
-                "etcd did not come up; log: {}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     fn log(&self) -> String {
@@ -187,16 +186,10 @@ async fn wait_view(
 
 /// Retries `put` until it succeeds (after a restart the registry is reconnecting).
 async fn put_retry(reg: &dyn Registry, e: &Endpoint) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        match reg.put(e).await {
-            Ok(r) => return r,
-            Err(err) => {
-                assert!(Instant::now() < deadline, "put kept failing: {err}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    eventually("a put to succeed", Duration::from_secs(15), async || {
+        reg.put(e).await.map_err(|err| err.to_string())
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

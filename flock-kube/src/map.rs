@@ -47,9 +47,11 @@
 //! namespace, written `spiffe://<td>/ns/<ns>/sa/*` (a trailing `/*` is a SAN prefix
 //! match). Services of other namespaces are plaintext.
 //!
-//! Limitation: a slice port is the app's own port. Reaching it through the callee's
-//! Envoy needs inbound traffic capture, which is not built yet; mesh traffic between
-//! pods today uses `--kube` with an etcd registry.
+//! Limitation: a slice port is the app's own port, which reaches the callee's Envoy
+//! only when the callee's capture rules redirect it (`flock-capture`; not for a caller
+//! on the callee's own node, whose connections come from the probe source); mesh
+//! traffic between pods uses `--kube` with an etcd registry (docs/kubernetes.md,
+//! "Ports and capture").
 //!
 //! # Size limits
 //!

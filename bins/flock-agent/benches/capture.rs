@@ -155,7 +155,7 @@ fn measure(netns: &str, addr: &str, host: &str) -> (f64, f64, f64) {
     let (netns_s, addr_s, host_s) = (netns.to_owned(), addr.to_owned(), host.to_owned());
     let latencies = std::thread::spawn(move || {
         enter(&netns_s);
-        let mut c = wait_some(&format!("a 200 from {addr_s}"), WAIT, || {
+        let mut c = wait_for(&format!("a 200 from {addr_s}"), WAIT, || {
             let mut c = Client::connect(&addr_s, &host_s).ok()?;
             c.get().ok().map(|()| c)
         });

@@ -412,7 +412,7 @@ fn main() {
             .filter(|p| p["health"] == want)
             .count()
     };
-    let pods = wait_some("every held pod healthy", Duration::from_secs(60), || {
+    let pods = wait_for("every held pod healthy", Duration::from_secs(60), || {
         let pods = agent.json("/debug/pods");
         (health(&pods, "healthy") == HELD).then_some(pods)
     });

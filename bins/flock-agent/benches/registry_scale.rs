@@ -51,7 +51,7 @@
 
 use flock_bird::model::{Endpoint, Health, Protocol};
 use flock_core::pod::PodKey;
-use flock_testkit::free_port;
+use flock_testkit::{ChildPort, reserve_port_for_child, wait_for};
 use std::io::Read as _;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -112,18 +112,20 @@ impl Drop for Proc {
     }
 }
 
-fn start_etcd(dir: &Path) -> (Proc, String) {
-    let port = free_port();
+/// etcd on a reserved client port (returned: keep it while etcd runs).
+fn start_etcd(dir: &Path) -> (Proc, String, ChildPort) {
+    let port = reserve_port_for_child();
     let client = format!("http://127.0.0.1:{port}");
-    let peer = format!("http://127.0.0.1:{}", free_port());
+    // One member: nobody dials its peer URL, so port 0 (the kernel's pick) will do.
+    let peer = "http://127.0.0.1:0";
     let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
     let child = Command::new(etcd_bin())
         .args(["--name", "b1", "--data-dir"])
         .arg(dir.join("etcd"))
         .args(["--listen-client-urls", &client])
         .args(["--advertise-client-urls", &client])
-        .args(["--listen-peer-urls", &peer])
-        .args(["--initial-advertise-peer-urls", &peer])
+        .args(["--listen-peer-urls", peer])
+        .args(["--initial-advertise-peer-urls", peer])
         .args(["--initial-cluster", &format!("b1={peer}")])
         .args(["--heartbeat-interval", "50", "--election-timeout", "250"])
         .stdout(Stdio::null())
@@ -132,12 +134,12 @@ fn start_etcd(dir: &Path) -> (Proc, String) {
         .expect("starting etcd");
     let proc = Proc(child);
     let addr = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !matches!(http_get(&addr, "/health"), Some((200, b)) if b.contains("true")) {
-        assert!(Instant::now() < deadline, "etcd did not become healthy");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (proc, addr)
+    wait_for(
+        "etcd /health true",
+        Duration::from_secs(20),
+        || matches!(http_get(&addr, "/health"), Some((200, b)) if b.contains("true")),
+    );
+    (proc, addr, port)
 }
 
 /// Services among `n` remote endpoints: one per 25 endpoints.
@@ -482,10 +484,13 @@ fn run(
         .prefix("flock-bench-registry-")
         .tempdir()
         .unwrap();
-    let (_etcd, etcd_addr) = start_etcd(dir.path());
+    let (_etcd, etcd_addr, _etcd_port) = start_etcd(dir.path());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let fill = rt.block_on(fill(&etcd_addr, n));
-    let admin = format!("127.0.0.1:{}", free_port());
+    // Reserved, not port 0: the agent runs with RUST_LOG=warn, so it does not log the
+    // address it bound.
+    let admin_port = reserve_port_for_child();
+    let admin = format!("127.0.0.1:{admin_port}");
     let socket = dir.path().join("cni.sock");
     let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
     let start = Instant::now();

@@ -122,7 +122,7 @@ fn capture_agent() -> Agent {
 
 /// Waits until A's unmodified request to `url` is answered 200 (Envoy has the routes).
 fn until_ok(ns: &NetNs, url: &str) -> String {
-    wait_some(&format!("a 200 for {url}"), WAIT, || {
+    wait_for(&format!("a 200 for {url}"), WAIT, || {
         let (status, body) = curl_in(ns, url);
         (status == 200).then_some(body)
     })
@@ -221,7 +221,7 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
         "strict: B's app saw the outside client: {seen:?}"
     );
     let url_p = format!("http://{}:8080/", p.ip);
-    let body = wait_some("permissive: the outside client reaches P", WAIT, || {
+    let body = wait_for("permissive: the outside client reaches P", WAIT, || {
         let (status, body) = curl_in(&n.ns, &url_p);
         (status == 200).then_some(body)
     });

@@ -348,7 +348,7 @@ async fn wall_clock_steps_of_six_hours_expire_nothing_rotate_nothing_extra_and_c
     let offset_file = offsets.path().join("offset-ms");
     set_offset(&offset_file, 0);
     let agent = blocking(|| start_agent(&etcd, &offset_file));
-    let port = etcd.client_port;
+    let port = etcd.client_port.port();
 
     // Six pods, two per identity: three SVIDs, issued at the first pod of each.
     let first_add = Instant::now();

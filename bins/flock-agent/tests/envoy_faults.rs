@@ -548,7 +548,7 @@ fn envoy_nacking_every_update_keeps_cni_and_admin_up_is_reported_and_converges_a
     // The fault: every cluster and listener published from now on is invalid.
     std::fs::write(&switch, b"").unwrap();
     let fault = Instant::now();
-    let line = wait_some("/readyz to name the NACKing Envoy", WAIT, || {
+    let line = wait_for("/readyz to name the NACKing Envoy", WAIT, || {
         let (status, body) = s.readyz();
         assert_eq!(
             status, 200,
@@ -646,7 +646,7 @@ fn envoy_sigkilled_under_load_is_restarted_and_gets_the_current_snapshot() {
             .unwrap()
             .success()
     );
-    let new = wait_some("the supervisor to start a new Envoy", WAIT, || {
+    let new = wait_for("the supervisor to start a new Envoy", WAIT, || {
         let pids = envoy_pids(&s.envoy);
         (pids.len() == 1 && pids[0] != old[0]).then(|| pids[0])
     });
@@ -715,7 +715,7 @@ fn a_slow_acking_client_is_reported_without_holding_back_cni_admin_or_envoy() {
     let load = s.load();
     let acks_before = s.metric("flock_xds_acks_total{type=\"cds\"}");
     let fault = Instant::now();
-    let line = wait_some("/readyz to name the slow client", WAIT, || {
+    let line = wait_for("/readyz to name the slow client", WAIT, || {
         let (status, body) = s.readyz();
         assert_eq!(
             status, 200,

@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{AGENT_BIN, ChildGuard, WAIT, free_port, http_get, wait_for, web_add_request};
+use common::{AGENT_BIN, ChildGuard, WAIT, http_get, wait_for, web_add_request};
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use flock_cni::client;
 use flock_cni::proto::v1::{AddPodRequest, Outcome};
@@ -127,7 +127,6 @@ impl Agent {
         std::fs::DirBuilder::new().mode(0o700).create(&run).unwrap();
         let xds_socket = run.join("xds.sock");
         let cni_socket = run.join("cni.sock");
-        let admin = format!("127.0.0.1:{}", free_port());
         let mut cmd = Command::new("prlimit");
         cmd.arg(format!("--nofile={NOFILE}:{NOFILE}"))
             .arg("--")
@@ -139,12 +138,13 @@ impl Agent {
             .arg(&cni_socket)
             .arg("--xds-socket")
             .arg(&xds_socket)
-            .arg("--admin-address")
-            .arg(&admin)
+            // Port 0: the agent logs the address it bound.
+            .args(["--admin-address", "127.0.0.1:0"])
             .args(["--registry", "memory", "--identity", "none"])
             .args(["--probe-interval-ms", "60000"])
             .env("RUST_LOG", "info");
         let mut proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
+        let admin = proc.bound_address("admin");
         wait_for("flock-agent /readyz 200", WAIT, || {
             assert!(proc.running(), "flock-agent exited:\n{}", proc.log_text());
             matches!(http_get(&admin, "/readyz"), Ok((200, _)))

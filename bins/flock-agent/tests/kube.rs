@@ -222,7 +222,7 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
     wait_for("web-0 registered under Service web", WAIT, || {
         registered(&agent) == vec![("web".to_string(), 80, 15006)]
     });
-    let (status, body) = wait_some("client → web.shop through both Envoys", WAIT, || {
+    let (status, body) = wait_for("client → web.shop through both Envoys", WAIT, || {
         let r = curl(
             &ns_client,
             &["-H", "Host: web.shop", "http://127.0.0.1:15001/"],

@@ -9,8 +9,8 @@
 //! (in A's netns), B's EDS endpoint and inbound listener (in B's netns) and the app
 //! cluster to B's server on B's loopback. DEL of B removes it from Envoy's
 //! `/config_dump`, the registry and the store: no ghost. `flockctl pods` / `snapshot`
-//! (the README walkthrough) run against the agent on the way. The agent runs with
-//! every Linux capability but `CAP_SYS_ADMIN` dropped on every thread, and its
+//! (docs/walkthrough.md, "Trying the agent") run against the agent on the way. The
+//! agent runs with every Linux capability but `CAP_SYS_ADMIN` dropped on every thread, and its
 //! liveness probes (setns into B's netns) still work.
 //!
 //! Needs root, `FLOCK_ENVOY_BIN`, `FLOCK_CNI_PLUGIN_DIR`, `FLOCK_CNITOOL` (scripts/test
@@ -101,7 +101,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
         "capabilities": {"io.kubernetes.cri.pod-annotations": true}
     });
     let installer = Installer::start(&conf_dir, work.path(), &plugin_config);
-    let patched: Value = wait_some("the conflist patched", WAIT, || {
+    let patched: Value = wait_for("the conflist patched", WAIT, || {
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&list_path).ok()?).ok()?;
         (v["plugins"][1]["type"] == "flock-cni").then_some(v)
     });
@@ -165,7 +165,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
 
     // Envoy got the listeners and clusters over Delta ADS.
     let inbound_b = "inbound|default/web-0|8080";
-    let dump = wait_some(
+    let dump = wait_for(
         "Envoy's config_dump to hold both pods and web",
         WAIT,
         || {
@@ -184,7 +184,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
     );
 
     // A → Host web → A's outbound listener → B_ip:15006 → app cluster → B's server.
-    let (status, body) = wait_some("a request from A to web through Envoy", WAIT, || {
+    let (status, body) = wait_for("a request from A to web through Envoy", WAIT, || {
         let r = request_via_outbound(&ns_a, "web");
         (r.0 == 200).then_some(r)
     });
@@ -212,7 +212,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
         }
     }
 
-    // The README walkthrough: flockctl against this agent.
+    // docs/walkthrough.md's "Trying the agent": flockctl against this agent.
     let out = agent.flockctl(&["pods"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "flockctl pods: {out:?}");
@@ -230,7 +230,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
 
     // DEL B: gone from Envoy, the registry and the store.
     cni.ok("del", &ns_b, "ctr-b", &pod_b);
-    let dump = wait_some("B gone from Envoy's config_dump", WAIT, || {
+    let dump = wait_for("B gone from Envoy's config_dump", WAIT, || {
         let d = envoy.config_dump();
         (!d.is_empty()
             && !d.contains(inbound_b)
@@ -250,7 +250,7 @@ fn two_pods_through_libcni_agent_and_supervised_envoy_then_del_leaves_no_ghost()
     assert!(!files.contains(&file_b), "B's store file {file_b} is left");
     // B's server still runs, but nothing routes to it any more: Envoy answers itself.
     assert!(server.running());
-    let (status, body) = wait_some("A's request to web to fail at Envoy", WAIT, || {
+    let (status, body) = wait_for("A's request to web to fail at Envoy", WAIT, || {
         let r = request_via_outbound(&ns_a, "web");
         matches!(r.0, 503 | 404).then_some(r)
     });

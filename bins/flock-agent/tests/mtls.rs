@@ -103,7 +103,7 @@ fn pods_talk_mtls_with_rotating_svids_and_plaintext_is_refused() {
     // A → web over mTLS: the request succeeds through the identity's cluster.
     let client_id = "spiffe://mesh.test/ns/default/sa/client";
     let web_id = "spiffe://mesh.test/ns/default/sa/web";
-    let (status, body) = wait_some("A's request to web over mTLS", WAIT, || {
+    let (status, body) = wait_for("A's request to web over mTLS", WAIT, || {
         let r = to_web(ns_a);
         (r.0 == 200).then_some(r)
     });
@@ -214,7 +214,7 @@ fn pods_talk_mtls_under_a_shared_root_and_survive_an_issuer_change() {
     let envoy = SupervisedEnvoy::start(&agent);
     let pods = TwoPods::start(&agent);
 
-    let (status, body) = wait_some("A's request to web over mTLS", WAIT, || {
+    let (status, body) = wait_for("A's request to web over mTLS", WAIT, || {
         let r = to_web(&pods.ns_a);
         (r.0 == 200).then_some(r)
     });

@@ -22,7 +22,7 @@
 //! Needs root, `FLOCK_ENVOY_BIN`, `FLOCK_ETCD_BIN`, `FLOCK_CNI_PLUGIN_DIR`,
 //! `FLOCK_CNITOOL` (scripts/test or scripts/prereqs/*.sh) and the sibling binaries built
 //! (see `common`). The cross-node benchmark is the ignored test `bench_cross_node`
-//! (README: "Running on several nodes").
+//! (docs/walkthrough.md: "Running on several nodes").
 
 mod common;
 mod multinode;
@@ -204,7 +204,7 @@ fn shared_root_locality_rotation_and_node_death() {
     c.nodes[1].kill();
     let mut ejected = None;
     let ttl = Duration::from_secs(c.opts.registry_ttl);
-    let removed = wait_some(
+    let removed = wait_for(
         "n1's Envoy to drop n2's endpoint (registry lease expiry)",
         ttl + Duration::from_secs(15),
         || {
@@ -310,7 +310,7 @@ fn per_node_cas_cannot_talk() {
     let client = c.add_pod(0, "client", "client", false);
     let web2 = c.add_pod(1, "web-n2", "web", true);
     wait_endpoint(&c, 0, web2, true);
-    let (status, body, _) = wait_some("an answer from n1's Envoy", WAIT, || {
+    let (status, body, _) = wait_for("an answer from n1's Envoy", WAIT, || {
         let r = curl_web(&c.pods[client], "web");
         (r.0 != 0).then_some(r)
     });
@@ -340,9 +340,9 @@ fn per_node_cas_cannot_talk() {
     assert!(log.contains("cross-node mTLS needs a shared root"), "{log}");
 }
 
-/// The cross-node benchmark (not a timed test: `#[ignore]`, run it on purpose, see the
-/// README's "Running on several nodes"): a client pod on n1 calls a pod on n2 through
-/// both Envoys (n1's outbound listener, mTLS across the underlay, n2's inbound
+/// The cross-node benchmark (not a timed test: `#[ignore]`, run it on purpose, see
+/// docs/benchmarks.md, "Pod to pod across two nodes"): a client pod on n1 calls a pod
+/// on n2 through both Envoys (n1's outbound listener, mTLS across the underlay, n2's inbound
 /// listener) and directly over the underlay (the pod's IP and app port, plaintext), in
 /// one run: latency p50/p99 of one keep-alive connection sending one request at a
 /// time, and the throughput of `FLOCK_BENCH_CLIENTS` (default 4) such clients at once.

@@ -53,13 +53,13 @@ const WORKERS: usize = 48;
 /// loaded 2-core CI machine once took 2.18 s, which a 2 s bound failed.
 const CONVERGE: Duration = Duration::from_secs(3);
 
-/// A single-member etcd on fixed ports and data dir, so it can be killed and started
-/// again on the same data.
+/// A single-member etcd on a reserved client port and a fixed data dir, so it can be
+/// killed and started again on the same port and data.
 struct EtcdProc {
     proc: Option<ChildGuard>,
     dir: tempfile::TempDir,
-    client_port: u16,
-    peer_port: u16,
+    /// Reserved for as long as this etcd (and each restart of it) may bind it.
+    client_port: ChildPort,
     starts: usize,
     /// A second address etcd's clients may use (the partition test's veth).
     also_on: Option<String>,
@@ -77,8 +77,7 @@ impl EtcdProc {
                 .prefix("flock-etcd-outage-")
                 .tempdir()
                 .unwrap(),
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port: reserve_port_for_child(),
             starts: 0,
             also_on,
         };
@@ -91,14 +90,15 @@ impl EtcdProc {
         if let Some(host) = &self.also_on {
             client.push_str(&format!(",http://{host}:{}", self.client_port));
         }
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        // One member: nobody dials its peer URL, so port 0 (the kernel's pick) will do.
+        let peer = "http://127.0.0.1:0";
         let mut cmd = Command::new(etcd_bin());
         cmd.args(["--name", "e1", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--listen-peer-urls", peer])
+            .args(["--initial-advertise-peer-urls", peer])
             .args(["--initial-cluster", &format!("e1={peer}")])
             .args(["--heartbeat-interval", "50", "--election-timeout", "250"]);
         self.starts += 1;
@@ -574,7 +574,7 @@ fn a_partition_between_one_agent_and_etcd_keeps_cni_working_and_the_other_node_s
         churn.failures.load(Ordering::SeqCst),
     );
     let started = Instant::now();
-    let port = etcd.client_port;
+    let port = etcd.client_port.port();
     nft_in(
         &ns,
         &format!(

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Agent, ChildGuard, WAIT, envoy_bin, free_port, http_get, wait_for};
+use common::{Agent, ChildGuard, WAIT, envoy_bin, http_get, wait_for};
 use flock_kube::double::ApiServer;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use serde_json::json;
@@ -92,9 +92,9 @@ fn the_startup_taint_goes_only_after_envoy_acked_and_other_taints_stay() {
     );
 
     // A real Envoy on the agent's own bootstrap connects and ACKs.
-    let admin_port = free_port();
     let bootstrap = work.path().join("envoy.json");
-    std::fs::write(&bootstrap, agent.envoy_bootstrap("n1", admin_port)).unwrap();
+    // Envoy's admin on port 0: this test never calls it.
+    std::fs::write(&bootstrap, agent.envoy_bootstrap("n1", 0)).unwrap();
     let mut cmd = Command::new(envoy_bin());
     cmd.arg("-c")
         .arg(&bootstrap)
@@ -141,7 +141,8 @@ fn the_kubernetes_registry_needs_kube_mode() {
         .arg(dir.path().join("cni.sock"))
         .arg("--xds-socket")
         .arg(dir.path().join("run").join("xds.sock"))
-        .args(["--admin-address", &format!("127.0.0.1:{}", free_port())])
+        // It refuses to start before binding anything.
+        .args(["--admin-address", "127.0.0.1:0"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -18,11 +18,12 @@
 
 mod common;
 
-use common::{Agent, NetNs, WAIT, free_port, web_add_request};
+use common::{Agent, NetNs, WAIT, web_add_request};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use flock_cni::client as cni;
 use flock_cni::proto::v1::{AddPodRequest, Outcome};
+use flock_testkit::eventually;
 use flock_testkit::pki::{Leaf, TestCa};
 use flock_xds::client::{self, RecvError};
 use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
@@ -173,9 +174,10 @@ async fn probe(channel: &Channel, wait: Duration) -> Received {
     got
 }
 
-/// Waits until a Delta wildcard SDS stream on `channel` delivers a private key: the
-/// positive control (an allowed Envoy does get keys from this agent).
-async fn wait_for_private_key(channel: &Channel) {
+/// Asserts that a Delta wildcard SDS stream on `channel` delivers a private key within
+/// [`WAIT`], ACKing each response without one: the positive control (an allowed Envoy
+/// does get keys from this agent).
+async fn assert_sds_delivers_a_private_key(channel: &Channel) {
     let mut ads = client::delta(channel.clone()).await.unwrap();
     ads.send(DeltaDiscoveryRequest {
         node: Some(claimed_envoy()),
@@ -184,27 +186,26 @@ async fn wait_for_private_key(channel: &Channel) {
         ..Default::default()
     })
     .unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    eventually("a private key over SDS", WAIT, async || {
         let resp = ads
-            .recv(deadline - tokio::time::Instant::now())
+            .recv(WAIT)
             .await
             .expect("an allowed Envoy gets the pod's SVID over SDS");
-        if resp
+        let has_key = resp
             .encode_to_vec()
             .windows(11)
-            .any(|w| w == b"PRIVATE KEY")
-        {
-            return;
+            .any(|w| w == b"PRIVATE KEY");
+        if !has_key {
+            ads.send(DeltaDiscoveryRequest {
+                type_url: SECRET.into(),
+                response_nonce: resp.nonce.clone(),
+                ..Default::default()
+            })
+            .unwrap();
         }
-        let nonce = resp.nonce.clone();
-        ads.send(DeltaDiscoveryRequest {
-            type_url: SECRET.into(),
-            response_nonce: nonce,
-            ..Default::default()
-        })
-        .unwrap();
-    }
+        has_key
+    })
+    .await;
 }
 
 /// Not a test on its own: the client the uid test runs as another user (it re-runs
@@ -230,7 +231,7 @@ async fn a_process_of_another_uid_on_the_socket_gets_permission_denied_and_nothi
     let agent = Agent::start(&[]);
     let _pod = add_meshed_pod(&agent).await;
     let root = client::connect(&agent.xds_target()).await.unwrap();
-    wait_for_private_key(&root).await;
+    assert_sds_delivers_a_private_key(&root).await;
 
     // Let uid 65534 reach the socket: only the agent's check stands in its way now.
     let run_dir = agent.xds_socket.parent().unwrap();
@@ -300,7 +301,7 @@ async fn the_envoy_uid_reaches_the_socket_and_gets_its_keys() {
     // what is under test).
     std::fs::set_permissions(agent.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let root = client::connect(&agent.xds_target()).await.unwrap();
-    wait_for_private_key(&root).await;
+    assert_sds_delivers_a_private_key(&root).await;
     let line = probe_as_uid_65534(&agent);
     assert!(line.contains("private_key=true "), "{line}");
     assert!(!line.contains("=7"), "no PERMISSION_DENIED: {line}");
@@ -345,10 +346,11 @@ fn the_agent_is_not_dumpable() {
         .env("TMPDIR", dir.path());
         cmd
     };
-    let admin = format!("127.0.0.1:{}", free_port());
     let mut agent = as_nobody(common::AGENT_BIN);
-    agent.args(["--dev", "--admin-address", &admin]);
+    // Port 0: the agent logs the address it bound.
+    agent.args(["--dev", "--admin-address", "127.0.0.1:0"]);
     let mut agent = ChildGuard::spawn(agent, dir.path().join("agent.log"));
+    let admin = agent.bound_address("admin");
     wait_for("the unprivileged agent's /readyz", WAIT, || {
         assert!(agent.running(), "{}", agent.log_text());
         matches!(http_get(&admin, "/readyz"), Ok((200, _)))
@@ -428,12 +430,18 @@ impl Pki {
     }
 }
 
-/// Starts the agent with mTLS xDS on a free port (the in-test CA), and one meshed pod.
+/// Starts the agent with mTLS xDS on a port of its own choosing (the in-test CA), and
+/// one meshed pod.
 async fn tls_agent(pki: &Pki) -> (Agent, u16, NetNs) {
-    let port = free_port();
-    let flags = pki.agent_flags(port);
+    let flags = pki.agent_flags(0);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let agent = Agent::start(&flags);
+    let mut agent = Agent::start(&flags);
+    let port = agent
+        .proc
+        .bound_address("xds_mtls")
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("the xDS address's port");
     let pod = add_meshed_pod(&agent).await;
     (agent, port, pod)
 }
@@ -446,7 +454,7 @@ async fn a_tls_client_without_a_certificate_claiming_envoy_gets_unauthenticated_
     let pki = Pki::new();
     let (agent, port, _pod) = tls_agent(&pki).await;
     let envoy = pki.client(ENVOY_ID);
-    wait_for_private_key(&pki.channel(port, Some(&envoy)).await).await;
+    assert_sds_delivers_a_private_key(&pki.channel(port, Some(&envoy)).await).await;
 
     let anonymous = pki.channel(port, None).await;
     let got = probe(&anonymous, T).await;
@@ -473,18 +481,16 @@ async fn a_tls_client_of_the_trust_domain_gets_only_non_secret_resources() {
     let pki = Pki::new();
     let (_agent, port, _pod) = tls_agent(&pki).await;
     let envoy = pki.client(ENVOY_ID);
-    wait_for_private_key(&pki.channel(port, Some(&envoy)).await).await;
+    assert_sds_delivers_a_private_key(&pki.channel(port, Some(&envoy)).await).await;
 
     let grpc = pki.channel(port, Some(&pki.client(GRPC_ID))).await;
     // The gRPC group is published on its own schedule: wait for the pod's service.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while listeners_of(&grpc).await == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the gRPC client never got the service's listener"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the gRPC client to get the service's listener",
+        WAIT,
+        async || listeners_of(&grpc).await > 0,
+    )
+    .await;
     let got = probe(&grpc, Duration::from_secs(2)).await;
     assert!(!got.has_private_key(), "a private key reached it: {got:?}");
     assert!(

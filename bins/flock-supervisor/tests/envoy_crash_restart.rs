@@ -18,7 +18,7 @@ const MAX_RESTARTS: u32 = 3;
 /// direct child of `sup`; returns its pid.
 async fn the_envoy(sup: &Supervisor, base_id: u32, not: Option<i32>) -> i32 {
     let mut found = None;
-    wait_for(
+    wait_for_async(
         "exactly one (new) Envoy process of the supervisor",
         Duration::from_secs(20),
         || match envoy_pids(&[base_id])[..] {
@@ -46,7 +46,8 @@ async fn crashed_newest_epoch_is_restarted_then_the_supervisor_gives_up() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
     let backend = Backend::start("ok").await;
-    let (admin_port, listen_port) = (free_port(), free_port());
+    // Envoy binds both itself, and each hot-restart epoch binds them again.
+    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
         &setup.config,
@@ -72,14 +73,14 @@ async fn crashed_newest_epoch_is_restarted_then_the_supervisor_gives_up() {
 
     // 1. One crash: restarted.
     wait_live(&admin, 0, base_id, LIVE_LIMIT).await;
-    wait_for("the ready file", Duration::from_secs(5), || {
+    wait_for_async("the ready file", Duration::from_secs(5), || {
         setup.ready.exists()
     })
     .await;
     let first = the_envoy(&sup, base_id, None).await;
     kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
     let t_crash = Instant::now();
-    wait_for(
+    wait_for_async(
         "the killed Envoy to be gone",
         Duration::from_secs(5),
         || is_gone(first),
@@ -95,7 +96,7 @@ async fn crashed_newest_epoch_is_restarted_then_the_supervisor_gives_up() {
         vec![second],
         "the LIVE Envoy is not the restarted one"
     );
-    wait_for("the ready file again", Duration::from_secs(5), || {
+    wait_for_async("the ready file again", Duration::from_secs(5), || {
         setup.ready.exists()
     })
     .await;
@@ -105,7 +106,7 @@ async fn crashed_newest_epoch_is_restarted_then_the_supervisor_gives_up() {
         log.contains("the newest Envoy epoch 0 died unexpectedly (killed by signal 9)"),
         "{log}"
     );
-    wait_for("the crash restart metric", Duration::from_secs(5), || {
+    wait_for_async("the crash restart metric", Duration::from_secs(5), || {
         metric(
             &setup.metrics,
             "flock_supervisor_restarts_total{cause=\"crash\"}",
@@ -167,7 +168,7 @@ async fn crashed_newest_epoch_is_restarted_then_the_supervisor_gives_up() {
         "every restart is scheduled with a backoff:\n{tail}"
     );
     assert!(gave_up_after < Duration::from_secs(30), "{gave_up_after:?}");
-    wait_for("no Envoy left running", Duration::from_secs(5), || {
+    wait_for_async("no Envoy left running", Duration::from_secs(5), || {
         envoy_pids(&[base_id, base_id + 1]).is_empty()
     })
     .await;

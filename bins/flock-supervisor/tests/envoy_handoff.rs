@@ -59,7 +59,8 @@ async fn second_supervisor_takes_over_at_the_next_epoch_without_failures() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
     let backend = Backend::start("ok").await;
-    let (admin_port, listen_port) = (free_port(), free_port());
+    // Envoy binds both itself, and each hot-restart epoch binds them again.
+    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
         &setup.config,
@@ -68,7 +69,7 @@ async fn second_supervisor_takes_over_at_the_next_epoch_without_failures() {
     let admin = setup.admin();
     let mut first = setup.spawn("first", &[]);
     wait_live(&admin, 0, base_id, LIVE_LIMIT).await;
-    wait_for("epoch 0 recorded", Duration::from_secs(5), || {
+    wait_for_async("epoch 0 recorded", Duration::from_secs(5), || {
         state_epoch(&setup).is_some_and(|r| r.epoch == 0)
     })
     .await;
@@ -81,7 +82,7 @@ async fn second_supervisor_takes_over_at_the_next_epoch_without_failures() {
     let mut second = setup.spawn("second", &["--parent-shutdown-time-s", "8"]);
     wait_live(&admin, 1, base_id, LIVE_LIMIT).await;
     let handoff = t0.elapsed();
-    wait_for(
+    wait_for_async(
         "epoch 1 recorded by the second",
         Duration::from_secs(5),
         || {
@@ -111,7 +112,7 @@ async fn second_supervisor_takes_over_at_the_next_epoch_without_failures() {
     );
     assert_eq!(second.wait_exit(Duration::from_secs(20)), Some(0));
     let ok_before = load.ok.load(Ordering::Relaxed);
-    wait_for("requests through epoch 2", Duration::from_secs(5), || {
+    wait_for_async("requests through epoch 2", Duration::from_secs(5), || {
         load.ok.load(Ordering::Relaxed) > ok_before + 50
     })
     .await;
@@ -152,7 +153,8 @@ async fn stale_heartbeat_means_a_cold_start_at_epoch_zero() {
     let recorded = configured + 2;
     let _cleanup = EnvoyCleanup(vec![configured, recorded]);
     let backend = Backend::start("ok").await;
-    let (admin_port, listen_port) = (free_port(), free_port());
+    // Envoy binds both itself, and each hot-restart epoch binds them again.
+    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
     let setup = Setup::new(tmp.path(), admin_port, configured);
     write_atomically(
         &setup.config,
@@ -165,7 +167,7 @@ async fn stale_heartbeat_means_a_cold_start_at_epoch_zero() {
     let mut sup = setup.spawn("stale", &[]);
     let info = wait_live(&setup.admin(), 0, recorded, LIVE_LIMIT).await;
     assert_eq!((info.epoch, info.base_id), (0, recorded));
-    wait_for("epoch 0 recorded", Duration::from_secs(5), || {
+    wait_for_async("epoch 0 recorded", Duration::from_secs(5), || {
         state_epoch(&setup).is_some_and(|r| r.epoch == 0 && r.base_id == recorded)
     })
     .await;
@@ -187,7 +189,8 @@ async fn sigterm_during_a_handoff_waits_for_it_then_stops_cleanly() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
     let backend = Backend::start("ok").await;
-    let (admin_port, listen_port) = (free_port(), free_port());
+    // Envoy binds both itself, and each hot-restart epoch binds them again.
+    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
         &setup.config,
@@ -201,7 +204,7 @@ async fn sigterm_during_a_handoff_waits_for_it_then_stops_cleanly() {
     // The next epoch takes about a second to initialize.
     let slow = with_slow_init(&envoy_config(admin_port, listen_port, backend.port, 1));
     write_atomically(&setup.config, &slow);
-    wait_for("epoch 1 forked", Duration::from_secs(20), || {
+    wait_for_async("epoch 1 forked", Duration::from_secs(20), || {
         metric(&setup.metrics, "flock_supervisor_current_epoch") == Some(1.0)
     })
     .await;
@@ -239,7 +242,8 @@ async fn sigkill_takes_the_envoys_along_and_a_new_supervisor_recovers() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
     let backend = Backend::start("ok").await;
-    let (admin_port, listen_port) = (free_port(), free_port());
+    // Envoy binds both itself, and each hot-restart epoch binds them again.
+    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
         &setup.config,
@@ -250,7 +254,7 @@ async fn sigkill_takes_the_envoys_along_and_a_new_supervisor_recovers() {
     wait_live(&admin, 0, base_id, LIVE_LIMIT).await;
     sup.signal(Signal::SIGHUP);
     wait_live(&admin, 1, base_id, LIVE_LIMIT).await;
-    wait_for("epoch 1 recorded", Duration::from_secs(5), || {
+    wait_for_async("epoch 1 recorded", Duration::from_secs(5), || {
         state_epoch(&setup).is_some_and(|r| r.epoch == 1)
     })
     .await;
@@ -263,7 +267,7 @@ async fn sigkill_takes_the_envoys_along_and_a_new_supervisor_recovers() {
 
     sup.signal(Signal::SIGKILL);
     let _ = sup.wait_exit(Duration::from_secs(5));
-    wait_for(
+    wait_for_async(
         "the Envoys to die with their supervisor",
         Duration::from_secs(5),
         || envoys.iter().all(|p| is_gone(*p)),

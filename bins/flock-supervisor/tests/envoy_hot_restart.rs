@@ -20,7 +20,8 @@ async fn hot_restarts_under_load_fail_no_request() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
     let backend = Backend::start("ok").await;
-    let (admin_port, listen_port) = (free_port(), free_port());
+    // Envoy binds both itself, and each hot-restart epoch binds them again.
+    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     let mut version = 0;
     write_atomically(
@@ -35,7 +36,7 @@ async fn hot_restarts_under_load_fail_no_request() {
     );
     let admin = setup.admin();
     wait_live(&admin, 0, base_id, LIVE_LIMIT).await;
-    wait_for("the ready file", Duration::from_secs(5), || {
+    wait_for_async("the ready file", Duration::from_secs(5), || {
         setup.ready.exists()
     })
     .await;
@@ -46,7 +47,7 @@ async fn hot_restarts_under_load_fail_no_request() {
     for epoch in 1..=RESTARTS {
         // Start each restart from a settled chain (the previous parent shut down), so
         // the latency measured is the restart's own.
-        wait_for("one Envoy process", Duration::from_secs(15), || {
+        wait_for_async("one Envoy process", Duration::from_secs(15), || {
             metric(&setup.metrics, "flock_supervisor_envoy_processes") == Some(1.0)
         })
         .await;
@@ -62,12 +63,12 @@ async fn hot_restarts_under_load_fail_no_request() {
         }
         wait_live(&admin, epoch, base_id, LIVE_LIMIT).await;
         latencies.push(t0.elapsed());
-        wait_for("the ready file", Duration::from_secs(5), || {
+        wait_for_async("the ready file", Duration::from_secs(5), || {
             std::fs::read_to_string(&setup.ready).is_ok_and(|s| s.trim() == epoch.to_string())
         })
         .await;
         let ok_before = load.ok.load(std::sync::atomic::Ordering::Relaxed);
-        wait_for(
+        wait_for_async(
             "requests through the new epoch",
             Duration::from_secs(5),
             || load.ok.load(std::sync::atomic::Ordering::Relaxed) > ok_before + 50,
@@ -76,7 +77,7 @@ async fn hot_restarts_under_load_fail_no_request() {
         assert!(sup.is_running(), "supervisor exited");
     }
     // Keep the load on across the last parent's shutdown.
-    wait_for("one Envoy process", Duration::from_secs(15), || {
+    wait_for_async("one Envoy process", Duration::from_secs(15), || {
         metric(&setup.metrics, "flock_supervisor_envoy_processes") == Some(1.0)
     })
     .await;
@@ -132,7 +133,8 @@ async fn rapid_triggers_never_fork_an_initializing_epoch() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
     let backend = Backend::start("ok").await;
-    let (admin_port, listen_port) = (free_port(), free_port());
+    // Envoy binds both itself, and each hot-restart epoch binds them again.
+    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
         &setup.config,
@@ -163,7 +165,7 @@ async fn rapid_triggers_never_fork_an_initializing_epoch() {
     }
     // Converges: the last trigger fires once the newest is LIVE and drained, then
     // everything settles on one LIVE epoch.
-    wait_for(
+    wait_for_async(
         "one Envoy process and nothing pending",
         Duration::from_secs(30),
         || {
@@ -217,7 +219,8 @@ async fn invalid_config_is_rejected_and_the_old_epoch_keeps_serving() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
     let backend = Backend::start("ok").await;
-    let (admin_port, listen_port) = (free_port(), free_port());
+    // Envoy binds both itself, and each hot-restart epoch binds them again.
+    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
     let setup = Setup::new(tmp.path(), admin_port, base_id);
     write_atomically(
         &setup.config,
@@ -238,7 +241,7 @@ async fn invalid_config_is_rejected_and_the_old_epoch_keeps_serving() {
         "route: {cluster: no-such-cluster}",
     );
     write_atomically(&setup.config, &bad);
-    wait_for("a validation failure", Duration::from_secs(20), || {
+    wait_for_async("a validation failure", Duration::from_secs(20), || {
         metric(&setup.metrics, "flock_supervisor_validation_failures_total") == Some(1.0)
     })
     .await;
@@ -251,7 +254,7 @@ async fn invalid_config_is_rejected_and_the_old_epoch_keeps_serving() {
     );
     assert_eq!(envoy_pids(&[base_id]).len(), 1);
     let ok_before = load.ok.load(std::sync::atomic::Ordering::Relaxed);
-    wait_for(
+    wait_for_async(
         "requests after the rejection",
         Duration::from_secs(5),
         || load.ok.load(std::sync::atomic::Ordering::Relaxed) > ok_before + 50,

@@ -24,10 +24,11 @@
 //! the reflectors re-list when it comes back.
 //!
 //! Limitations: a slice names one port per Service port, the pod's own app port, so a
-//! caller reaches the callee's app directly (no inbound capture into the callee's Envoy
-//! exists yet): with mTLS to a meshed Service that needs the callee's inbound listener
-//! on that port. For mesh traffic between pods today use `--kube` with an etcd
-//! registry.
+//! caller's mTLS connection reaches the callee's app directly unless the callee's
+//! capture rules redirect that port to its inbound listener (`--capture`; not for a
+//! caller on the callee's own node, whose connections come from the probe source).
+//! For mesh traffic between pods use `--kube` with an etcd registry
+//! (docs/kubernetes.md, "Ports and capture").
 //!
 //! A slice does not say which account each endpoint runs as: with a
 //! `flock.io/service-accounts` annotation of several accounts each endpoint carries

@@ -9,7 +9,7 @@ pub mod xds;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The repository root.
@@ -19,7 +19,9 @@ pub fn repo() -> PathBuf {
 
 // Not every test file uses every helper.
 #[allow(unused_imports)]
-pub use flock_testkit::{Backend, envoy_bin, free_port};
+pub use flock_testkit::{
+    Backend, ChildPort, envoy_bin, eventually, reserve_port_for_child, reserve_ports_for_child,
+};
 
 /// The Python of the peers venv (`scripts/prereqs/30-grpc.sh` installs grpcio there).
 pub fn grpc_python() -> PathBuf {
@@ -78,27 +80,6 @@ impl Drop for ChildGuard {
     }
 }
 
-/// Polls `check` every 50 ms until it returns `Some`, or panics after `timeout` with
-/// `what` and the last value seen. For conditions in another process (Envoy's config,
-/// a peer's output) that cannot be awaited directly.
-pub async fn eventually<T>(
-    timeout: Duration,
-    what: &str,
-    mut check: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// One HTTP/1.1 exchange on a fresh connection: (status, body). `None` if the
 /// connection failed or the response was not HTTP.
 pub async fn http_get(addr: &str, path: &str, host: &str) -> Option<(u16, String)> {
@@ -122,7 +103,7 @@ pub async fn http_get(addr: &str, path: &str, host: &str) -> Option<(u16, String
         .flatten()
 }
 
-/// Envoy with an ADS bootstrap pointing at `xds_port`, admin on a free port.
+/// Envoy with an ADS bootstrap pointing at `xds_port`, its admin on a port it picks.
 pub struct Envoy {
     pub admin: String,
     pub guard: ChildGuard,
@@ -131,28 +112,48 @@ pub struct Envoy {
 
 impl Envoy {
     /// Starts Envoy (node id `node_id`, ADS `api_type` "GRPC" or "DELTA_GRPC") and
-    /// waits until its admin endpoint answers.
+    /// waits until its admin endpoint answers. The admin listens on port 0 and Envoy
+    /// writes the address it bound to `--admin-address-path`: no port picked for it in
+    /// advance, so none another process could take first.
     pub async fn start(node_id: &str, api_type: &str, xds_port: u16) -> Self {
         let dir = TempDir::new("envoy");
-        let admin_port = free_port();
-        let bootstrap = flock_testkit::ads_bootstrap(node_id, api_type, xds_port, admin_port);
+        let bootstrap = flock_testkit::ads_bootstrap(node_id, api_type, xds_port, 0);
         let path = dir.0.join("bootstrap.yaml");
         std::fs::write(&path, bootstrap).unwrap();
         let log = dir.0.join("envoy.log");
+        let admin_file = dir.0.join("admin.address");
         let child = Command::new(envoy_bin())
             .arg("-c")
             .arg(&path)
+            .arg("--admin-address-path")
+            .arg(&admin_file)
             .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::create(dir.0.join("envoy.err")).unwrap())
             .spawn()
             .expect("spawn envoy");
-        let guard = ChildGuard {
+        let mut guard = ChildGuard {
             child,
             log: dir.0.join("envoy.err"),
         };
-        let admin = format!("127.0.0.1:{admin_port}");
+        let admin = eventually(
+            "Envoy's admin address file",
+            Duration::from_secs(30),
+            async || {
+                if let Ok(Some(status)) = guard.child.try_wait() {
+                    panic!(
+                        "Envoy exited ({status}) before binding its admin:\n{}",
+                        guard.log_tail()
+                    );
+                }
+                std::fs::read_to_string(&admin_file)
+                    .ok()
+                    .map(|a| a.trim().to_owned())
+                    .filter(|a| !a.is_empty())
+            },
+        )
+        .await;
         let envoy = Self {
             admin,
             guard,
@@ -160,8 +161,8 @@ impl Envoy {
         };
         let a = envoy.admin.clone();
         eventually(
-            Duration::from_secs(30),
             "Envoy's admin endpoint",
+            Duration::from_secs(30),
             async || http_get(&a, "/ready", "admin").await.map(|_| ()),
         )
         .await;

@@ -61,7 +61,7 @@ pub struct Running {
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Serves `server` over TCP on a free port.
+/// Serves `server` over TCP on a listener bound to port 0 (no port to race for).
 pub async fn start_tcp(server: Server) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

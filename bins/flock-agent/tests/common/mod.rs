@@ -9,8 +9,10 @@
 //! `cargo build -p flock-agent -p flockctl -p flock-cni-plugin -p flock-install-cni -p flock-supervisor`.
 //!
 //! API (everything is synchronous; no async runtime needed):
-//! * waiting: [`wait_for`], [`wait_some`] (poll with a deadline, never a bare sleep), [`WAIT`];
-//! * ports and HTTP: [`free_port`], [`http_get`] (one HTTP/1.1 GET, `Connection: close`);
+//! * waiting: [`wait_for`] (flock-testkit's: poll with a deadline; a check returning
+//!   `bool`, `Option` or `Result`, whose `Err` is printed on timeout), [`WAIT`];
+//! * ports and HTTP: [`reserve_port_for_child`] (a port the agent, etcd or Envoy binds
+//!   itself), [`http_get`] (one HTTP/1.1 GET, `Connection: close`);
 //! * binaries: [`AGENT_BIN`], [`sibling_bin`], [`required_env`], [`envoy_bin`];
 //! * processes: [`Agent`] (the agent process guard, admin GETs, `/readyz` wait),
 //!   [`ChildGuard`] (any child, SIGKILLed on drop), [`Installer`], [`SupervisedEnvoy`],
@@ -23,7 +25,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -33,28 +35,7 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// The `flock-agent` binary cargo built for this test.
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_flock-agent");
 
-/// Polls `cond` every 25 ms until it holds; panics with `what` after `timeout`.
-pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    wait_some(what, timeout, || cond().then_some(()))
-}
-
-/// Polls `f` every 25 ms until it returns `Some`, and returns that; panics with `what`
-/// after `timeout`.
-pub fn wait_some<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
-pub use flock_testkit::free_port;
+pub use flock_testkit::{ChildPort, reserve_port_for_child, wait_for};
 
 /// One HTTP/1.1 `GET path` to `addr` (`host:port`) with `Connection: close`; the status
 /// and the body (the rest of the stream after the headers, de-chunked when the server
@@ -196,6 +177,28 @@ impl ChildGuard {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// An address a `flock-agent` bound, from its "flock-agent listening" log line:
+    /// `field` is `admin` (`--admin-address`) or `xds_mtls` (`--xds-address`). Started
+    /// with port 0 there, the agent binds the kernel's pick, so no other process can
+    /// take the port first. Waits for the line; panics if the agent exits.
+    pub fn bound_address(&mut self, field: &str) -> String {
+        let prefix = format!("{field}=");
+        wait_for("the agent's \"flock-agent listening\" line", WAIT, || {
+            assert!(self.running(), "flock-agent exited:\n{}", self.log_text());
+            let text = self.log_text();
+            let line = text.lines().find(|l| l.contains("flock-agent listening"))?;
+            let value = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(prefix.as_str()))?;
+            // `xds_mtls` is an `Option` in Debug form: `Some(127.0.0.1:1234)`.
+            let value = value
+                .strip_prefix("Some(")
+                .and_then(|v| v.strip_suffix(')'))
+                .unwrap_or(value);
+            Some(value.to_owned())
+        })
+    }
+
     /// Sends `signal` (e.g. "TERM") with kill(1).
     pub fn signal(&self, signal: &str) {
         let _ = Command::new("kill")
@@ -206,7 +209,7 @@ impl ChildGuard {
     /// SIGTERM, then waits at most `limit` for the exit status (`None`: by a signal).
     pub fn stop(&mut self, limit: Duration) -> Option<i32> {
         self.signal("TERM");
-        let status = wait_some("the process to exit after SIGTERM", limit, || {
+        let status = wait_for("the process to exit after SIGTERM", limit, || {
             self.child.try_wait().unwrap()
         });
         status.code()
@@ -245,6 +248,9 @@ pub struct Agent {
     /// 0700).
     pub xds_socket: PathBuf,
     pub admin: String,
+    /// The admin port, reserved for as long as the agent (and each respawn of it, on
+    /// the same address) may bind it.
+    pub admin_port: ChildPort,
 }
 
 impl Agent {
@@ -354,7 +360,7 @@ impl Agent {
 /// Several agents on one machine playing several nodes, and crash/restart.
 impl Agent {
     /// Like [`Agent::start`] with this `--node-name` and `--registry` spec (each agent
-    /// on its own temp dir and free ports; `extra` may set `--probe-interval-ms`);
+    /// on its own temp dir and reserved admin port; `extra` may set `--probe-interval-ms`);
     /// waits for `/readyz` 200.
     pub fn start_node(node: &str, registry: &str, extra: &[&str]) -> Self {
         Self::start_node_env(node, registry, extra, &[])
@@ -399,7 +405,8 @@ impl Agent {
         let cni_socket = dir.path().join("cni.sock");
         let xds_socket = dir.path().join("run").join("xds.sock");
         let admin_host = netns.as_ref().map_or("127.0.0.1", |(_, host)| *host);
-        let admin = format!("{admin_host}:{}", free_port());
+        let admin_port = reserve_port_for_child();
+        let admin = format!("{admin_host}:{admin_port}");
         let mut cmd = node_command(
             node,
             registry,
@@ -436,6 +443,7 @@ impl Agent {
             cni_socket,
             xds_socket,
             admin,
+            admin_port,
             proc,
         };
         agent.wait_ready(WAIT);
@@ -518,15 +526,15 @@ pub fn etcd_bin() -> PathBuf {
     }
 }
 
-/// One real single-member etcd ([`etcd_bin`]) on free ports with its data in a temp
+/// One real single-member etcd ([`etcd_bin`]) on a reserved client port with its data in a temp
 /// dir and a fast election (50 ms heartbeat, 250 ms election timeout). SIGKILLed on
 /// drop (its log is printed when the test panics).
 pub struct Etcd {
     /// First field: dropped (killed) before `dir` is removed.
     pub proc: ChildGuard,
     pub dir: tempfile::TempDir,
-    pub client_port: u16,
-    peer_port: u16,
+    /// Reserved for as long as this etcd (and each restart of it) may bind it.
+    pub client_port: ChildPort,
     starts: usize,
 }
 
@@ -537,27 +545,27 @@ impl Etcd {
             .prefix("flock-etcd-test-")
             .tempdir()
             .unwrap();
-        let (client_port, peer_port) = (free_port(), free_port());
-        let proc = Self::spawn(dir.path(), client_port, peer_port, 0);
+        let client_port = reserve_port_for_child();
+        let proc = Self::spawn(dir.path(), client_port.port(), 0);
         Self {
             proc,
             dir,
             client_port,
-            peer_port,
             starts: 1,
         }
     }
 
-    fn spawn(dir: &Path, client_port: u16, peer_port: u16, start: usize) -> ChildGuard {
+    fn spawn(dir: &Path, client_port: u16, start: usize) -> ChildGuard {
         let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
+        // One member: nobody dials its peer URL, so port 0 (the kernel's pick) will do.
+        let peer = "http://127.0.0.1:0";
         let mut cmd = Command::new(etcd_bin());
         cmd.args(["--name", "e1", "--data-dir"])
             .arg(dir.join("data"))
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--listen-peer-urls", peer])
+            .args(["--initial-advertise-peer-urls", peer])
             .args(["--initial-cluster", &format!("e1={peer}")])
             .args(["--heartbeat-interval", "50", "--election-timeout", "250"]);
         let log = match start {
@@ -583,12 +591,7 @@ impl Etcd {
     /// runs); waits until it is healthy.
     pub fn restart(&mut self) {
         self.kill9();
-        self.proc = Self::spawn(
-            self.dir.path(),
-            self.client_port,
-            self.peer_port,
-            self.starts,
-        );
+        self.proc = Self::spawn(self.dir.path(), self.client_port.port(), self.starts);
         self.starts += 1;
     }
 
@@ -836,13 +839,15 @@ impl Cni {
 }
 
 /// Real Envoy under `flock-supervisor`, with the bootstrap the agent prints
-/// (`flock-agent envoy-bootstrap`: Delta ADS over the agent's unix socket), its own base id, state dir and free admin port. On drop: the
+/// (`flock-agent envoy-bootstrap`: Delta ADS over the agent's unix socket), its own base id, state dir and a reserved admin port. On drop: the
 /// supervisor and every Envoy of its base ids are killed, and their `/dev/shm` files
 /// removed.
 pub struct SupervisedEnvoy {
     /// First field: dropped (killed, log printed) before `dir` is removed.
     pub proc: ChildGuard,
     pub admin: String,
+    /// Envoy's admin port, reserved while its epochs may bind it.
+    pub admin_port: ChildPort,
     pub base_id: u32,
     pub dir: tempfile::TempDir,
 }
@@ -856,12 +861,13 @@ impl SupervisedEnvoy {
             .prefix("flock-envoy-test-")
             .tempdir()
             .unwrap();
-        let admin_port = free_port();
+        // Every hot-restart epoch binds the same admin address again.
+        let admin_port = reserve_port_for_child();
         let admin = format!("127.0.0.1:{admin_port}");
         let config = dir.path().join("envoy.json");
         std::fs::write(
             &config,
-            agent.envoy_bootstrap("flock-mesh-test", admin_port),
+            agent.envoy_bootstrap("flock-mesh-test", admin_port.port()),
         )
         .unwrap();
         // Steps of 4 leave room for the supervisor's "next free base id".
@@ -892,6 +898,7 @@ impl SupervisedEnvoy {
         });
         Self {
             admin,
+            admin_port,
             base_id,
             dir,
             proc,

@@ -14,17 +14,7 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_flock-install-cni");
 
-/// Polls `cond` until it holds or `timeout` passes (then panics with `what`).
-pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+pub use flock_testkit::wait_for;
 
 pub const WAIT: Duration = Duration::from_secs(10);
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flock_hotrestart::admin::{AdminClient, ServerInfo};
 use nix::sys::signal::{Signal, kill};
@@ -17,7 +17,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-pub use flock_testkit::{Backend, envoy_bin, free_port};
+pub use flock_testkit::{Backend, envoy_bin, reserve_ports_for_child};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -398,18 +398,11 @@ impl Supervisor {
 
     /// Waits for the exit, at most `limit`; the exit code (`None`: by a signal).
     pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "supervisor did not exit within {limit:?}; log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // On timeout the panic prints the supervisor's log (this guard's `Drop`).
+        let status = wait_for("the supervisor to exit", limit, || {
+            self.child.try_wait().unwrap()
+        });
+        status.code()
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -454,22 +447,12 @@ pub async fn wait_live(
     base_id: u32,
     limit: Duration,
 ) -> ServerInfo {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Ok(info) = admin.server_info().await
-            && info.is_live()
-            && info.epoch == epoch
-            && info.base_id == base_id
-        {
-            return info;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "epoch {epoch} of base id {base_id} not LIVE within {limit:?}; last answer: {:?}",
-            admin.server_info().await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("epoch {epoch} of base id {base_id} LIVE");
+    eventually(&what, limit, async || match admin.server_info().await {
+        Ok(info) if info.is_live() && info.epoch == epoch && info.base_id == base_id => Ok(info),
+        other => Err(other),
+    })
+    .await
 }
 
 /// One metric's value from the supervisor's textfile.
@@ -479,17 +462,7 @@ pub fn metric(path: &Path, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
-/// Polls `cond` every 20 ms until true, at most `limit`.
-pub async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use flock_testkit::{eventually, wait_for, wait_for_async};
 
 /// p-th percentile (0..=100) of `samples` (sorted in place).
 pub fn percentile(samples: &mut [Duration], p: usize) -> Duration {
