@@ -657,15 +657,24 @@ pub async fn refresh_loop<A, B>(
 }
 
 async fn liveness_loop(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
-    // Each pod has its own schedule (flock-core's tracker); the loop only wakes often
-    // enough to honour the shortest interval.
+    // Each pod has its own schedule (flock-core's tracker): the loop sleeps until the
+    // core's next probe deadline, and at most a tick (so a pod added meanwhile, due at
+    // once, waits no longer than that).
     let tick = Duration::from_millis(agent.config().liveness.interval_ms.clamp(100, 1000));
-    let mut interval = tokio::time::interval(tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let now = tokio::time::Instant::now();
+        let latest = now + tick;
+        // Never sooner than 20 ms: a deadline left in the past (a probe whose task
+        // failed) must not turn the loop into a spin.
+        let wake = agent
+            .next_probe()
+            .map(flock_clock::mono_instant)
+            .map_or(latest, |at| {
+                at.clamp(now + Duration::from_millis(20), latest)
+            });
         tokio::select! {
             _ = until_stopped(&mut stop) => return,
-            _ = interval.tick() => agent.liveness_round().await,
+            () = tokio::time::sleep_until(wake) => agent.liveness_round().await,
         }
     }
 }

@@ -15,6 +15,11 @@ impl Agent {
         self.core().healths()
     }
 
+    /// When the next liveness probe is due (the core's deadline); `None` without pods.
+    pub fn next_probe(&self) -> Option<flock_core::MonoMs> {
+        self.core().next_probe()
+    }
+
     /// Records whether `netns` exists; returns whether that changed.
     pub(super) fn note_netns(&self, key: &PodKey, netns: &str) -> bool {
         let exists = std::path::Path::new(netns).exists();
