@@ -218,8 +218,10 @@ pub(crate) fn set_validity(params: &mut CertificateParams, from: UnixMs, to: Uni
     params.not_after = epoch + Duration::from_millis(to.as_millis());
 }
 
-/// The raw files of a CA directory, the key in a wiping buffer.
-pub(crate) struct CaDirFiles {
+/// The raw files of a CA directory, the key in a wiping buffer: what [`validate`]
+/// judges. [`CaDirFiles::read`] reads them from the directory;
+/// [`CaDirFiles::from_contents`] takes them as bytes (the fuzz target's way in).
+pub struct CaDirFiles {
     dir: PathBuf,
     ca_cert: Vec<u8>,
     ca_key: Zeroizing<Vec<u8>>,
@@ -228,9 +230,27 @@ pub(crate) struct CaDirFiles {
 }
 
 impl CaDirFiles {
+    /// The files' contents as given; `dir` only names the files in errors. Nothing is
+    /// checked here: [`validate`] checks everything, the sizes included.
+    pub fn from_contents(
+        dir: &Path,
+        ca_cert: Vec<u8>,
+        ca_key: Zeroizing<Vec<u8>>,
+        cert_chain: Option<Vec<u8>>,
+        root_cert: Vec<u8>,
+    ) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            ca_cert,
+            ca_key,
+            cert_chain,
+            root_cert,
+        }
+    }
+
     /// Reads the four files (following symlinks: a mounted Secret's files are symlinks
     /// into its `..data` directory). `cert-chain.pem` may be absent.
-    pub(crate) fn read(dir: &Path) -> Result<Self, CaDirError> {
+    pub fn read(dir: &Path) -> Result<Self, CaDirError> {
         let ca_key = Zeroizing::new(read_limited(&dir.join(CA_KEY_FILE))?);
         let chain_path = dir.join(CERT_CHAIN_FILE);
         let cert_chain = match std::fs::symlink_metadata(&chain_path) {
@@ -271,13 +291,33 @@ fn read_limited(path: &Path) -> Result<Vec<u8>, CaDirError> {
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| err(path, format!("cannot read: {e}")))?;
+    check_size(path, &bytes)?;
+    Ok(bytes)
+}
+
+fn check_size(path: &Path, bytes: &[u8]) -> Result<(), CaDirError> {
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(err(
             path,
             format!("larger than {MAX_FILE_BYTES} bytes: not a certificate or key file"),
         ));
     }
-    Ok(bytes)
+    Ok(())
+}
+
+/// Most characters of a certificate subject quoted in an error or a description: a
+/// subject is as long as its file lets it be, and a log line needs far less.
+const MAX_SUBJECT_CHARS: usize = 256;
+
+/// A certificate's subject (RFC 4514), cut at [`MAX_SUBJECT_CHARS`] with `...`.
+fn subject_of(cert: &X509Certificate<'_>) -> String {
+    let full = cert.subject().to_string();
+    if full.chars().count() <= MAX_SUBJECT_CHARS {
+        return full;
+    }
+    let mut out: String = full.chars().take(MAX_SUBJECT_CHARS - 3).collect();
+    out.push_str("...");
+    out
 }
 
 fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CaDirError> {
@@ -348,7 +388,9 @@ pub fn load_ca_dir(dir: &Path, trust_domain: &str, now: UnixMs) -> Result<Issuer
     validate(CaDirFiles::read(dir)?, trust_domain, now)
 }
 
-pub(crate) fn validate(
+/// Validates a CA directory's files at `now` (see the module docs), for SVIDs in
+/// `trust_domain`: the set whole, or the first problem, naming its file.
+pub fn validate(
     files: CaDirFiles,
     trust_domain: &str,
     now: UnixMs,
@@ -358,6 +400,16 @@ pub(crate) fn validate(
     let key_path = dir.join(CA_KEY_FILE);
     let chain_path = dir.join(CERT_CHAIN_FILE);
     let root_path = dir.join(ROOT_CERT_FILE);
+    for (path, bytes) in [
+        (&cert_path, Some(&files.ca_cert)),
+        (&key_path, Some(&*files.ca_key)),
+        (&chain_path, files.cert_chain.as_ref()),
+        (&root_path, Some(&files.root_cert)),
+    ] {
+        if let Some(bytes) = bytes {
+            check_size(path, bytes)?;
+        }
+    }
     let fingerprint = files.fingerprint();
 
     let issuer_certs = parse_certs(&cert_path, &files.ca_cert)?;
@@ -369,7 +421,7 @@ pub(crate) fn validate(
         if !parsed.is_ca() {
             return Err(err(
                 &root_path,
-                format!("{} is not a CA certificate", parsed.subject()),
+                format!("{} is not a CA certificate", subject_of(&parsed)),
             ));
         }
     }
@@ -382,7 +434,7 @@ pub(crate) fn validate(
             &key_path,
             format!(
                 "does not match the public key of {CA_CERT_FILE} ({})",
-                issuer.subject()
+                subject_of(&issuer)
             ),
         ));
     }
@@ -391,7 +443,7 @@ pub(crate) fn validate(
             &cert_path,
             format!(
                 "{} is not a CA certificate (basicConstraints cA is not set): it cannot issue SVIDs",
-                issuer.subject()
+                subject_of(&issuer)
             ),
         ));
     }
@@ -401,7 +453,7 @@ pub(crate) fn validate(
                 &cert_path,
                 format!(
                     "{} may not sign certificates (keyUsage lacks keyCertSign)",
-                    issuer.subject()
+                    subject_of(&issuer)
                 ),
             ));
         }
@@ -417,7 +469,7 @@ pub(crate) fn validate(
             &cert_path,
             format!(
                 "{} is not valid now (valid {} to {})",
-                issuer.subject(),
+                subject_of(&issuer),
                 issuer.validity().not_before,
                 issuer.validity().not_after
             ),
@@ -453,7 +505,7 @@ pub(crate) fn validate(
         fingerprint: Some(fingerprint),
         description: format!(
             "issuer {} ({} CA certificate(s) sent after each leaf, {} root(s) trusted), until {}",
-            issuer.subject(),
+            subject_of(&issuer),
             chain.len(),
             roots.len(),
             issuer.validity().not_after
