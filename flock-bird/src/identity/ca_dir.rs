@@ -10,7 +10,8 @@
 //! | `root-cert.pem` | the trust anchors: one or more roots (old and new during a rotation) |
 //!
 //! A set is accepted only whole: the key matches the issuer's certificate, the issuer is
-//! a CA allowed to sign certificates and valid now, and a leaf it signs verifies —
+//! a CA allowed to sign certificates, it and the chain sent after each leaf are valid
+//! now, and a leaf it signs verifies —
 //! with webpki, as a TLS peer verifies it — against the roots of `root-cert.pem`
 //! through the chain. [`IssuerSet`] is the accepted set; [`BuiltinCa`] signs with it
 //! and serves `root-cert.pem` as the trust bundle.
@@ -493,6 +494,20 @@ pub fn validate(
     let mut not_after = unix_ms_of(issuer.validity().not_after);
     for cert in &chain {
         let parsed = parse_x509(&chain_path, cert)?;
+        // Checked here, not left to the probe below: path building skips a certificate
+        // it does not need, so an expired one would pass the probe, be sent after
+        // every leaf, and end every leaf at its own past expiry.
+        if !parsed.validity().is_valid_at(at_now) {
+            return Err(err(
+                &chain_path,
+                format!(
+                    "{} is not valid now (valid {} to {})",
+                    subject_of(&parsed),
+                    parsed.validity().not_before,
+                    parsed.validity().not_after
+                ),
+            ));
+        }
         not_after = not_after.min(unix_ms_of(parsed.validity().not_after));
     }
 
@@ -696,4 +711,56 @@ pub fn generate_issuer(
         .map_err(|e| err(root_dir, format!("signing the issuer: {e}")))?;
     let roots_pem = roots.iter().map(|c| cert_pem(c)).collect();
     Ok((cert.pem(), ca_key.pem(), roots_pem))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2027-01-01, the time the `ca_dir` fuzz target validates at.
+    const FUZZ_NOW: UnixMs = UnixMs(1_798_761_600_000);
+
+    /// A fuzz input of the `ca_dir` target: the files NUL-separated (`ca-cert.pem`,
+    /// `ca-key.pem`, `root-cert.pem`, then `cert-chain.pem` if present).
+    fn fuzz_input(data: &[u8]) -> CaDirFiles {
+        let mut parts = data.splitn(4, |b| *b == 0).map(<[u8]>::to_vec);
+        let ca_cert = parts.next().unwrap_or_default();
+        let ca_key = Zeroizing::new(parts.next().unwrap_or_default());
+        let root_cert = parts.next().unwrap_or_default();
+        let dir = Path::new("/etc/flock/ca");
+        CaDirFiles::from_contents(dir, ca_cert, ca_key, parts.next(), root_cert)
+    }
+
+    #[test]
+    fn an_expired_certificate_in_the_chain_is_refused_naming_it() {
+        // Found by the fuzz target: an intermediate of 2020 appended to an otherwise
+        // good cert-chain.pem was accepted, and the set's end was 2021.
+        let input = include_bytes!("../../../fuzz/seeds/ca_dir/expired-cert-in-chain");
+        let e = validate(fuzz_input(input), "cluster.local", FUZZ_NOW).unwrap_err();
+        assert_eq!(e.path, Path::new("/etc/flock/ca").join(CERT_CHAIN_FILE));
+        assert!(
+            e.reason
+                .starts_with("O=flock, CN=old intermediate is not valid now"),
+            "{e}"
+        );
+        // The same set without it is accepted (the refusal is for that certificate).
+        let good = include_bytes!("../../../fuzz/seeds/ca_dir/istio-intermediate");
+        let set = validate(fuzz_input(good), "cluster.local", FUZZ_NOW).unwrap();
+        assert!(set.not_after_ms() > FUZZ_NOW);
+    }
+
+    #[test]
+    fn contents_over_the_size_limit_are_refused_like_a_file_read() {
+        let big = vec![b'a'; MAX_FILE_BYTES as usize + 1];
+        let files = CaDirFiles::from_contents(
+            Path::new("/ca"),
+            big,
+            Zeroizing::new(Vec::new()),
+            None,
+            Vec::new(),
+        );
+        let e = validate(files, "cluster.local", FUZZ_NOW).unwrap_err();
+        assert_eq!(e.path, Path::new("/ca").join(CA_CERT_FILE));
+        assert!(e.reason.starts_with("larger than 262144 bytes"), "{e}");
+    }
 }
