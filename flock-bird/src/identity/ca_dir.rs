@@ -10,7 +10,8 @@
 //! | `root-cert.pem` | the trust anchors: one or more roots (old and new during a rotation) |
 //!
 //! A set is accepted only whole: the key matches the issuer's certificate, the issuer is
-//! a CA allowed to sign certificates and valid now, and a leaf it signs verifies —
+//! a CA allowed to sign certificates, it and the chain sent after each leaf are valid
+//! now, and a leaf it signs verifies —
 //! with webpki, as a TLS peer verifies it — against the roots of `root-cert.pem`
 //! through the chain. [`IssuerSet`] is the accepted set; [`BuiltinCa`] signs with it
 //! and serves `root-cert.pem` as the trust bundle.
@@ -218,8 +219,10 @@ pub(crate) fn set_validity(params: &mut CertificateParams, from: UnixMs, to: Uni
     params.not_after = epoch + Duration::from_millis(to.as_millis());
 }
 
-/// The raw files of a CA directory, the key in a wiping buffer.
-pub(crate) struct CaDirFiles {
+/// The raw files of a CA directory, the key in a wiping buffer: what [`validate`]
+/// judges. [`CaDirFiles::read`] reads them from the directory;
+/// [`CaDirFiles::from_contents`] takes them as bytes (the fuzz target's way in).
+pub struct CaDirFiles {
     dir: PathBuf,
     ca_cert: Vec<u8>,
     ca_key: Zeroizing<Vec<u8>>,
@@ -228,9 +231,27 @@ pub(crate) struct CaDirFiles {
 }
 
 impl CaDirFiles {
+    /// The files' contents as given; `dir` only names the files in errors. Nothing is
+    /// checked here: [`validate`] checks everything, the sizes included.
+    pub fn from_contents(
+        dir: &Path,
+        ca_cert: Vec<u8>,
+        ca_key: Zeroizing<Vec<u8>>,
+        cert_chain: Option<Vec<u8>>,
+        root_cert: Vec<u8>,
+    ) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            ca_cert,
+            ca_key,
+            cert_chain,
+            root_cert,
+        }
+    }
+
     /// Reads the four files (following symlinks: a mounted Secret's files are symlinks
     /// into its `..data` directory). `cert-chain.pem` may be absent.
-    pub(crate) fn read(dir: &Path) -> Result<Self, CaDirError> {
+    pub fn read(dir: &Path) -> Result<Self, CaDirError> {
         let ca_key = Zeroizing::new(read_limited(&dir.join(CA_KEY_FILE))?);
         let chain_path = dir.join(CERT_CHAIN_FILE);
         let cert_chain = match std::fs::symlink_metadata(&chain_path) {
@@ -271,13 +292,33 @@ fn read_limited(path: &Path) -> Result<Vec<u8>, CaDirError> {
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| err(path, format!("cannot read: {e}")))?;
+    check_size(path, &bytes)?;
+    Ok(bytes)
+}
+
+fn check_size(path: &Path, bytes: &[u8]) -> Result<(), CaDirError> {
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(err(
             path,
             format!("larger than {MAX_FILE_BYTES} bytes: not a certificate or key file"),
         ));
     }
-    Ok(bytes)
+    Ok(())
+}
+
+/// Most characters of a certificate subject quoted in an error or a description: a
+/// subject is as long as its file lets it be, and a log line needs far less.
+const MAX_SUBJECT_CHARS: usize = 256;
+
+/// A certificate's subject (RFC 4514), cut at [`MAX_SUBJECT_CHARS`] with `...`.
+fn subject_of(cert: &X509Certificate<'_>) -> String {
+    let full = cert.subject().to_string();
+    if full.chars().count() <= MAX_SUBJECT_CHARS {
+        return full;
+    }
+    let mut out: String = full.chars().take(MAX_SUBJECT_CHARS - 3).collect();
+    out.push_str("...");
+    out
 }
 
 fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CaDirError> {
@@ -348,7 +389,9 @@ pub fn load_ca_dir(dir: &Path, trust_domain: &str, now: UnixMs) -> Result<Issuer
     validate(CaDirFiles::read(dir)?, trust_domain, now)
 }
 
-pub(crate) fn validate(
+/// Validates a CA directory's files at `now` (see the module docs), for SVIDs in
+/// `trust_domain`: the set whole, or the first problem, naming its file.
+pub fn validate(
     files: CaDirFiles,
     trust_domain: &str,
     now: UnixMs,
@@ -358,6 +401,16 @@ pub(crate) fn validate(
     let key_path = dir.join(CA_KEY_FILE);
     let chain_path = dir.join(CERT_CHAIN_FILE);
     let root_path = dir.join(ROOT_CERT_FILE);
+    for (path, bytes) in [
+        (&cert_path, Some(&files.ca_cert)),
+        (&key_path, Some(&*files.ca_key)),
+        (&chain_path, files.cert_chain.as_ref()),
+        (&root_path, Some(&files.root_cert)),
+    ] {
+        if let Some(bytes) = bytes {
+            check_size(path, bytes)?;
+        }
+    }
     let fingerprint = files.fingerprint();
 
     let issuer_certs = parse_certs(&cert_path, &files.ca_cert)?;
@@ -369,7 +422,7 @@ pub(crate) fn validate(
         if !parsed.is_ca() {
             return Err(err(
                 &root_path,
-                format!("{} is not a CA certificate", parsed.subject()),
+                format!("{} is not a CA certificate", subject_of(&parsed)),
             ));
         }
     }
@@ -382,7 +435,7 @@ pub(crate) fn validate(
             &key_path,
             format!(
                 "does not match the public key of {CA_CERT_FILE} ({})",
-                issuer.subject()
+                subject_of(&issuer)
             ),
         ));
     }
@@ -391,7 +444,7 @@ pub(crate) fn validate(
             &cert_path,
             format!(
                 "{} is not a CA certificate (basicConstraints cA is not set): it cannot issue SVIDs",
-                issuer.subject()
+                subject_of(&issuer)
             ),
         ));
     }
@@ -401,7 +454,7 @@ pub(crate) fn validate(
                 &cert_path,
                 format!(
                     "{} may not sign certificates (keyUsage lacks keyCertSign)",
-                    issuer.subject()
+                    subject_of(&issuer)
                 ),
             ));
         }
@@ -417,7 +470,7 @@ pub(crate) fn validate(
             &cert_path,
             format!(
                 "{} is not valid now (valid {} to {})",
-                issuer.subject(),
+                subject_of(&issuer),
                 issuer.validity().not_before,
                 issuer.validity().not_after
             ),
@@ -441,6 +494,20 @@ pub(crate) fn validate(
     let mut not_after = unix_ms_of(issuer.validity().not_after);
     for cert in &chain {
         let parsed = parse_x509(&chain_path, cert)?;
+        // Checked here, not left to the probe below: path building skips a certificate
+        // it does not need, so an expired one would pass the probe, be sent after
+        // every leaf, and end every leaf at its own past expiry.
+        if !parsed.validity().is_valid_at(at_now) {
+            return Err(err(
+                &chain_path,
+                format!(
+                    "{} is not valid now (valid {} to {})",
+                    subject_of(&parsed),
+                    parsed.validity().not_before,
+                    parsed.validity().not_after
+                ),
+            ));
+        }
         not_after = not_after.min(unix_ms_of(parsed.validity().not_after));
     }
 
@@ -453,7 +520,7 @@ pub(crate) fn validate(
         fingerprint: Some(fingerprint),
         description: format!(
             "issuer {} ({} CA certificate(s) sent after each leaf, {} root(s) trusted), until {}",
-            issuer.subject(),
+            subject_of(&issuer),
             chain.len(),
             roots.len(),
             issuer.validity().not_after
@@ -644,4 +711,56 @@ pub fn generate_issuer(
         .map_err(|e| err(root_dir, format!("signing the issuer: {e}")))?;
     let roots_pem = roots.iter().map(|c| cert_pem(c)).collect();
     Ok((cert.pem(), ca_key.pem(), roots_pem))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2027-01-01, the time the `ca_dir` fuzz target validates at.
+    const FUZZ_NOW: UnixMs = UnixMs(1_798_761_600_000);
+
+    /// A fuzz input of the `ca_dir` target: the files NUL-separated (`ca-cert.pem`,
+    /// `ca-key.pem`, `root-cert.pem`, then `cert-chain.pem` if present).
+    fn fuzz_input(data: &[u8]) -> CaDirFiles {
+        let mut parts = data.splitn(4, |b| *b == 0).map(<[u8]>::to_vec);
+        let ca_cert = parts.next().unwrap_or_default();
+        let ca_key = Zeroizing::new(parts.next().unwrap_or_default());
+        let root_cert = parts.next().unwrap_or_default();
+        let dir = Path::new("/etc/flock/ca");
+        CaDirFiles::from_contents(dir, ca_cert, ca_key, parts.next(), root_cert)
+    }
+
+    #[test]
+    fn an_expired_certificate_in_the_chain_is_refused_naming_it() {
+        // Found by the fuzz target: an intermediate of 2020 appended to an otherwise
+        // good cert-chain.pem was accepted, and the set's end was 2021.
+        let input = include_bytes!("../../../fuzz/seeds/ca_dir/expired-cert-in-chain");
+        let e = validate(fuzz_input(input), "cluster.local", FUZZ_NOW).unwrap_err();
+        assert_eq!(e.path, Path::new("/etc/flock/ca").join(CERT_CHAIN_FILE));
+        assert!(
+            e.reason
+                .starts_with("O=flock, CN=old intermediate is not valid now"),
+            "{e}"
+        );
+        // The same set without it is accepted (the refusal is for that certificate).
+        let good = include_bytes!("../../../fuzz/seeds/ca_dir/istio-intermediate");
+        let set = validate(fuzz_input(good), "cluster.local", FUZZ_NOW).unwrap();
+        assert!(set.not_after_ms() > FUZZ_NOW);
+    }
+
+    #[test]
+    fn contents_over_the_size_limit_are_refused_like_a_file_read() {
+        let big = vec![b'a'; MAX_FILE_BYTES as usize + 1];
+        let files = CaDirFiles::from_contents(
+            Path::new("/ca"),
+            big,
+            Zeroizing::new(Vec::new()),
+            None,
+            Vec::new(),
+        );
+        let e = validate(files, "cluster.local", FUZZ_NOW).unwrap_err();
+        assert_eq!(e.path, Path::new("/ca").join(CA_CERT_FILE));
+        assert!(e.reason.starts_with("larger than 262144 bytes"), "{e}");
+    }
 }

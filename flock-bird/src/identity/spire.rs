@@ -391,15 +391,12 @@ impl Inner {
         token: u64,
         resp: pb::SubscribeToX509sviDsResponse,
     ) -> bool {
-        let svid = match resp.x509_svids.into_iter().next() {
-            None => None,
-            Some(s) => match convert_svid(s) {
-                Ok(svid) => Some(svid),
-                Err(e) => {
-                    tracing::warn!(pod = %key, "ignoring an SVID from SPIRE: {e}");
-                    return true;
-                }
-            },
+        let svid = match svid_of_response(resp) {
+            Ok(svid) => svid,
+            Err(e) => {
+                tracing::warn!(pod = %key, "ignoring an SVID from SPIRE: {e}");
+                return true;
+            }
         };
         let mut st = self.state.lock();
         if !Self::wanted(&st, key, token) {
@@ -467,28 +464,9 @@ impl Inner {
     }
 
     fn accept_bundles(&self, resp: pb::SubscribeToX509BundlesResponse) {
-        let mut bundles = BTreeMap::new();
-        for (name, der) in resp.ca_certificates {
-            // The proto says bare names; released SPIRE agents send `spiffe://<td>`.
-            let td = name.strip_prefix("spiffe://").unwrap_or(&name).to_string();
-            let certs = match split_der(&der) {
-                Ok(certs) => certs,
-                Err(e) => {
-                    tracing::warn!(trust_domain = %td, "ignoring a malformed bundle from SPIRE: {e}");
-                    continue;
-                }
-            };
-            let ca_pem = certs
-                .iter()
-                .map(|c| pem("CERTIFICATE", c).as_str().to_owned())
-                .collect();
-            bundles.insert(
-                td.clone(),
-                Bundle {
-                    trust_domain: td,
-                    ca_pem,
-                },
-            );
+        let (bundles, refused) = bundles_of_response(resp);
+        for (td, e) in refused {
+            tracing::warn!(trust_domain = %td, "ignoring a malformed bundle from SPIRE: {e}");
         }
         let mut st = self.state.lock();
         if st.bundles != bundles {
@@ -632,7 +610,67 @@ async fn connect(socket: &Path, timeout: Duration) -> Result<Client, String> {
     Ok(Client::new(channel))
 }
 
-/// Converts SPIRE's SVID (DER chain, PKCS#8 DER key) into an [`Svid`] (PEM).
+/// Most certificates in an SVID's chain (the leaf and its intermediates; SPIRE sends
+/// two or three). The whole message is bounded by tonic's decoding limit (4 MiB).
+const MAX_CHAIN_CERTS: usize = 16;
+
+/// The SVID of a `SubscribeToX509SVIDs` message: its first one converted (see
+/// [`convert_svid`]), `Ok(None)` when it has none (no registration entry matches the
+/// pod's selectors). A pure function of the message.
+pub fn svid_of_response(resp: pb::SubscribeToX509sviDsResponse) -> Result<Option<Svid>, String> {
+    resp.x509_svids
+        .into_iter()
+        .next()
+        .map(convert_svid)
+        .transpose()
+}
+
+/// The trust bundles of a `SubscribeToX509Bundles` message by trust domain, and the
+/// entries refused (the name as sent, cut to 64 characters, and why). A pure function
+/// of the message.
+pub fn bundles_of_response(
+    resp: pb::SubscribeToX509BundlesResponse,
+) -> (BTreeMap<String, Bundle>, Vec<(String, String)>) {
+    let mut bundles = BTreeMap::new();
+    let mut refused = Vec::new();
+    for (name, der) in resp.ca_certificates {
+        // The proto says bare names; released SPIRE agents send `spiffe://<td>`.
+        let td = name.strip_prefix("spiffe://").unwrap_or(&name);
+        let certs = super::validate_trust_domain(td)
+            .map_err(|e| format!("trust domain: {e}"))
+            .and_then(|()| split_der(&der))
+            .and_then(|certs| {
+                if certs.is_empty() {
+                    return Err("no certificate".to_string());
+                }
+                certs.iter().try_for_each(|c| one_certificate(c))?;
+                Ok(certs)
+            });
+        match certs {
+            Ok(certs) => {
+                let ca_pem = certs
+                    .iter()
+                    .map(|c| pem("CERTIFICATE", c).as_str().to_owned())
+                    .collect();
+                bundles.insert(
+                    td.to_string(),
+                    Bundle {
+                        trust_domain: td.to_string(),
+                        ca_pem,
+                    },
+                );
+            }
+            Err(e) => refused.push((name.chars().take(64).collect(), e)),
+        }
+    }
+    (bundles, refused)
+}
+
+/// Converts SPIRE's SVID (DER chain, PKCS#8 DER key) into an [`Svid`] (PEM). Refused:
+/// no SVID, ID or key; a SPIFFE ID the spec does not allow (its trust domain, a path
+/// segment, or over 2048 bytes: the translation would not find its trust domain); an
+/// empty chain or one over [`MAX_CHAIN_CERTS`]; a chain entry that is not one DER
+/// certificate.
 fn convert_svid(mut s: pb::X509svidWithKey) -> Result<Svid, String> {
     // Copied out of the message first, so our copy of the DER key is wiped on every
     // return path. The message's own bytes are wiped too when this is their only
@@ -645,21 +683,42 @@ fn convert_svid(mut s: pb::X509svidWithKey) -> Result<Svid, String> {
     }
     let x = s.x509_svid.ok_or("response without an SVID")?;
     let id = x.id.ok_or("SVID without a SPIFFE ID")?;
-    if id.trust_domain.is_empty() {
-        return Err("SVID with an empty trust domain".to_string());
-    }
+    super::validate_trust_domain(&id.trust_domain)
+        .map_err(|e| format!("SVID with a bad trust domain: {e}"))?;
     let leaf = x.cert_chain.first().ok_or("SVID with an empty chain")?;
+    if x.cert_chain.len() > MAX_CHAIN_CERTS {
+        return Err(format!(
+            "SVID with {} certificates in its chain, more than {MAX_CHAIN_CERTS}",
+            x.cert_chain.len()
+        ));
+    }
     if key_der.is_empty() {
         return Err("SVID without a private key".to_string());
     }
+    for cert in &x.cert_chain {
+        one_certificate(cert)?;
+    }
     let serial = leaf_serial(leaf)?;
-    let path = if id.path.is_empty() || id.path.starts_with('/') {
-        id.path
-    } else {
-        format!("/{}", id.path)
-    };
+    // SPIRE sends the path with its leading slash; tolerate one without.
+    let path = id.path.strip_prefix('/').unwrap_or(&id.path);
+    if path.is_empty() {
+        // An ID without a path names the trust domain itself, no workload; the
+        // translation would find no trust domain in it either.
+        return Err("SVID whose SPIFFE ID has no path".to_string());
+    }
+    for segment in path.split('/') {
+        super::validate_path_segment(segment)
+            .map_err(|e| format!("SVID with a bad SPIFFE ID path segment: {e}"))?;
+    }
+    let spiffe_id = format!("spiffe://{}/{path}", id.trust_domain);
+    if spiffe_id.len() > MAX_SPIFFE_ID_BYTES {
+        return Err(format!(
+            "SVID whose SPIFFE ID is {} bytes long, more than {MAX_SPIFFE_ID_BYTES}",
+            spiffe_id.len()
+        ));
+    }
     Ok(Svid {
-        spiffe_id: format!("spiffe://{}{}", id.trust_domain, path),
+        spiffe_id,
         cert_chain_pem: x
             .cert_chain
             .iter()
@@ -698,6 +757,24 @@ fn der_tlv(b: &[u8]) -> Result<(u8, &[u8], &[u8]), String> {
         return Err("truncated DER".to_string());
     }
     Ok((tag, &rest[..len], &rest[len..]))
+}
+
+/// Longest SPIFFE ID (the SPIFFE ID spec's limit; the translation ignores longer ones).
+const MAX_SPIFFE_ID_BYTES: usize = 2048;
+
+/// Checks that `b` is one DER SEQUENCE and nothing after it: the outline of a
+/// certificate (what is inside is for Envoy's verifier to judge).
+fn one_certificate(b: &[u8]) -> Result<(), String> {
+    let (tag, _, rest) = der_tlv(b)?;
+    if tag != 0x30 {
+        return Err(format!(
+            "not a DER certificate (tag {tag:#04x}, not a SEQUENCE)"
+        ));
+    }
+    if !rest.is_empty() {
+        return Err(format!("{} bytes after a DER certificate", rest.len()));
+    }
+    Ok(())
 }
 
 /// Splits concatenated DER certificates.
@@ -796,6 +873,141 @@ mod tests {
             2
         );
         assert!(!leaf_serial(cert.der()).unwrap().is_empty());
+    }
+
+    fn svid_message(td: &str, path: &str, chain: Vec<Vec<u8>>) -> pb::X509svidWithKey {
+        use spire_api::pb::spire::api::types::{Spiffeid, X509svid};
+        pb::X509svidWithKey {
+            x509_svid: Some(X509svid {
+                cert_chain: chain.into_iter().map(Into::into).collect(),
+                id: Some(Spiffeid {
+                    trust_domain: td.to_string(),
+                    path: path.to_string(),
+                }),
+                expires_at: 1_900_000_000,
+                hint: String::new(),
+            }),
+            x509_svid_key: vec![0x30, 0x00].into(),
+        }
+    }
+
+    fn cert_der() -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["a.test".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        cert.der().to_vec()
+    }
+
+    #[test]
+    fn an_svid_is_converted_with_its_id_chain_and_serial() {
+        let der = cert_der();
+        let resp = pb::SubscribeToX509sviDsResponse {
+            x509_svids: vec![svid_message("example.org", "/ns/a/sa/b", vec![der.clone()])],
+            federates_with: Vec::new(),
+        };
+        let svid = svid_of_response(resp).unwrap().unwrap();
+        assert_eq!(svid.spiffe_id, "spiffe://example.org/ns/a/sa/b");
+        assert_eq!(svid.cert_chain_pem, *pem("CERTIFICATE", &der));
+        assert_eq!(svid.serial, leaf_serial(&der).unwrap());
+        assert_eq!(svid.not_after_ms, UnixMs(1_900_000_000_000));
+        // No SVID in the message: no registration entry matches.
+        assert!(svid_of_response(Default::default()).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_svid_with_a_bad_id_or_chain_is_refused_precisely() {
+        let der = cert_der();
+        let refusal = |td: &str, path: &str, chain: Vec<Vec<u8>>| {
+            convert_svid(svid_message(td, path, chain))
+                .map(|s| s.spiffe_id)
+                .unwrap_err()
+        };
+        let ok = || vec![der.clone()];
+        assert!(refusal("Example.org", "/a", ok()).starts_with("SVID with a bad trust domain"));
+        assert!(refusal("a/b", "/a", ok()).starts_with("SVID with a bad trust domain"));
+        assert_eq!(
+            refusal("example.org", "", ok()),
+            "SVID whose SPIFFE ID has no path"
+        );
+        assert_eq!(
+            refusal("example.org", "/", ok()),
+            "SVID whose SPIFFE ID has no path"
+        );
+        for path in ["/a//b", "/a/../b", "/a?x", "/a/"] {
+            assert!(
+                refusal("example.org", path, ok())
+                    .starts_with("SVID with a bad SPIFFE ID path segment"),
+                "{path}"
+            );
+        }
+        let long = format!("/{}", ["s"; 1100].join("/"));
+        assert!(refusal("example.org", &long, ok()).contains("more than 2048"));
+        assert_eq!(
+            refusal("example.org", "/a", vec![]),
+            "SVID with an empty chain"
+        );
+        assert!(refusal("example.org", "/a", vec![der.clone(); 17]).contains("more than 16"));
+        let mut trailing = der.clone();
+        trailing.push(0);
+        assert_eq!(
+            refusal("example.org", "/a", vec![der.clone(), trailing]),
+            "1 bytes after a DER certificate"
+        );
+        assert!(
+            refusal("example.org", "/a", vec![vec![0x04, 0x00]])
+                .starts_with("not a DER certificate")
+        );
+        // A path without its leading slash is SPIRE's too.
+        assert_eq!(
+            convert_svid(svid_message("example.org", "ns/a", ok()))
+                .unwrap()
+                .spiffe_id,
+            "spiffe://example.org/ns/a"
+        );
+    }
+
+    #[test]
+    fn bundles_are_read_by_trust_domain_and_bad_ones_refused() {
+        let (a, b) = (cert_der(), cert_der());
+        let resp = pb::SubscribeToX509BundlesResponse {
+            ca_certificates: [
+                (
+                    "spiffe://example.org".to_string(),
+                    [a.clone(), b.clone()].concat(),
+                ),
+                ("other.org".to_string(), a.clone()),
+                ("spiffe://Bad".to_string(), a.clone()),
+                ("empty.org".to_string(), Vec::new()),
+                ("cut.org".to_string(), a[..a.len() - 1].to_vec()),
+            ]
+            .into_iter()
+            .map(|(name, der)| (name, der.into()))
+            .collect(),
+        };
+        let (bundles, mut refused) = bundles_of_response(resp);
+        assert_eq!(
+            bundles.keys().collect::<Vec<_>>(),
+            ["example.org", "other.org"]
+        );
+        assert_eq!(
+            bundles["example.org"].ca_pem,
+            format!("{}{}", *pem("CERTIFICATE", &a), *pem("CERTIFICATE", &b))
+        );
+        refused.sort();
+        assert_eq!(
+            refused,
+            [
+                ("cut.org".to_string(), "truncated DER".to_string()),
+                ("empty.org".to_string(), "no certificate".to_string()),
+                (
+                    "spiffe://Bad".to_string(),
+                    "trust domain: character 'B' not allowed (lowercase letters, digits, '.', '-', '_')"
+                        .to_string()
+                ),
+            ]
+        );
     }
 
     /// The PEM buffer is allocated once at its final size: had it grown, the key's

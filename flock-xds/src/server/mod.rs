@@ -37,7 +37,7 @@ pub use listen::{
     ensure_private_dir,
 };
 pub use metrics::Metrics;
-pub use peer::Peer;
+pub use peer::{Peer, identity_of};
 
 use crate::cache::Cache;
 use crate::callbacks::{Callbacks, NoCallbacks, StreamKind};
