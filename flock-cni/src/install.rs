@@ -57,20 +57,27 @@ pub enum OnExit {
     Keep,
 }
 
+/// A test hook that runs at one point of the daemon's startup.
+pub type Hook = Arc<dyn Fn() + Send + Sync>;
+
+/// A test hook the watch thread calls with the name of each entry whose change it
+/// queued.
+pub type QueuedHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Points where a test can act inside the daemon's startup. Empty in the binary.
 #[derive(Clone, Default)]
 pub struct Hooks {
     /// Runs exactly between arming the watch and listing the directory for the first
     /// scan: a test creates a config here to show that one created in that window is
     /// still patched.
-    pub between_arm_and_scan: Option<Arc<dyn Fn() + Send + Sync>>,
+    pub between_arm_and_scan: Option<Hook>,
     /// Runs exactly between listing the directory for the first scan and handing that
     /// listing to the event loop: a config created here is in no listing, only in
     /// the watch's event, which the loop receives before the listing.
-    pub between_listing_and_listed: Option<Arc<dyn Fn() + Send + Sync>>,
+    pub between_listing_and_listed: Option<Hook>,
     /// Runs on the watch thread each time it has queued a change of the named entry
     /// for the event loop: a test waits on it to know an event is queued.
-    pub watch_queued: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    pub watch_queued: Option<QueuedHook>,
 }
 
 impl std::fmt::Debug for Hooks {

@@ -4,7 +4,6 @@
 use std::fs;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
 
 use inotify::{EventMask, Inotify, WatchMask};
 use tokio::sync::mpsc::UnboundedSender as Sender;
@@ -13,7 +12,7 @@ use tracing::warn;
 use super::{InstallError, Work};
 
 /// Called with an entry's name after its change was queued (a test hook).
-pub(super) type Queued = Option<Arc<dyn Fn(&str) + Send + Sync>>;
+pub(super) type Queued = Option<super::QueuedHook>;
 
 /// Arms an inotify watch on `dir` and starts the thread that feeds its events into
 /// `tx` (calling `queued` after each change it queues). Returns once the watch is
