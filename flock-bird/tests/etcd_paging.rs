@@ -422,9 +422,18 @@ async fn lists_more_than_one_message_and_relists_after_compaction() {
     for keys in [&mut added, &mut changed, &mut removed] {
         keys.sort();
     }
-    assert_eq!(v.delta.added, added, "added keys");
-    assert_eq!(v.delta.changed, changed, "changed keys");
-    assert_eq!(v.delta.removed, removed, "removed keys");
+    assert_eq!(
+        v.delta.added, added,
+        "the re-list is not a diff of the view: its added keys"
+    );
+    assert_eq!(
+        v.delta.changed, changed,
+        "the re-list is not a diff of the view: its changed keys"
+    );
+    assert_eq!(
+        v.delta.removed, removed,
+        "the re-list is not a diff of the view: its removed keys"
+    );
     assert_eq!(rejections.count(Reject::Port), 1);
     assert!(
         rejections.refused().contains_key(&remote(2).key()),

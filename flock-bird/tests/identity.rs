@@ -341,7 +341,7 @@ async fn the_rotation_loop_issues_one_svid_per_half_life_whatever_the_wall_clock
     assert_eq!(
         ca.issued_count(),
         warranted,
-        "issued {} in {elapsed} ms",
+        "not one issuance per identity per half-life of monotonic time: issued {} in {elapsed} ms",
         ca.issued_count()
     );
 }

@@ -287,7 +287,11 @@ async fn a_del_during_a_pending_registration_leaves_no_ghost() {
     until("the sync undid it", || endpoints(&reg).is_empty()).await;
     settled(&agent).await;
     assert!(endpoints(&reg).is_empty(), "ghost: {:?}", endpoints(&reg));
-    assert_eq!(agent.metrics.guard_undos.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        agent.metrics.guard_undos.load(Ordering::Relaxed),
+        1,
+        "the registration that landed after the DEL was not undone by its guard"
+    );
 }
 
 /// A DEL repeated while the first one's unregistration is still in flight (the

@@ -192,8 +192,12 @@ proptest! {
             table.update(&view, vips);
             let (want, want_excluded) = served_services(&view, vips);
             let got: Vec<_> = table.services().iter().map(|s| (**s).clone()).collect();
-            prop_assert_eq!(got, want);
-            prop_assert_eq!(table.excluded(), &want_excluded);
+            prop_assert_eq!(got, want, "the incremental services differ from a from-scratch computation");
+            prop_assert_eq!(
+                table.excluded(),
+                &want_excluded,
+                "the incremental exclusions differ from a from-scratch computation"
+            );
         }
     }
 }

@@ -16,7 +16,9 @@
 //!    later arm would be seen by neither and stay unpatched. Armed first, the watch
 //!    thread and the scan feed one queue consumed by one thread: a config created
 //!    during startup is in the scan or produces an event (both, at worst; handling a
-//!    file twice is harmless because decisions are per file and idempotent).
+//!    file twice is harmless because decisions are per file and idempotent). An event
+//!    queued after the listing was taken reaches the machine before the listing, and
+//!    is handled, not dropped: the listing does not hold that file.
 //! 4. The event loop (`watch` feeds it): each event goes into the machine, then every
 //!    request the machine makes is performed (`perform`) and its result fed back; between events
 //!    the loop sleeps until the machine's next deadline (retries, throttling, resync).
@@ -55,19 +57,38 @@ pub enum OnExit {
     Keep,
 }
 
+/// A test hook that runs at one point of the daemon's startup.
+pub type Hook = Arc<dyn Fn() + Send + Sync>;
+
+/// A test hook the watch thread calls with the name of each entry whose change it
+/// queued.
+pub type QueuedHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Points where a test can act inside the daemon's startup. Empty in the binary.
 #[derive(Clone, Default)]
 pub struct Hooks {
     /// Runs exactly between arming the watch and listing the directory for the first
     /// scan: a test creates a config here to show that one created in that window is
     /// still patched.
-    pub between_arm_and_scan: Option<Arc<dyn Fn() + Send + Sync>>,
+    pub between_arm_and_scan: Option<Hook>,
+    /// Runs exactly between listing the directory for the first scan and handing that
+    /// listing to the event loop: a config created here is in no listing, only in
+    /// the watch's event, which the loop receives before the listing.
+    pub between_listing_and_listed: Option<Hook>,
+    /// Runs on the watch thread each time it has queued a change of the named entry
+    /// for the event loop: a test waits on it to know an event is queued.
+    pub watch_queued: Option<QueuedHook>,
 }
 
 impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hooks")
             .field("between_arm_and_scan", &self.between_arm_and_scan.is_some())
+            .field(
+                "between_listing_and_listed",
+                &self.between_listing_and_listed.is_some(),
+            )
+            .field("watch_queued", &self.watch_queued.is_some())
             .finish()
     }
 }
@@ -174,15 +195,18 @@ pub async fn run_async(config: Config) -> Result<(), InstallError> {
             hook();
         }
     };
-    // Arm the watch, then list: both feed `tx`, one queue.
+    let queued = daemon.cfg.hooks.watch_queued.clone();
+    // Arm the watch, then list: both feed `tx`, one queue. Events the watch queues
+    // after the listing was taken reach the loop before the listing does; the machine
+    // reads them like any other (the listing does not hold their files).
     let startup = if flock_core::reintroduced!("install-scan-before-arm") {
         // Mutant: list first, arm afterwards. A config created in between is in neither.
         list_for_scan(&daemon.dir).and_then(|names| {
             between();
-            watch::arm(&daemon.dir, tx.clone()).map(|()| names)
+            watch::arm(&daemon.dir, tx.clone(), queued).map(|()| names)
         })
     } else {
-        watch::arm(&daemon.dir, tx.clone()).and_then(|()| {
+        watch::arm(&daemon.dir, tx.clone(), queued).and_then(|()| {
             between();
             list_for_scan(&daemon.dir)
         })
@@ -191,6 +215,9 @@ pub async fn run_async(config: Config) -> Result<(), InstallError> {
         Ok(names) => {
             info!(dir = %daemon.dir.display(), files = names.len(), "watch armed; scanning");
             daemon.machine.handle(mono_now(), Event::WatchArmed);
+            if let Some(hook) = &daemon.cfg.hooks.between_listing_and_listed {
+                hook();
+            }
             let _ = tx.send(Work::Listed(names));
         }
         Err(e) => {

@@ -40,6 +40,7 @@ pub const KNOWN: &[&str] = &[
     "r6-spire",
     "gc-unconditional",
     "install-scan-before-arm",
+    "installer-drops-early-events",
     "registry-trust-all",
     "agent-xds-trust-node",
     "admin-accept-spin",

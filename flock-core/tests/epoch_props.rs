@@ -243,12 +243,16 @@ proptest! {
                 }
             }
             WriteDecision::Yield { owner, .. } => {
-                prop_assert!(owned_by_other(&owner));
+                prop_assert!(owned_by_other(&owner), "yielded to {}, which does not own the file", owner);
                 prop_assert_eq!(Some(owner), on_disk);
             }
             WriteDecision::Skip { .. } => {
-                prop_assert!(!live);
-                prop_assert!(on_disk.as_ref().is_none_or(|d| !owned_by_other(d)));
+                prop_assert!(!live, "skipped the write of a LIVE epoch");
+                prop_assert!(
+                    on_disk.as_ref().is_none_or(|d| !owned_by_other(d)),
+                    "R8: skipped instead of yielding to the fresh record that owns the file: {:?}",
+                    on_disk
+                );
             }
         }
     }
@@ -483,7 +487,7 @@ impl Host {
                 if let Some(old) = &on_disk {
                     prop_assert!(
                         record.epoch >= old.epoch || !old.is_fresh(UnixMs(self.now), MAX_AGE),
-                        "file regressed from fresh {} to {} at {}",
+                        "R8: file regressed from fresh {} to {} at {}",
                         old,
                         record,
                         self.now
@@ -619,7 +623,7 @@ proptest! {
                     now += dt;
                     let wakeup = gate.next_wakeup();
                     match gate.poll(MonoMs(now), live) {
-                        GateDecision::Fire => prop_assert!(live, "fired while not LIVE at {}", now),
+                        GateDecision::Fire => prop_assert!(live, "R7: fired while not LIVE at {}", now),
                         GateDecision::Deferred { until } => {
                             prop_assert!(!live);
                             prop_assert_eq!(until, MonoMs(now + debounce));

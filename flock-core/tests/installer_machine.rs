@@ -79,6 +79,33 @@ fn ready_only_after_watch_armed_and_the_first_scan_is_fully_handled() {
     );
 }
 
+/// The daemon's one queue: the watch is armed, the directory listed, then a config is
+/// created and its event reaches the machine before the listing does. The listing
+/// does not hold the file, so the event is all there is: it must be read and
+/// patched (mutant `installer-drops-early-events` drops it as "the scan covers it").
+#[test]
+fn an_event_handled_before_the_scans_listing_is_read_and_patched() {
+    let mut sim = Sim::new(settings(Mode::Chained, ConfPolicy::ConvertToList));
+    sim.dir.insert("10-a.conflist".into(), unpatched("a"));
+    sim.arm(t(0));
+    let listing = sim.listing();
+    // Created after the listing was taken: only the watch reports it.
+    sim.dir.insert("20-late.conflist".into(), unpatched("late"));
+    sim.m
+        .handle(t(1), Event::Changed("20-late.conflist".into()));
+    sim.perform_all(t(1));
+    assert_eq!(sim.readiness, [false], "ready before the scan's listing");
+    sim.m.handle(t(2), Event::Listed(listing));
+    sim.drain(t(2));
+    assert!(
+        is_patched(&sim.dir["20-late.conflist"]),
+        "the event handled before the scan's listing was dropped: 20-late.conflist is {:?}",
+        sim.m.state("20-late.conflist")
+    );
+    assert!(is_patched(&sim.dir["10-a.conflist"]));
+    assert_eq!(sim.readiness, [false, true]);
+}
+
 #[test]
 fn a_scan_without_a_watch_is_never_ready() {
     let mut sim = Sim::new(settings(Mode::Chained, ConfPolicy::ConvertToList));

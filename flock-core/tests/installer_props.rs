@@ -4,12 +4,16 @@
 //!
 //! The model: up to four config files in an in-memory directory; the daemon's startup
 //! (changes before the watch is armed are never reported; changes between the arm and
-//! the scan's listing are both reported and listed), then proptest picks steps: another
+//! the scan's listing are both reported and listed; changes after the listing was
+//! taken but before it is handed in are only reported, and their events may be
+//! delivered before the listing, as the daemon's one queue does), then proptest picks steps: another
 //! agent writes a file (unpatched, already patched, half-written or invalid content) or
 //! removes it, a pending watch event is delivered (any one of them, so events arrive in
 //! any order), or time passes. At the end every pending event is delivered.
 //!
-//! Asserted: every valid config ends patched; each file is written at most once per
+//! Asserted: once every event is delivered, before any retry or resync, every valid
+//! config is patched (a dropped event is repaired by nothing sooner than the
+//! resync); every valid config ends patched; each file is written at most once per
 //! unpatched content another agent put there (no write loop, no ping-pong between
 //! files: our own writes are recognised per file); once settled, redelivering an event
 //! for every file plus a full relisting writes nothing; the installer is never ready
@@ -144,7 +148,12 @@ impl World {
     }
 }
 
-fn run(pre: Vec<Step>, gap: Vec<Step>, steps: Vec<Step>) -> Result<(), TestCaseError> {
+fn run(
+    pre: Vec<Step>,
+    gap: Vec<Step>,
+    late: Vec<Step>,
+    steps: Vec<Step>,
+) -> Result<(), TestCaseError> {
     let mut w = World {
         sim: Sim::new(settings(Mode::Chained, ConfPolicy::Skip)),
         now: MonoMs(0),
@@ -167,13 +176,30 @@ fn run(pre: Vec<Step>, gap: Vec<Step>, steps: Vec<Step>) -> Result<(), TestCaseE
     {
         w.apply(s);
     }
-    w.sim.scan(w.now);
+    let listing = w.sim.listing();
+    // After the listing was taken, before it is handed in: changes only the watch
+    // reports, and events delivered (and handled) before the listing.
+    for s in late.iter().filter(|s| !matches!(s, Step::Advance(_))) {
+        w.apply(s);
+    }
+    w.sim.m.handle(w.now, Event::Listed(listing));
     w.scanned = true;
     w.settle_requests();
     for s in &steps {
         w.apply(s);
     }
     w.sim.drain(w.now);
+    // Every event delivered, nothing retried or re-listed yet: events alone patched
+    // every valid config (write budget and conditions never fail in this model).
+    for (i, name) in NAMES.iter().enumerate() {
+        if w.truth.get(&i).is_some_and(Content::is_valid) {
+            prop_assert!(
+                is_patched(&w.sim.dir[*name]),
+                "{name} not patched once every event was delivered (an event dropped?): {:?}",
+                w.sim.m.state(name)
+            );
+        }
+    }
     // Every pending retry and the next resync, then settled again.
     let later = w.now.plus(120_000);
     w.sim.m.handle_timeout(later);
@@ -229,8 +255,9 @@ proptest! {
     fn any_interleaving_converges_without_a_write_loop(
         pre in proptest::collection::vec(step(), 0..6),
         gap in proptest::collection::vec(step(), 0..4),
+        late in proptest::collection::vec(step(), 0..6),
         steps in proptest::collection::vec(step(), 0..60),
     ) {
-        run(pre, gap, steps)?;
+        run(pre, gap, late, steps)?;
     }
 }

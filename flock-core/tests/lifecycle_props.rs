@@ -127,7 +127,7 @@ proptest! {
         }
         let live = table.snapshot();
         for (pod, version) in &storage {
-            prop_assert_eq!(live.get(pod), Some(version), "pod {} lost or stale", pod);
+            prop_assert_eq!(live.get(pod), Some(version), "R3: pod {} lost or stale in the table after the load", pod);
         }
         let read: BTreeSet<u32> = snapshot.unwrap_or_default().into_keys().collect();
         for pod in live.keys().filter(|p| !storage.contains_key(p)) {

@@ -9,8 +9,14 @@
 //! ```
 //!
 //! Each model states the mutation that makes it fail; the mutations are switched on
-//! with `FLOCK_REINTRODUCE=r3|r4|r6` in a `--cfg loom --cfg flock_mutants` build (see
-//! `flock_core::reintroduce`; never in real builds).
+//! with `FLOCK_REINTRODUCE=r3|r4|r6|undo-unconditional` in a
+//! `--cfg loom --cfg flock_mutants` build (see `flock_core::reintroduce`; never in
+//! real builds).
+//!
+//! The registry and the identity subscriptions are revisioned, as etcd is: every
+//! write of a pod's entry produces a new revision, and an undo deletes only the
+//! revision its own write produced. So a stale undo racing a newer registration of
+//! the same pod (the pod came back) is told apart from a correct one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,6 +30,47 @@ type Set = Arc<Mutex<BTreeSet<u32>>>;
 
 fn set(items: &[u32]) -> Set {
     Arc::new(Mutex::new(items.iter().copied().collect()))
+}
+
+/// A revisioned registry (or subscription table): pod id → the revision of the write
+/// that put its entry there.
+#[derive(Debug, Clone, Default)]
+struct Entries {
+    at: BTreeMap<u32, u64>,
+    revision: u64,
+}
+
+type Revisioned = Arc<Mutex<Entries>>;
+
+fn revisioned(items: &[u32]) -> Revisioned {
+    let mut e = Entries::default();
+    for pod in items {
+        e.revision += 1;
+        e.at.insert(*pod, e.revision);
+    }
+    Arc::new(Mutex::new(e))
+}
+
+/// Writes `pod`'s entry; returns the revision the write produced.
+fn put(target: &Revisioned, pod: u32) -> u64 {
+    let mut e = lock(target);
+    e.revision += 1;
+    let rev = e.revision;
+    e.at.insert(pod, rev);
+    rev
+}
+
+/// Deletes `pod`'s entry: only while it is still at revision `at` (`Some`), or
+/// whatever is there (`None`).
+fn delete(target: &Revisioned, pod: u32, at: Option<u64>) {
+    let mut e = lock(target);
+    if at.is_none() || e.at.get(&pod).copied() == at {
+        e.at.remove(&pod);
+    }
+}
+
+fn pods(target: &Revisioned) -> BTreeSet<u32> {
+    lock(target).at.keys().copied().collect()
 }
 
 /// Runs `f` under loom with a preemption bound of 3 unless `LOOM_MAX_PREEMPTIONS`
@@ -42,16 +89,16 @@ fn model<F: Fn() + Sync + Send + 'static>(f: F) {
 #[derive(Clone)]
 struct World {
     store: Set,
-    registry: Set,
-    subscriptions: Set,
+    registry: Revisioned,
+    subscriptions: Revisioned,
 }
 
 impl World {
     fn new(store: &[u32], registry: &[u32], subscriptions: &[u32]) -> Self {
         Self {
             store: set(store),
-            registry: set(registry),
-            subscriptions: set(subscriptions),
+            registry: revisioned(registry),
+            subscriptions: revisioned(subscriptions),
         }
     }
 
@@ -63,12 +110,8 @@ impl World {
                 Step::StoreDelete => {
                     lock(&self.store).remove(&pod);
                 }
-                Step::RegistryUnregister => {
-                    lock(&self.registry).remove(&pod);
-                }
-                Step::IdentityUnsubscribe => {
-                    lock(&self.subscriptions).remove(&pod);
-                }
+                Step::RegistryUnregister => delete(&self.registry, pod, None),
+                Step::IdentityUnsubscribe => delete(&self.subscriptions, pod, None),
                 Step::XdsWithdraw => {} // not modelled: no background task writes xDS
                 Step::CaptureRemove => {} // not modelled: no background task writes rules
                 other => panic!("REMOVE_POD contains a non-removal step {other}"),
@@ -76,20 +119,37 @@ impl World {
         }
     }
 
+    /// Executes `AddPod` for `pod` by iterating `lifecycle::steps::ADD_POD` (the pod
+    /// came back: a newer registration and subscription of the same pod).
+    fn add_pod(&self, pod: u32) {
+        for step in Op::AddPod.steps() {
+            match step {
+                Step::StoreWrite => {
+                    lock(&self.store).insert(pod);
+                }
+                Step::IdentitySubscribe => {
+                    put(&self.subscriptions, pod);
+                }
+                Step::RegistryRegister => {
+                    put(&self.registry, pod);
+                }
+                Step::XdsPublish | Step::CaptureApply => {} // not modelled (as above)
+                other => panic!("ADD_POD contains a non-add step {other}"),
+            }
+        }
+    }
+
     /// A background loop (liveness or resubscriber): `GetAll` the store, then for
-    /// each pod register into `target` through `register_if_live`.
-    fn background_register(&self, target: &Set) -> Vec<(u32, Guarded)> {
+    /// each pod register into `target` through `register_if_live`, whose undo
+    /// deletes only at the revision the write produced.
+    fn background_register(&self, target: &Revisioned) -> Vec<(u32, Guarded)> {
         let pods: Vec<u32> = lock(&self.store).iter().copied().collect();
         pods.into_iter()
             .map(|pod| {
                 let outcome = register_if_live(
                     || lock(&self.store).contains(&pod),
-                    || {
-                        lock(target).insert(pod);
-                    },
-                    || {
-                        lock(target).remove(&pod);
-                    },
+                    || put(target, pod),
+                    |at| delete(target, pod, at),
                 );
                 (pod, outcome)
             })
@@ -98,18 +158,23 @@ impl World {
 }
 
 /// R3: thread A is the startup load (reads a snapshot of storage, then
-/// `PodTable::load_merge`); thread B is an `AddPod` executing `ADD_POD` (the store
-/// write, then the xDS publish that inserts into the live table). In every
-/// interleaving the added pod, and the stored one, are in the table at the end,
-/// with the added pod's fresh value.
+/// `PodTable::load_merge`); thread B is an `AddPod` of pod 2, which storage already
+/// holds with an older record, executing `ADD_POD` (the store write of the new
+/// record, then the xDS publish that inserts it into the live table). In every
+/// interleaving the table ends with pod 2's new record, and pod 1's stored one. The
+/// stored and the added records of pod 2 differ, so a load that wipes the table and
+/// puts the stored records back is told apart from a merge.
 ///
 /// Fails with `reintroduced!("r3")` (`load_merge` replaces the table
 /// wholesale): A reads storage, B writes storage and table, A's
-/// replace wipes B's pod.
+/// replace puts the older stored record of pod 2 back over B's.
 #[test]
 fn r3_startup_load_never_wipes_a_concurrent_add() {
     model(|| {
-        let storage = Arc::new(Mutex::new(BTreeMap::from([(1u32, "stored")])));
+        let storage = Arc::new(Mutex::new(BTreeMap::from([
+            (1u32, "stored-1"),
+            (2, "stored-2 (older)"),
+        ])));
         let table = Arc::new(PodTable::new());
 
         let load = {
@@ -125,10 +190,10 @@ fn r3_startup_load_never_wipes_a_concurrent_add() {
                 for step in ADD_POD {
                     match step {
                         Step::StoreWrite => {
-                            lock(&storage).insert(2, "added");
+                            lock(&storage).insert(2, "added-2");
                         }
                         Step::XdsPublish => {
-                            table.insert(2, "added");
+                            table.insert(2, "added-2");
                         }
                         _ => {} // identity and registry: not part of this race
                     }
@@ -140,12 +205,12 @@ fn r3_startup_load_never_wipes_a_concurrent_add() {
 
         assert_eq!(
             table.get(&2),
-            Some("added"),
-            "R3: the concurrent AddPod was lost"
+            Some("added-2"),
+            "R3: the startup load lost the concurrent AddPod's record"
         );
         assert_eq!(
             table.get(&1),
-            Some("stored"),
+            Some("stored-1"),
             "the stored pod was not loaded"
         );
     });
@@ -181,7 +246,7 @@ fn r4_liveness_reregistration_never_leaves_a_ghost_endpoint() {
 
         assert!(lock(&world.store).is_empty());
         assert!(
-            !lock(&world.registry).contains(&1),
+            !pods(&world.registry).contains(&1),
             "R4: ghost endpoint after {outcomes:?}"
         );
     });
@@ -213,12 +278,92 @@ fn r6_resubscribe_never_leaks_a_removed_pods_subscription() {
         remove.join().expect("remove thread");
         let outcomes = resubscriber.join().expect("resubscriber thread");
 
-        let subscriptions = lock(&world.subscriptions).clone();
+        let subscriptions = pods(&world.subscriptions);
+        assert!(
+            !subscriptions.contains(&1),
+            "R6: the subscription of the removed pod leaked after {outcomes:?}"
+        );
         assert_eq!(
             subscriptions,
             BTreeSet::from([2]),
-            "R6: leaked or lost subscription after {outcomes:?}"
+            "pod 2's own subscription was lost (the guard over-removed) after {outcomes:?}"
         );
         assert!(outcomes.contains(&(2, Guarded::Registered)));
+    });
+}
+
+/// R4's undo against a pod that came back: thread A runs `RemovePod` for pod 1, then
+/// `AddPod` for it again (a newer registration, a newer revision); thread B is the
+/// liveness loop re-registering pod 1 through `register_if_live`. When B's re-check
+/// sees the pod gone, A's re-add may already have registered it again; B's undo
+/// deletes only the revision B wrote. At the end pod 1 is stored and registered.
+///
+/// Fails with `reintroduced!("undo-unconditional")` (the undo deletes whatever is
+/// there): B registers after A's unregister, re-checks before A's re-add stores the
+/// pod, A re-adds, and B's undo deletes the newer registration.
+#[test]
+fn r4_an_undo_never_deletes_the_registration_of_a_pod_that_came_back() {
+    model(|| {
+        let world = World::new(&[1], &[1], &[]);
+        let remove_and_add = {
+            let world = world.clone();
+            thread::spawn(move || {
+                world.remove_pod(1);
+                world.add_pod(1);
+            })
+        };
+        let liveness = {
+            let world = world.clone();
+            thread::spawn(move || {
+                let registry = world.registry.clone();
+                world.background_register(&registry)
+            })
+        };
+        remove_and_add.join().expect("remove-and-add thread");
+        let outcomes = liveness.join().expect("liveness thread");
+
+        assert!(lock(&world.store).contains(&1));
+        assert!(
+            pods(&world.registry).contains(&1),
+            "R4 undo: a stale undo deleted the newer registration of the pod that came back \
+             (registry {:?}, liveness {outcomes:?})",
+            lock(&world.registry).at
+        );
+    });
+}
+
+/// R6's undo against a pod that came back: as the R4 model above, with the identity
+/// resubscriber and the subscriptions. At the end pod 1 is stored and subscribed.
+///
+/// Fails with `reintroduced!("undo-unconditional")`: the resubscriber's stale undo
+/// withdraws the subscription the re-add made.
+#[test]
+fn r6_an_undo_never_withdraws_the_subscription_of_a_pod_that_came_back() {
+    model(|| {
+        let world = World::new(&[1], &[], &[1]);
+        let remove_and_add = {
+            let world = world.clone();
+            thread::spawn(move || {
+                world.remove_pod(1);
+                world.add_pod(1);
+            })
+        };
+        let resubscriber = {
+            let world = world.clone();
+            thread::spawn(move || {
+                let subscriptions = world.subscriptions.clone();
+                world.background_register(&subscriptions)
+            })
+        };
+        remove_and_add.join().expect("remove-and-add thread");
+        let outcomes = resubscriber.join().expect("resubscriber thread");
+
+        assert!(lock(&world.store).contains(&1));
+        assert!(
+            pods(&world.subscriptions).contains(&1),
+            "R6 undo: a stale undo withdrew the newer subscription of the pod that came back \
+             (subscriptions {:?}, resubscriber {outcomes:?})",
+            lock(&world.subscriptions).at
+        );
     });
 }

@@ -58,11 +58,15 @@ fn writers_publish_in_version_order_and_lose_nothing() {
 
         let log = log.lock().unwrap();
         let versions: Vec<u64> = log.iter().map(|(v, _)| *v).collect();
-        assert_eq!(versions, vec![0, 1, 2], "sink saw versions out of order");
+        assert_eq!(
+            versions,
+            vec![0, 1, 2],
+            "R1: the sink saw versions out of order"
+        );
         for pair in log.windows(2) {
             assert!(
                 pair[0].1.is_subset(&pair[1].1),
-                "version {} has {:?} but the later version {} has {:?}: content went backwards",
+                "R1: version {} has {:?} but the later version {} has {:?}: content went backwards",
                 pair[0].0,
                 pair[0].1,
                 pair[1].0,
@@ -70,11 +74,15 @@ fn writers_publish_in_version_order_and_lose_nothing() {
             );
         }
         let latest = publisher.latest();
-        assert_eq!(latest.version(), 2);
+        assert_eq!(
+            latest.version(),
+            2,
+            "R1: a stale snapshot won: the latest is not version 2 after two publishes"
+        );
         assert_eq!(
             latest.state(),
             &State::from([1, 2]),
-            "a completed write is missing from the latest snapshot"
+            "R1: a completed write is missing from the latest snapshot"
         );
     });
 }
@@ -101,9 +109,23 @@ fn a_reader_never_sees_time_go_backwards() {
             thread::spawn(move || {
                 let first = publisher.latest();
                 let second = publisher.wait_newer(0);
-                assert!(second.version() >= 1);
-                assert!(second.version() >= first.version());
-                assert!(first.state().is_subset(second.state()));
+                assert!(
+                    second.version() >= 1,
+                    "wait_newer(0) returned version {}",
+                    second.version()
+                );
+                assert!(
+                    second.version() >= first.version(),
+                    "R1: the reader saw version {} after version {}",
+                    second.version(),
+                    first.version()
+                );
+                assert!(
+                    first.state().is_subset(second.state()),
+                    "R1: the reader saw {:?} after {:?}: content went backwards",
+                    second.state(),
+                    first.state()
+                );
             })
         };
 
@@ -112,7 +134,15 @@ fn a_reader_never_sees_time_go_backwards() {
         }
         reader.join().unwrap();
         let latest = publisher.latest();
-        assert_eq!(latest.version(), 2);
-        assert_eq!(latest.state(), &State::from([1, 2]), "lost update");
+        assert_eq!(
+            latest.version(),
+            2,
+            "R1: a stale snapshot won: the latest is not version 2 after two publishes"
+        );
+        assert_eq!(
+            latest.state(),
+            &State::from([1, 2]),
+            "R1: lost update: a completed write is missing from the latest snapshot"
+        );
     });
 }

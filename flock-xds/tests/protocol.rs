@@ -165,7 +165,11 @@ fn sotw_stale_nonce_is_ignored_and_does_not_ack_or_nack_the_newer_response() {
     let r2 = s.poll_response().unwrap();
     // The client, before reading r2, NACKs r1 again and subscribes to "b".
     let out = s.on_request(&snack(ENDPOINT, &["a", "b"], &r1.nonce, "late"));
-    assert_eq!(out.kind, RequestKind::Stale);
+    assert_eq!(
+        out.kind,
+        RequestKind::Stale,
+        "a NACK carrying the stale nonce of r1 was matched to the newer response"
+    );
     assert!(
         !out.subscription_changed,
         "SotW ignores a stale request entirely"
@@ -408,7 +412,11 @@ fn delta_stale_request_applies_its_subscription_but_not_its_ack() {
     s.on_snapshot(&edit(&v1, &[(ENDPOINT, "a", "a2")], &[]), 2);
     let r2 = s.poll_response().unwrap();
     let out = s.on_request(&dreq(ENDPOINT, &["b"], &[], &r1.nonce));
-    assert_eq!(out.kind, RequestKind::Stale);
+    assert_eq!(
+        out.kind,
+        RequestKind::Stale,
+        "a request carrying the stale nonce of r1 was matched to the newer response"
+    );
     assert!(
         out.subscription_changed,
         "Delta never repeats a subscription"
@@ -453,7 +461,10 @@ fn delta_unsubscribe_drops_a_pending_response() {
     let r1 = s.poll_response().unwrap();
     s.on_snapshot(&edit(&v1, &[(ENDPOINT, "b", "b2")], &[]), 2);
     s.on_request(&dreq(ENDPOINT, &[], &["b"], &r1.nonce));
-    assert!(s.poll_response().is_none());
+    assert!(
+        s.poll_response().is_none(),
+        "a response prepared for b went out after b was unsubscribed"
+    );
 }
 
 // ------------------------------------------------------------------ ADS ordering

@@ -243,8 +243,14 @@ async fn a_process_of_another_uid_on_the_socket_gets_permission_denied_and_nothi
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
     }
     let line = probe_as_uid_65534(&agent);
-    assert!(line.contains("responses=0 "), "{line}");
-    assert!(line.contains("private_key=false "), "{line}");
+    assert!(
+        line.contains("responses=0 "),
+        "a client of another uid got xDS responses: {line}"
+    );
+    assert!(
+        line.contains("private_key=false "),
+        "a private key reached a client of another uid: {line}"
+    );
     let denied = Code::PermissionDenied as i32;
     let codes = line.split("codes=").nth(1).unwrap();
     assert_eq!(codes.split(',').count(), 2 * ALL_TYPES.len(), "{line}");
@@ -582,7 +588,7 @@ async fn a_process_of_another_uid_on_the_cni_socket_is_refused_and_meshes_nothin
     assert_eq!(
         line,
         format!("RESULT code={} outcome=none", Code::PermissionDenied as i32),
-        "{stdout}"
+        "a CNI client of another uid was served instead of refused: {stdout}"
     );
     let pods = agent.get("/debug/pods").1;
     assert!(

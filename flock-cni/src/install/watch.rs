@@ -11,10 +11,13 @@ use tracing::warn;
 
 use super::{InstallError, Work};
 
+/// Called with an entry's name after its change was queued (a test hook).
+pub(super) type Queued = Option<super::QueuedHook>;
+
 /// Arms an inotify watch on `dir` and starts the thread that feeds its events into
-/// `tx`. Returns once the watch is armed: every change made after this returns produces
-/// an event.
-pub(super) fn arm(dir: &Path, tx: Sender<Work>) -> Result<(), InstallError> {
+/// `tx` (calling `queued` after each change it queues). Returns once the watch is
+/// armed: every change made after this returns produces an event.
+pub(super) fn arm(dir: &Path, tx: Sender<Work>, queued: Queued) -> Result<(), InstallError> {
     let inotify = Inotify::init().map_err(|e| inotify_error("creating an inotify instance", &e))?;
     inotify
         .watches()
@@ -34,12 +37,12 @@ pub(super) fn arm(dir: &Path, tx: Sender<Work>) -> Result<(), InstallError> {
     let dir = dir.display().to_string();
     std::thread::Builder::new()
         .name("inotify".into())
-        .spawn(move || watch_thread(inotify, &dir, &tx))
+        .spawn(move || watch_thread(inotify, &dir, &tx, &queued))
         .map_err(|e| InstallError(format!("cannot start the inotify thread: {e}")))?;
     Ok(())
 }
 
-fn watch_thread(mut inotify: Inotify, dir: &str, tx: &Sender<Work>) {
+fn watch_thread(mut inotify: Inotify, dir: &str, tx: &Sender<Work>, queued: &Queued) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let events = match inotify.read_events_blocking(&mut buf) {
@@ -66,8 +69,15 @@ fn watch_thread(mut inotify: Inotify, dir: &str, tx: &Sender<Work>) {
             } else {
                 continue;
             };
+            let changed = match (&work, queued) {
+                (Work::Changed(name), Some(_)) => Some(name.clone()),
+                _ => None,
+            };
             if tx.send(work).is_err() {
                 return;
+            }
+            if let (Some(hook), Some(name)) = (queued, changed) {
+                hook(&name);
             }
         }
     }

@@ -39,7 +39,10 @@
 //! The loop must arm the watch *before* it lists the directory for the first scan: a
 //! config created between a scan and a later arm is seen by neither and stays unpatched
 //! forever. Arming first means such a file is in the scan, produces an event, or both
-//! (handling a file twice is harmless: decisions are per file and idempotent).
+//! (handling a file twice is harmless: decisions are per file and idempotent). The
+//! other half of that rule is here: a [`Event::Changed`] handled before the scan's
+//! [`Event::Listed`] is read like any other, never dropped as "the scan covers it": a
+//! config written after the listing was taken is in no listing, only in its event.
 
 mod per_file;
 mod vocab;
@@ -132,7 +135,14 @@ impl Installer {
             Event::WatchArmed => self.watch_armed = true,
             Event::Listed(names) => self.listed(names),
             Event::Changed(name) => {
-                if Self::is_config_name(&name) {
+                // An event that arrives before the first scan's listing is handed in is
+                // queued like any other: the change it reports may have happened after
+                // the directory was listed, so the scan does not cover it.
+                // `installer-drops-early-events` puts back the bug of dropping them
+                // ("the scan will see it").
+                let dropped =
+                    crate::reintroduced!("installer-drops-early-events") && !self.scan_done;
+                if Self::is_config_name(&name) && !dropped {
                     self.queue.push_back(Io::Read(name));
                 }
             }

@@ -3,8 +3,9 @@
 //! follows so that it cannot outlive a concurrent `RemovePod`.
 //!
 //! 1. Check that the pod is live (in the store). If not: skip.
-//! 2. Register.
-//! 3. **Re-check** membership. If the pod is gone now, undo the registration.
+//! 2. Register; the write says what it produced (its registry revision).
+//! 3. **Re-check** membership. If the pod is gone now, undo the registration, and
+//!    only that one: the undo is conditional on the revision step 2 produced.
 //!
 //! Combined with `RemovePod` deleting the store record *before* it unregisters
 //! ([`super::steps::REMOVE_POD`]), no interleaving leaves a registration behind: a
@@ -18,9 +19,12 @@
 //!   `StoreDelete` writes (the agent's pod store under its lock), never a snapshot
 //!   taken earlier; the first check may use the snapshot the loop iterates, the
 //!   re-check may not.
-//! * `unregister` must be idempotent and must remove only what `register` wrote
-//!   (for etcd: a delete conditioned on the revision `register` produced), so an
-//!   undo cannot remove a registration made by a newer `AddPod` of the same key.
+//! * `register` returns what its write produced (for etcd: the revision of the put;
+//!   `()` for a write without one), and `unregister` receives it: `Some(w)` removes
+//!   the entry only while it is still `w` (for etcd: a delete conditioned on that
+//!   revision), so the undo cannot remove a registration that a newer `AddPod` of the
+//!   same pod wrote after the pod came back. `None` removes whatever is there; only
+//!   the `undo-unconditional` mutant passes it. `unregister` must be idempotent.
 //!
 //! The async agent cannot pass `async` closures here; it mirrors the three steps
 //! exactly (`if !store.contains(p) { skip }; registry.register(p).await?; if
@@ -34,18 +38,26 @@
 //! use flock_core::lifecycle::guard::{register_if_live, Guarded};
 //!
 //! let store = RefCell::new(vec!["pod"]);
-//! let registry = RefCell::new(Vec::new());
+//! // The registry: the pod's entry and the revision that wrote it.
+//! let registry = RefCell::new(None::<(&str, u64)>);
 //! // RemovePod deletes the store record while our registration is in flight.
 //! let outcome = register_if_live(
 //!     || store.borrow().contains(&"pod"),
 //!     || {
-//!         registry.borrow_mut().push("pod");
+//!         *registry.borrow_mut() = Some(("pod", 7));
 //!         store.borrow_mut().clear(); // the concurrent RemovePod's first step
+//!         7 // the revision of our write
 //!     },
-//!     || registry.borrow_mut().retain(|p| *p != "pod"),
+//!     // Delete only the entry our write left (an etcd delete at that revision).
+//!     |at: Option<u64>| {
+//!         let mut entry = registry.borrow_mut();
+//!         if at.is_none() || entry.map(|(_, rev)| rev) == at {
+//!             *entry = None;
+//!         }
+//!     },
 //! );
 //! assert_eq!(outcome, Guarded::Undone);
-//! assert!(registry.borrow().is_empty());
+//! assert!(registry.borrow().is_none());
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -62,25 +74,28 @@ pub enum Guarded {
     Undone,
 }
 
-/// Registers something for a pod only while the pod is live, undoing it if the
-/// pod disappeared during the registration. See the module docs for the protocol
-/// and the requirements on the callbacks.
-pub fn register_if_live<L, R, U>(is_live: L, register: R, unregister: U) -> Guarded
+/// Registers something for a pod only while the pod is live, undoing it (only what
+/// this registration wrote) if the pod disappeared during the registration. See the
+/// module docs for the protocol and the requirements on the callbacks.
+pub fn register_if_live<L, R, U, W>(is_live: L, register: R, unregister: U) -> Guarded
 where
     L: Fn() -> bool,
-    R: FnOnce(),
-    U: FnOnce(),
+    R: FnOnce() -> W,
+    U: FnOnce(Option<W>),
 {
     if !is_live() {
         return Guarded::Skipped;
     }
-    register();
+    let written = register();
     // `reintroduced!("r6")` re-introduces R6 (a resubscriber without the
     // re-check) so the loom test can show it catches it; never enabled in builds.
     if crate::reintroduced!("r6") || is_live() {
         Guarded::Registered
     } else {
-        unregister();
+        // The pod may have come back meanwhile and its new AddPod registered again:
+        // the undo is conditional on our write. `undo-unconditional` deletes whatever
+        // is there, the newer registration included.
+        unregister((!crate::reintroduced!("undo-unconditional")).then_some(written));
         Guarded::Undone
     }
 }
@@ -93,7 +108,7 @@ mod tests {
     #[test]
     fn skips_registration_when_the_pod_is_not_live() {
         let registered = Cell::new(false);
-        let out = register_if_live(|| false, || registered.set(true), || {});
+        let out = register_if_live(|| false, || registered.set(true), |_| {});
         assert_eq!(out, Guarded::Skipped);
         assert!(!registered.get());
     }
@@ -101,7 +116,7 @@ mod tests {
     #[test]
     fn keeps_the_registration_when_the_pod_is_still_live() {
         let registered = Cell::new(false);
-        let out = register_if_live(|| true, || registered.set(true), || registered.set(false));
+        let out = register_if_live(|| true, || registered.set(true), |_| registered.set(false));
         assert_eq!(out, Guarded::Registered);
         assert!(registered.get());
     }
@@ -116,10 +131,26 @@ mod tests {
                 registered.set(true);
                 live.set(false);
             },
-            || registered.set(false),
+            |_| registered.set(false),
         );
         assert_eq!(out, Guarded::Undone);
         assert!(!registered.get());
+    }
+
+    #[test]
+    fn the_undo_is_conditional_on_what_the_registration_wrote() {
+        let live = Cell::new(true);
+        let undone_at = Cell::new(None);
+        let out = register_if_live(
+            || live.get(),
+            || {
+                live.set(false);
+                41_u64
+            },
+            |at| undone_at.set(Some(at)),
+        );
+        assert_eq!(out, Guarded::Undone);
+        assert_eq!(undone_at.get(), Some(Some(41)));
     }
 
     #[test]
@@ -131,7 +162,7 @@ mod tests {
                 true
             },
             || {},
-            || {},
+            |_| {},
         );
         assert_eq!(checks.get(), 2);
     }

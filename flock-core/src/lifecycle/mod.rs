@@ -48,7 +48,7 @@
 //! let outcome = register_if_live(
 //!     || lock(&store).contains(&"a"),
 //!     || lock(&registry).push("a"),
-//!     || lock(&registry).retain(|p| *p != "a"),
+//!     |_| lock(&registry).retain(|p| *p != "a"),
 //! );
 //! assert_eq!(outcome, Guarded::Skipped);
 //! assert!(lock(&registry).is_empty());

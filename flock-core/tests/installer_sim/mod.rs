@@ -96,7 +96,8 @@ impl Sim {
         self.m.handle(now, Event::Listed(names));
     }
 
-    fn listing(&self) -> Vec<String> {
+    /// The directory's entry names, as a listing sees them now.
+    pub fn listing(&self) -> Vec<String> {
         self.dir
             .keys()
             .filter(|k| !k.contains('/'))
