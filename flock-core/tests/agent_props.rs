@@ -16,10 +16,11 @@
 //!
 //! and at every step no two operations hold the pod's turn.
 //!
-//! Catches `r4-agent`, `r6-agent`, `gc-unconditional` and
-//! `gc-unsubscribe-unconditional` (scripts/test runs it with each; the undo at a
-//! revision, `undo-unconditional`, needs a schedule rare at random, and its loom
-//! model catches it in every run).
+//! With the suite's fixed seed it catches `r4-agent`, `r6-agent` and
+//! `gc-unsubscribe-unconditional` (scripts/test runs it with each). The GC's
+//! unconditional delete and the undo at any revision (`gc-unconditional`,
+//! `undo-unconditional`) lose only on schedules that are rare at random; their loom
+//! models (`tests/loom_agent.rs`) catch them in every run.
 
 use std::collections::{BTreeMap, BTreeSet};
 
