@@ -181,7 +181,7 @@ pub struct EndpointDelete {
 
 /// What one sweep removes, in this order: pods (each in its turn, by a RemovePod),
 /// endpoints (conditional deletes), subscriptions (each in the pod's turn, after
-/// [`AgentCore::gc_may_unsubscribe`]).
+/// [`AgentCore::may_unsubscribe`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcActions {
     /// Stored pods the runtime no longer knows.

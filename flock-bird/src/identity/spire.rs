@@ -615,7 +615,7 @@ async fn connect(socket: &Path, timeout: Duration) -> Result<Client, String> {
 const MAX_CHAIN_CERTS: usize = 16;
 
 /// The SVID of a `SubscribeToX509SVIDs` message: its first one converted (see
-/// [`convert_svid`]), `Ok(None)` when it has none (no registration entry matches the
+/// `convert_svid`), `Ok(None)` when it has none (no registration entry matches the
 /// pod's selectors). A pure function of the message.
 pub fn svid_of_response(resp: pb::SubscribeToX509sviDsResponse) -> Result<Option<Svid>, String> {
     resp.x509_svids
