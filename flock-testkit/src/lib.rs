@@ -5,6 +5,7 @@
 //! a peer is missing, saying how to get it: `scripts/test` installs every peer.
 #![forbid(unsafe_code)]
 
+pub mod help;
 pub mod pki;
 mod ports;
 mod wait;

@@ -2,25 +2,12 @@
 //! flags an operator needs first.
 
 const BIN: &str = env!("CARGO_BIN_EXE_flock-agent");
-/// Runs the binary with `arg` (`-h` or `--help`) and returns its stdout; it must exit 0.
+/// Runs the binary with `arg` (`-h` or `--help`) and returns its stdout.
 fn help(arg: &str) -> String {
-    let out = std::process::Command::new(BIN)
-        .arg(arg)
-        .env_remove("COLUMNS")
-        .output()
-        .unwrap_or_else(|e| panic!("running {BIN} {arg}: {e}"));
-    assert!(out.status.success(), "{BIN} {arg}: {:?}", out.status);
-    String::from_utf8(out.stdout).expect("help is UTF-8")
+    flock_testkit::help::help_text(BIN, arg)
 }
 
-/// The first paragraph of a help text, its wrapped lines joined.
-fn first_paragraph(text: &str) -> String {
-    text.lines()
-        .take_while(|l| !l.trim().is_empty())
-        .map(str::trim)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
+use flock_testkit::help::first_paragraph;
 
 const DESCRIPTION: &str = "The flock node agent: runs beside a node-local Envoy on every node.";
 
