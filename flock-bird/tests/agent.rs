@@ -369,6 +369,16 @@ struct ComesBack {
 }
 
 impl ComesBack {
+    /// Over the memory registry; the agent is set once it exists.
+    async fn over_memory(input: AddPodInput) -> Arc<Self> {
+        Arc::new(Self {
+            inner: memory().await,
+            agent: std::sync::Mutex::new(std::sync::Weak::new()),
+            input,
+            fired: false.into(),
+        })
+    }
+
     async fn before_delete(&self) {
         if self.fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
@@ -413,12 +423,7 @@ impl Registry for ComesBack {
 async fn gc_never_deletes_a_registration_newer_than_its_plan() {
     let dir = tempfile::tempdir().unwrap();
     let pod = input("back", Some("web"), "8080");
-    let racing = Arc::new(ComesBack {
-        inner: memory().await,
-        agent: std::sync::Mutex::new(std::sync::Weak::new()),
-        input: pod.clone(),
-        fired: false.into(),
-    });
+    let racing = ComesBack::over_memory(pod.clone()).await;
     let agent = agent_over(dir.path(), Arc::clone(&racing) as Arc<dyn Registry>);
     agent.load().await.unwrap();
     // The pod's endpoint is registered, then its store record is lost as in a crash
@@ -463,12 +468,7 @@ async fn gc_never_deletes_a_registration_newer_than_its_plan() {
 async fn gc_never_unsubscribes_a_pod_added_after_its_plan() {
     let dir = tempfile::tempdir().unwrap();
     let pod = input("back", Some("web"), "8080");
-    let racing = Arc::new(ComesBack {
-        inner: memory().await,
-        agent: std::sync::Mutex::new(std::sync::Weak::new()),
-        input: pod.clone(),
-        fired: false.into(),
-    });
+    let racing = ComesBack::over_memory(pod.clone()).await;
     // One provider across the restart: its subscriptions outlive the first agent,
     // as a SPIRE agent's do.
     let ca = flock_bird::identity::BuiltinCa::new(
