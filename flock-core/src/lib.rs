@@ -24,6 +24,7 @@
 //! | [`gc`] | which orphans to remove, with hysteresis and a breaker | leaks after crashes; mass deletion after a bug |
 //! | [`lifecycle`] | pod add/remove order, loading, re-registration, liveness | R3 lost pod at startup; R4 ghost endpoint; R6 leaked subscription |
 //! | [`epoch`] | Envoy hot-restart epochs, state-file writes, restart gate | R7 restart while initializing; R8 epoch file regresses |
+//! | [`issuance`] | whether the signer issues a node the certificate it asks for: only for a pod on that node, as its service account | one node's root minting every identity of the trust domain |
 //! | [`access`] | what an xDS peer may see, from what the transport authenticated; non-loopback listeners | a client claiming to be Envoy receiving every workload key |
 //! | [`backoff`] | retry delays | synchronized retry storms |
 //! | [`capture`] | a pod's transparent-capture nftables table, and whether the kernel's copy drifted | an app reaching the network, or a caller reaching the app, around Envoy |
@@ -69,6 +70,7 @@ pub mod debounce;
 pub mod epoch;
 pub mod gc;
 pub mod hash;
+pub mod issuance;
 pub mod journal;
 pub mod lifecycle;
 pub mod pod;

@@ -57,6 +57,7 @@ pub const KNOWN: &[&str] = &[
     "regsync-plan-misses-view-changes",
     "undo-unconditional",
     "gc-unsubscribe-unconditional",
+    "issuance-any-node",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile
