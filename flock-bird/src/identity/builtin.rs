@@ -32,6 +32,19 @@ pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 type Clock = Box<dyn Fn() -> UnixMs + Send + Sync>;
 
+/// A leaf signed over a public key the signer did not generate ([`BuiltinCa::sign_csr`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedLeaf {
+    /// The leaf and its issuer chain, PEM, leaf first (the root is in the bundle).
+    pub cert_chain_pem: String,
+    /// The leaf's notAfter.
+    pub not_after_ms: UnixMs,
+    /// When it was signed (the clock read its validity was written from).
+    pub issued_ms: UnixMs,
+    /// Its serial number, lowercase hex.
+    pub serial: String,
+}
+
 /// The built-in CA issuing `spiffe://<trust-domain>/ns/<ns>/sa/<sa>` SVIDs, rotated at
 /// half their lifetime on the monotonic clock ([`flock_core::rotation`]: validity is
 /// written from the wall clock, which peers check; the schedule ignores its steps).
@@ -192,11 +205,67 @@ impl BuiltinCa {
     }
 
     fn issue_with(&self, issuer: &IssuerSet, spiffe_id: &str) -> Result<Svid, IdentityError> {
-        let now = (self.clock)();
         let now_mono = flock_clock::mono_now();
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
+        let leaf = self.sign_key(issuer, &key, spiffe_id, &[], self.ttl)?;
+        // rcgen's PEM string is moved into the zeroizing wrapper as it is (no copy). The
+        // `KeyPair` itself keeps a DER copy that rcgen does not wipe when it is dropped
+        // at the end of this call; that copy is out of our reach.
+        let private_key_pem = SecretPem::new(key.serialize_pem());
+        Ok(Svid {
+            spiffe_id: spiffe_id.to_string(),
+            cert_chain_pem: leaf.cert_chain_pem,
+            private_key_pem,
+            not_after_ms: leaf.not_after_ms,
+            issued_ms: leaf.issued_ms,
+            issued_mono: now_mono,
+            serial: leaf.serial,
+        })
+    }
+
+    /// Signs the public key of `csr_der` into a leaf for `spiffe_id` valid for `ttl`
+    /// (at most until the issuer chain's end), under the current issuer. The CSR's
+    /// signature is checked first (proof that the asker holds the key); its names are
+    /// ignored: the leaf names `spiffe_id` only. The node-scoped signer's unit of work
+    /// (`flock-ca`): the key never leaves the node that asked.
+    pub fn sign_csr(
+        &self,
+        csr_der: &[u8],
+        spiffe_id: &str,
+        ttl: Duration,
+    ) -> Result<SignedLeaf, IdentityError> {
+        let csr = rcgen::CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())
+            .map_err(|e| IdentityError::Issue(format!("the CSR is not a valid, self-signed PKCS#10 request: {e}")))?;
+        let issuer = Arc::clone(&self.issuer.lock());
+        self.sign_key(&issuer, &csr.public_key, spiffe_id, &[], ttl)
+    }
+
+    /// A serving certificate for `spiffe_id` that also names `dns_names`, with its
+    /// new key, valid for `ttl` (the signer's own TLS certificate).
+    pub fn issue_serving(
+        &self,
+        spiffe_id: &str,
+        dns_names: &[String],
+        ttl: Duration,
+    ) -> Result<(SignedLeaf, SecretPem), IdentityError> {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
+        let issuer = Arc::clone(&self.issuer.lock());
+        let leaf = self.sign_key(&issuer, &key, spiffe_id, dns_names, ttl)?;
+        Ok((leaf, SecretPem::new(key.serialize_pem())))
+    }
+
+    fn sign_key(
+        &self,
+        issuer: &IssuerSet,
+        key: &impl rcgen::PublicKeyData,
+        spiffe_id: &str,
+        dns_names: &[String],
+        ttl: Duration,
+    ) -> Result<SignedLeaf, IdentityError> {
+        let now = (self.clock)();
         // A leaf never outlives its issuer's chain (a peer would reject it anyway).
         let not_after_ms = now
-            .plus(self.ttl.as_millis() as u64)
+            .plus(ttl.as_millis() as u64)
             .min(issuer.not_after_ms());
         // An issuer at its end would sign leaves that are dead on arrival (and rotate
         // at half of nothing): refuse, naming what to do.
@@ -211,23 +280,15 @@ impl BuiltinCa {
             now.as_millis()
                 .saturating_sub(CLOCK_SKEW.as_millis() as u64),
         );
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(issue_error)?;
-        let serial = self.serial_for(&key);
-        let der = ca_dir::sign_leaf(issuer, &key, spiffe_id, (from, not_after_ms), &serial)?;
-        // rcgen's PEM string is moved into the zeroizing wrapper as it is (no copy). The
-        // `KeyPair` itself keeps a DER copy that rcgen does not wipe when it is dropped
-        // at the end of this call; that copy is out of our reach.
-        let private_key_pem = SecretPem::new(key.serialize_pem());
+        let serial = self.serial_for(key.der_bytes());
+        let der = ca_dir::sign_leaf(issuer, key, spiffe_id, dns_names, (from, not_after_ms), &serial)?;
         self.issued.fetch_add(1, Ordering::Relaxed);
         let mut cert_chain_pem = ca_dir::cert_pem(&der);
         cert_chain_pem.push_str(issuer.chain_pem());
-        Ok(Svid {
-            spiffe_id: spiffe_id.to_string(),
+        Ok(SignedLeaf {
             cert_chain_pem,
-            private_key_pem,
             not_after_ms,
             issued_ms: now,
-            issued_mono: now_mono,
             serial: serial.iter().map(|b| format!("{b:02x}")).collect(),
         })
     }
@@ -235,11 +296,11 @@ impl BuiltinCa {
     /// 16 bytes: a hash of a per-CA counter and the new public key (unique per CA, as
     /// RFC 5280 requires), first byte `01xxxxxx` so the DER INTEGER is positive and
     /// never shortened by a leading zero (always 16 bytes, within RFC 5280's 20).
-    fn serial_for(&self, key: &KeyPair) -> [u8; 16] {
+    fn serial_for(&self, public_key: &[u8]) -> [u8; 16] {
         let n = self.serials.fetch_add(1, Ordering::Relaxed);
         let mut h = Sha256::new();
         h.update(n.to_be_bytes());
-        h.update(key.public_key_raw());
+        h.update(public_key);
         let digest = h.finalize();
         let mut serial = [0u8; 16];
         serial.copy_from_slice(&digest[..16]);

@@ -537,6 +537,7 @@ pub fn validate(
         &set,
         &probe_key,
         &probe_id,
+        &[],
         (now, now.plus(60_000)),
         &[0x40; 16],
     )
@@ -557,8 +558,9 @@ pub fn validate(
 /// for `spiffe_id` and `key`, valid `[from, to]`; returns its DER.
 pub(crate) fn sign_leaf(
     set: &IssuerSet,
-    key: &KeyPair,
+    key: &impl rcgen::PublicKeyData,
     spiffe_id: &str,
+    dns_names: &[String],
     (from, to): (UnixMs, UnixMs),
     serial: &[u8],
 ) -> Result<Vec<u8>, IdentityError> {
@@ -571,6 +573,13 @@ pub(crate) fn sign_leaf(
         .push(DnType::OrganizationName, "flock");
     // X509-SVID spec: exactly one URI SAN, the SPIFFE ID.
     params.subject_alt_names = vec![SanType::URI(uri)];
+    // A serving certificate also names the DNS names a TLS client verifies (the
+    // SVID spec allows DNS SANs beside the one URI SAN).
+    for name in dns_names {
+        params
+            .subject_alt_names
+            .push(SanType::DnsName(name.clone().try_into().map_err(issue_error)?));
+    }
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![

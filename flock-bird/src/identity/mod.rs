@@ -27,10 +27,11 @@
 
 mod builtin;
 pub mod ca_dir;
+pub mod signer;
 pub mod spire;
 mod subscriptions;
 
-pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, CaReload, MAX_TTL, MIN_TTL};
+pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, CaReload, MAX_TTL, MIN_TTL, SignedLeaf};
 use flock_core::rotation::Issued;
 use flock_core::{MonoMs, UnixMs};
 pub use spire::{SpireBridge, SpireOptions};
