@@ -171,6 +171,18 @@ pub enum IdentitySource {
         /// `None`: a node-local CA whose SVIDs only this node trusts.
         ca_dir: Option<PathBuf>,
     },
+    /// The node-scoped signer (`flock-ca`): keys made here, certificates signed there
+    /// for this node's pods only (see [`RemoteCa`](crate::identity::RemoteCa)).
+    FlockCa {
+        /// The trust domain.
+        trust_domain: String,
+        /// `https://HOST:PORT`.
+        url: String,
+        /// The node credential directory (`--node-credential`).
+        credential_dir: PathBuf,
+        /// The DNS name the signer's certificate must carry (`--ca-server-name`).
+        server_name: String,
+    },
     /// A SPIRE agent's Delegated Identity API on its admin socket: SPIRE issues and
     /// rotates the SVIDs (see [`SpireBridge`]).
     Spire {
@@ -190,6 +202,19 @@ impl IdentitySource {
                 svid_ttl,
                 ca_dir: None,
             }),
+            s if s.starts_with("flock-ca:") => match &s["flock-ca:".len()..] {
+                url if url.starts_with("https://") && url.len() > "https://".len() => {
+                    Ok(Self::FlockCa {
+                        trust_domain: trust_domain.to_string(),
+                        url: url.to_string(),
+                        credential_dir: PathBuf::new(),
+                        server_name: flock_ca::DEFAULT_SERVER_NAME.to_string(),
+                    })
+                }
+                _ => Err(format!(
+                    "--identity {s}: expected flock-ca:https://HOST:PORT (the signer's address)"
+                )),
+            },
             s if s.starts_with("spire:") => match &s["spire:".len()..] {
                 "" => Err(format!(
                     "--identity {s}: expected spire:PATH (the SPIRE agent admin socket)"
@@ -199,7 +224,7 @@ impl IdentitySource {
                 }),
             },
             s => Err(format!(
-                "--identity {s:?}: expected builtin, none or spire:PATH"
+                "--identity {s:?}: expected builtin, flock-ca:https://HOST:PORT, none or spire:PATH"
             )),
         }
     }
@@ -309,6 +334,28 @@ pub async fn run(
         };
         rotation = Some(Arc::clone(&ca));
         agent = agent.with_identity(ca);
+    }
+    let mut remote_rotation = None;
+    if let IdentitySource::FlockCa {
+        trust_domain,
+        url,
+        credential_dir,
+        server_name,
+    } = &opts.identity
+    {
+        let remote = crate::identity::RemoteCa::new(crate::identity::RemoteCaOptions {
+            trust_domain: trust_domain.clone(),
+            signer: flock_ca::client::SignerAddress {
+                url: url.clone(),
+                server_name: server_name.clone(),
+                timeout: Duration::from_secs(10),
+            },
+            credential_dir: credential_dir.clone(),
+        })
+        .map_err(|e| anyhow::anyhow!("--identity flock-ca: {e}"))?;
+        tracing::info!(identity = %remote.describe(), "workload identity: the node-scoped signer (no issuer key on this node)");
+        remote_rotation = Some(Arc::clone(&remote));
+        agent = agent.with_identity(remote);
     }
     if let IdentitySource::Spire { socket } = &opts.identity {
         // Connects (and reconnects) in the background; subscriptions wait for it.
@@ -453,6 +500,15 @@ pub async fn run(
             tokio::select! {
                 _ = until_stopped(&mut stop) => {}
                 _ = ca.run_rotation(Duration::from_secs(5)) => {}
+            }
+        });
+    }
+    if let Some(remote) = remote_rotation {
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = until_stopped(&mut stop) => {}
+                _ = remote.run_rotation(Duration::from_secs(5)) => {}
             }
         });
     }

@@ -27,6 +27,7 @@
 
 mod builtin;
 pub mod ca_dir;
+pub mod remote;
 pub mod signer;
 pub mod spire;
 mod subscriptions;
@@ -34,6 +35,7 @@ mod subscriptions;
 pub use builtin::{BuiltinCa, CA_LIFETIME, CLOCK_SKEW, CaReload, MAX_TTL, MIN_TTL, SignedLeaf};
 use flock_core::rotation::Issued;
 use flock_core::{MonoMs, UnixMs};
+pub use remote::{RemoteCa, RemoteCaOptions};
 pub use spire::{SpireBridge, SpireOptions};
 
 use crate::model::PodRecord;

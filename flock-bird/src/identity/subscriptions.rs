@@ -63,6 +63,11 @@ impl Subscriptions {
         Some(self.leave(id))
     }
 
+    /// Whether any pod is subscribed to `id`.
+    pub(crate) fn has_subscribers(&self, id: &str) -> bool {
+        self.subscribers.contains_key(id)
+    }
+
     fn leave(&mut self, id: String) -> Left {
         let last = match self.subscribers.get_mut(&id) {
             Some(n) if *n > 1 => {

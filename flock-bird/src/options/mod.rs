@@ -166,9 +166,10 @@ pub struct Flags {
     /// show in `ps`).
     #[arg(long, value_name = "FILE", help_heading = "Registry security")]
     pub registry_password_file: Option<PathBuf>,
-    /// Where pods' workload identities come from: `builtin` (a node-local CA; mTLS
-    /// between pods), `spire:PATH` (a SPIRE agent's Delegated Identity API on its admin
-    /// socket PATH), `none` (plaintext).
+    /// Where pods' workload identities come from: `builtin` (a CA in this agent; mTLS
+    /// between pods), `flock-ca:https://HOST:PORT` (the node-scoped signer: no issuer
+    /// key on the node; needs --node-credential), `spire:PATH` (a SPIRE agent's
+    /// Delegated Identity API on its admin socket PATH), `none` (plaintext).
     #[arg(long, default_value = "builtin", value_name = "SOURCE")]
     pub identity: String,
     /// SPIFFE trust domain of the built-in CA's SVIDs (`spiffe://DOMAIN/ns/NAMESPACE/sa/ACCOUNT`),
@@ -185,6 +186,14 @@ pub struct Flags {
     /// one. Without it: a node-local CA, trusted on this node only.
     #[arg(long, value_name = "DIR")]
     pub ca_dir: Option<PathBuf>,
+    /// --identity flock-ca: this node's credential directory (node-cert.pem,
+    /// node-key.pem, bundle.pem; `flock-ca node-credential` makes one). The agent
+    /// renews the credential through the signer at half its life.
+    #[arg(long, value_name = "DIR")]
+    pub node_credential: Option<PathBuf>,
+    /// --identity flock-ca: the DNS name the signer's certificate must carry.
+    #[arg(long, default_value = "flock-ca", value_name = "NAME")]
+    pub ca_server_name: String,
     /// Lifetime of the built-in CA's SVIDs, seconds; each is renewed at half its lifetime.
     #[arg(long, default_value_t = 3600, value_name = "SECS")]
     pub svid_ttl: u64,
@@ -662,6 +671,33 @@ fn identity_source(flags: &Flags) -> Result<IdentitySource, OptionsError> {
         Duration::from_secs(flags.svid_ttl),
     )
     .map_err(OptionsError)?;
+    match (&mut source, &flags.node_credential) {
+        (
+            IdentitySource::FlockCa {
+                credential_dir,
+                server_name,
+                ..
+            },
+            Some(dir),
+        ) => {
+            credential_dir.clone_from(dir);
+            server_name.clone_from(&flags.ca_server_name);
+        }
+        (IdentitySource::FlockCa { .. }, None) => {
+            return Err(OptionsError(
+                "--identity flock-ca:... needs --node-credential DIR (this node's credential; \
+                 `flock-ca node-credential` makes one)"
+                    .into(),
+            ));
+        }
+        (_, Some(dir)) => {
+            return Err(OptionsError(format!(
+                "--node-credential {}: only --identity flock-ca:... takes a node credential",
+                dir.display()
+            )));
+        }
+        (_, None) => {}
+    }
     match (&mut source, &flags.ca_dir) {
         (IdentitySource::Builtin { ca_dir, .. }, dir) => ca_dir.clone_from(dir),
         (_, Some(dir)) => {

@@ -305,7 +305,7 @@ fn identity_sources_parse_and_only_the_builtin_ca_takes_a_ca_dir() {
     let e = error(&["--identity", "vault"]);
     assert_eq!(
         e,
-        "--identity \"vault\": expected builtin, none or spire:PATH"
+        "--identity \"vault\": expected builtin, flock-ca:https://HOST:PORT, none or spire:PATH"
     );
     let e = error(&["--identity", "spire:"]);
     assert!(
@@ -574,4 +574,34 @@ fn the_bootstrap_needs_a_node_name_and_a_known_socket() {
     );
     let e = envoy_bootstrap(&flags(&[])).unwrap_err().to_string();
     assert!(e.starts_with("no node name"), "{e}");
+}
+
+#[test]
+fn the_node_scoped_signer_needs_a_node_credential_and_only_it_takes_one() {
+    let o = check(&[
+        "--identity",
+        "flock-ca:https://flock-ca.flock-system.svc:8443",
+        "--node-credential",
+        "/var/run/flock/node",
+        "--ca-server-name",
+        "signer.example",
+    ])
+    .unwrap();
+    assert_eq!(
+        o.runtime.identity,
+        IdentitySource::FlockCa {
+            trust_domain: "cluster.local".into(),
+            url: "https://flock-ca.flock-system.svc:8443".into(),
+            credential_dir: "/var/run/flock/node".into(),
+            server_name: "signer.example".into(),
+        }
+    );
+    let e = error(&["--identity", "flock-ca:https://ca:8443"]);
+    assert!(e.contains("needs --node-credential DIR"), "{e}");
+    let e = error(&["--node-credential", "/n"]);
+    assert!(e.contains("only --identity flock-ca:... takes a node credential"), "{e}");
+    for bad in ["flock-ca:", "flock-ca:http://ca:8443", "flock-ca:https://"] {
+        let e = error(&["--identity", bad, "--node-credential", "/n"]);
+        assert!(e.contains("expected flock-ca:https://HOST:PORT"), "{bad}: {e}");
+    }
 }

@@ -99,7 +99,7 @@ pub fn sibling_bin(name: &str) -> PathBuf {
     assert!(
         p.exists(),
         "{} is missing: run `cargo build -p flock-agent -p flockctl -p flock-cni-plugin \
-         -p flock-install-cni -p flock-supervisor` first (scripts/test builds the workspace)",
+         -p flock-install-cni -p flock-supervisor -p flock-ca-server` first (scripts/test builds the workspace)",
         p.display()
     );
     p
