@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The one flock image the DaemonSet in deploy/ runs: flock-agent, flock-cni (the
 # plugin the installer copies to the host), flock-install-cni, flock-supervisor,
-# flockctl and Envoy. CI does not build it (no container engine or image registry is
+# flockctl, flock-ca (the signer's Deployment) and Envoy. CI does not build it (no container engine or image registry is
 # reachable there): CI tests the binaries themselves, and the manifests offline.
 #
 #   docker build -t flock:0.1.0 .
@@ -19,9 +19,9 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
-        -p flock-agent -p flock-cni-plugin -p flock-install-cni -p flock-supervisor -p flockctl \
+        -p flock-agent -p flock-cni-plugin -p flock-install-cni -p flock-supervisor -p flockctl -p flock-ca-server \
     && mkdir -p /out \
-    && for b in flock-agent flock-cni flock-install-cni flock-supervisor flockctl; do \
+    && for b in flock-agent flock-cni flock-install-cni flock-supervisor flockctl flock-ca; do \
         cp "target/release/$b" /out/; \
     done
 
