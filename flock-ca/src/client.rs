@@ -164,7 +164,11 @@ impl Client {
         // `flock-ca node-credential` restores it) rather than silently using a stale
         // pair; the bundle last, as it rarely changes.
         write_private(&self.dir, files::NODE_KEY, key_pem.as_bytes())?;
-        write_private(&self.dir, files::NODE_CERT, answer.cert_chain_pem.as_bytes())?;
+        write_private(
+            &self.dir,
+            files::NODE_CERT,
+            answer.cert_chain_pem.as_bytes(),
+        )?;
         write_private(&self.dir, files::BUNDLE, answer.bundle_pem.as_bytes())?;
         Ok(answer.not_after_ms)
     }

@@ -8,9 +8,9 @@
 //! flock-ca binary uses flock-bird's built-in CA over a CA directory, which it
 //! re-reads when the directory changes: issuer rotation).
 
+use crate::MAX_CSR_BYTES;
 use crate::proto::signer_server::{Signer, SignerServer};
 use crate::proto::{RenewNodeRequest, SignResponse, SignWorkloadRequest};
-use crate::MAX_CSR_BYTES;
 use flock_core::issuance::{self, Refusal, Request};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -128,7 +128,9 @@ impl SignerService {
 /// domain (a workload SVID cannot ask for certificates).
 pub fn node_of_peer(trust_domain: &str, leaf_der: Option<&[u8]>) -> Result<String, Status> {
     let der = leaf_der.ok_or_else(|| {
-        Status::unauthenticated("no client certificate: the signer serves only nodes with a node credential")
+        Status::unauthenticated(
+            "no client certificate: the signer serves only nodes with a node credential",
+        )
     })?;
     let uri = uri_san(der)
         .ok_or_else(|| Status::permission_denied("the client certificate has no URI SAN"))?;
@@ -166,9 +168,8 @@ fn check_csr(csr: &[u8]) -> Result<(), Status> {
 
 fn check_names(r: &SignWorkloadRequest) -> Result<(), Status> {
     use flock_core::pod::{check_label, check_subdomain, check_uid};
-    let bad = |what: &str, v: &str, e: String| {
-        Status::invalid_argument(format!("{what} {v:?}: {e}"))
-    };
+    let bad =
+        |what: &str, v: &str, e: String| Status::invalid_argument(format!("{what} {v:?}: {e}"));
     check_label(&r.namespace).map_err(|e| bad("namespace", &r.namespace, e))?;
     check_subdomain(&r.pod_name).map_err(|e| bad("pod_name", &r.pod_name, e))?;
     check_subdomain(&r.service_account)

@@ -84,7 +84,9 @@ pub enum Refusal {
         pod: String,
     },
     /// The pod runs on another node (or on none yet).
-    #[error("pod {namespace}/{pod} runs on node {actual:?}, not on {caller:?}, the node that asked")]
+    #[error(
+        "pod {namespace}/{pod} runs on node {actual:?}, not on {caller:?}, the node that asked"
+    )]
     OtherNode {
         /// Namespace.
         namespace: String,
@@ -128,7 +130,9 @@ pub enum Refusal {
         pod: String,
     },
     /// The static scope does not let the node host the account.
-    #[error("node {node:?} may not host service account {namespace}/{service_account} (not in the signer's scope file)")]
+    #[error(
+        "node {node:?} may not host service account {namespace}/{service_account} (not in the signer's scope file)"
+    )]
     OutOfScope {
         /// The authenticated node.
         node: String,
@@ -144,7 +148,11 @@ const DEFAULT_SERVICE_ACCOUNT: &str = "default";
 
 /// Whether `caller` (the authenticated node) may get a certificate for `req`, given
 /// what the API says of the pod (`None`: no such pod).
-pub fn decide_kube(caller: &str, req: &Request<'_>, facts: Option<&PodFacts>) -> Result<(), Refusal> {
+pub fn decide_kube(
+    caller: &str,
+    req: &Request<'_>,
+    facts: Option<&PodFacts>,
+) -> Result<(), Refusal> {
     let pod = || (req.namespace.to_string(), req.pod_name.to_string());
     let Some(facts) = facts else {
         let (namespace, pod) = pod();
@@ -268,7 +276,10 @@ mod tests {
 
     #[test]
     fn a_node_gets_only_its_own_pods_identities() {
-        assert_eq!(decide_kube("a", &req("api-1", "api"), Some(&facts("a", "api"))), Ok(()));
+        assert_eq!(
+            decide_kube("a", &req("api-1", "api"), Some(&facts("a", "api"))),
+            Ok(())
+        );
         let e = decide_kube("a", &req("api-1", "api"), Some(&facts("b", "api"))).unwrap_err();
         assert!(matches!(e, Refusal::OtherNode { .. }), "{e}");
         assert_eq!(
@@ -284,7 +295,10 @@ mod tests {
         let e = decide_kube("a", &req("api-1", "admin"), Some(&facts("a", "api"))).unwrap_err();
         assert!(matches!(e, Refusal::OtherServiceAccount { .. }), "{e}");
         // An empty account in the spec is Kubernetes' default.
-        assert_eq!(decide_kube("a", &req("api-1", "default"), Some(&facts("a", ""))), Ok(()));
+        assert_eq!(
+            decide_kube("a", &req("api-1", "default"), Some(&facts("a", ""))),
+            Ok(())
+        );
         let mut f = facts("a", "api");
         f.uid = "u2".into();
         assert!(matches!(
@@ -305,7 +319,10 @@ mod tests {
 
     #[test]
     fn node_credentials_name_nodes_only() {
-        assert_eq!(node_of("td", &node_id("td", "node-a")).as_deref(), Some("node-a"));
+        assert_eq!(
+            node_of("td", &node_id("td", "node-a")).as_deref(),
+            Some("node-a")
+        );
         for id in [
             "spiffe://other/flock/node/node-a",
             "spiffe://td/ns/pay/sa/api",

@@ -53,24 +53,53 @@ async fn add_pod(socket: &Path, name: &str, sa: &str, ip: &str) -> (i32, String)
 fn secrets(agent: &Agent) -> Vec<String> {
     agent.json("/debug/snapshot")["groups"]["envoy"]["resources"]["sds"]
         .as_array()
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn run(cmd: &mut Command) {
     let out = cmd.output().expect("run");
-    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_gets_svids_from_the_signer_for_the_pods_it_may_host_only() {
     let tmp = tempfile::tempdir().unwrap();
     let s = |p: &Path| p.to_str().unwrap().to_owned();
-    let (root, ca, cred) = (tmp.path().join("root"), tmp.path().join("ca"), tmp.path().join("n1"));
+    let (root, ca, cred) = (
+        tmp.path().join("root"),
+        tmp.path().join("ca"),
+        tmp.path().join("n1"),
+    );
     run(Command::new(AGENT_BIN).args(["ca", "init", "--out", &s(&root)]));
-    run(Command::new(AGENT_BIN).args(["ca", "issue", "--root", &s(&root), "--out", &s(&ca), "--name", "signer"]));
+    run(Command::new(AGENT_BIN).args([
+        "ca",
+        "issue",
+        "--root",
+        &s(&root),
+        "--out",
+        &s(&ca),
+        "--name",
+        "signer",
+    ]));
     let signer_bin = sibling_bin("flock-ca");
-    run(Command::new(&signer_bin).args(["node-credential", "--node", "n1", "--ca-dir", &s(&ca), "--out", &s(&cred)]));
+    run(Command::new(&signer_bin).args([
+        "node-credential",
+        "--node",
+        "n1",
+        "--ca-dir",
+        &s(&ca),
+        "--out",
+        &s(&cred),
+    ]));
     let scope = tmp.path().join("scope");
     std::fs::write(&scope, "n1: default/web\n").unwrap();
     let port = reserve_port_for_child();
@@ -100,7 +129,11 @@ async fn the_agent_gets_svids_from_the_signer_for_the_pods_it_may_host_only() {
 
     // An account the node may not host: the signer refuses and so does the ADD.
     let (outcome, message) = add_pod(&agent.cni_socket, "admin-0", "admin", "10.9.0.11").await;
-    assert_ne!(outcome, Outcome::Success as i32, "a pod outside the node's scope was meshed");
+    assert_ne!(
+        outcome,
+        Outcome::Success as i32,
+        "a pod outside the node's scope was meshed"
+    );
     assert!(
         message.contains("may not host service account default/admin"),
         "{message}"
@@ -110,9 +143,7 @@ async fn the_agent_gets_svids_from_the_signer_for_the_pods_it_may_host_only() {
     // The node's disk: its credential and the agent's state, no issuer key anywhere.
     let keys: Vec<String> = walk(agent.dir.path())
         .chain(walk(&cred))
-        .filter(|p| {
-            std::fs::read_to_string(p).is_ok_and(|t| t.contains("PRIVATE KEY"))
-        })
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("PRIVATE KEY")))
         .map(|p| p.display().to_string())
         .collect();
     assert_eq!(keys, [cred.join("node-key.pem").display().to_string()]);

@@ -120,18 +120,28 @@ fn load_ca(trust_domain: &str, svid_ttl: u64, dir: &Path) -> anyhow::Result<Arc<
 }
 
 fn node_credential(n: &NodeCredential) -> anyhow::Result<()> {
-    flock_core::pod::check_node_name(&n.node).map_err(|e| anyhow::anyhow!("--node {:?}: {e}", n.node))?;
+    flock_core::pod::check_node_name(&n.node)
+        .map_err(|e| anyhow::anyhow!("--node {:?}: {e}", n.node))?;
     let ca = load_ca(&n.trust_domain, 3600, &n.ca_dir)?;
     let id = flock_core::issuance::node_id(&n.trust_domain, &n.node);
     let (leaf, key) = ca.issue_serving(&id, &[], Duration::from_secs(n.ttl))?;
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&n.out)
-        .with_context(|| format!("--out {}: creating the directory (it must not exist)", n.out.display()))?;
+        .with_context(|| {
+            format!(
+                "--out {}: creating the directory (it must not exist)",
+                n.out.display()
+            )
+        })?;
     flock_ca::client::write_private(&n.out, files::NODE_KEY, key.expose().as_bytes())?;
     flock_ca::client::write_private(&n.out, files::NODE_CERT, leaf.cert_chain_pem.as_bytes())?;
     flock_ca::client::write_private(&n.out, files::BUNDLE, ca.bundle().ca_pem.as_bytes())?;
-    println!("{id}: {} (expires at {} ms)", n.out.display(), leaf.not_after_ms.as_millis());
+    println!(
+        "{id}: {} (expires at {} ms)",
+        n.out.display(),
+        leaf.not_after_ms.as_millis()
+    );
     Ok(())
 }
 
@@ -179,7 +189,10 @@ async fn serve(s: Serve) -> anyhow::Result<()> {
     loop {
         let (leaf, key) = ca.issue_serving(&server_id, &s.dns_names, serving_ttl)?;
         let tls = ServerTlsConfig::new()
-            .identity(Identity::from_pem(leaf.cert_chain_pem.as_bytes(), key.expose().as_bytes()))
+            .identity(Identity::from_pem(
+                leaf.cert_chain_pem.as_bytes(),
+                key.expose().as_bytes(),
+            ))
             .client_ca_root(Certificate::from_pem(ca.bundle().ca_pem.as_bytes()));
         let service = SignerService::new(&s.trust_domain, issuer.clone(), Arc::clone(&pods));
         let incoming = SharedIncoming(Arc::clone(&listener));

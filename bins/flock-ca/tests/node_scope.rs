@@ -73,9 +73,14 @@ fn make_ca(dir: &Path) -> PathBuf {
 
 fn issue_into(root: &Path, ca: &Path, name: &str) {
     let now = flock_clock::unix_now();
-    let (cert, key, roots) =
-        ca_dir::generate_issuer(root, name, now, Duration::from_secs(60), Duration::from_secs(24 * 3600))
-            .unwrap();
+    let (cert, key, roots) = ca_dir::generate_issuer(
+        root,
+        name,
+        now,
+        Duration::from_secs(60),
+        Duration::from_secs(24 * 3600),
+    )
+    .unwrap();
     // Key first, then the certificates: the watcher may read between writes and must
     // then see a mismatched set, which it refuses, never half of one it accepts.
     write(&ca.join(ca_dir::CA_KEY_FILE), key.expose());
@@ -93,7 +98,10 @@ fn node_credential(ca: &Path, node: &str, out: &Path) {
         .arg(out)
         .status()
         .expect("run flock-ca node-credential");
-    assert!(status.success(), "flock-ca node-credential --node {node}: {status}");
+    assert!(
+        status.success(),
+        "flock-ca node-credential --node {node}: {status}"
+    );
 }
 
 async fn start() -> Signer {
@@ -122,12 +130,19 @@ async fn start() -> Signer {
         server_name: flock_ca::DEFAULT_SERVER_NAME.into(),
         timeout: Duration::from_secs(5),
     };
-    let signer = Signer { child, addr, dir, api };
+    let signer = Signer {
+        child,
+        addr,
+        dir,
+        api,
+    };
     let a = signer.node_dir("node-a");
     let addr = signer.addr.clone();
-    flock_testkit::eventually("flock-ca to accept node-a", Duration::from_secs(30), async || {
-        Client::connect(&addr, &a).await.map(|_| ())
-    })
+    flock_testkit::eventually(
+        "flock-ca to accept node-a",
+        Duration::from_secs(30),
+        async || Client::connect(&addr, &a).await.map(|_| ()),
+    )
     .await;
     drop(port);
     signer
@@ -176,14 +191,20 @@ async fn a_node_gets_its_own_pods_certificate_and_never_another_nodes() {
         .sign_workload(&key, "shop", "web-a", "uid-web-a", "web")
         .await
         .expect("node-a gets web-a's certificate");
-    assert_eq!(leaf_uri(&ok.cert_chain_pem), format!("spiffe://{TD}/ns/shop/sa/web"));
+    assert_eq!(
+        leaf_uri(&ok.cert_chain_pem),
+        format!("spiffe://{TD}/ns/shop/sa/web")
+    );
     verify_svid_chain(&ok.cert_chain_pem, &ok.bundle_pem, flock_clock::unix_now())
         .expect("the workload certificate verifies against the bundle");
 
     // B's pod, asked by A (with or without B's UID, which A could learn from the API):
     // refused, naming the pod's node.
     for uid in ["uid-api-b", ""] {
-        match a.sign_workload(&new_key(), "pay", "api-b", uid, "api").await {
+        match a
+            .sign_workload(&new_key(), "pay", "api-b", uid, "api")
+            .await
+        {
             Err(ClientError::Refused { code, message }) => {
                 assert_eq!(code, tonic::Code::PermissionDenied, "{message}");
                 assert!(
@@ -213,10 +234,15 @@ async fn a_node_gets_its_own_pods_certificate_and_never_another_nodes() {
         .sign_workload(&new_key(), "pay", "api-b", "uid-api-b", "api")
         .await
         .expect("node-b gets api-b's certificate");
-    assert_eq!(leaf_uri(&ok.cert_chain_pem), format!("spiffe://{TD}/ns/pay/sa/api"));
+    assert_eq!(
+        leaf_uri(&ok.cert_chain_pem),
+        format!("spiffe://{TD}/ns/pay/sa/api")
+    );
     // The pod moves to node-a (deleted and recreated there): only now may A have it.
     assert!(signer.api.delete::<Pod>(Some("pay"), "api-b"));
-    signer.api.apply(&pod("pay", "api-b", "node-a", "api", "uid-api-b2"));
+    signer
+        .api
+        .apply(&pod("pay", "api-b", "node-a", "api", "uid-api-b2"));
     a.sign_workload(&new_key(), "pay", "api-b", "uid-api-b2", "api")
         .await
         .expect("the pod now runs on node-a");
@@ -266,8 +292,13 @@ async fn nothing_on_a_nodes_disk_can_sign_or_stand_in_for_a_node() {
     write(&wl.join("node-cert.pem"), &web.cert_chain_pem);
     write(&wl.join("node-key.pem"), &key.serialize_pem());
     write(&wl.join("bundle.pem"), &web.bundle_pem);
-    let mut c = Client::connect(&signer.addr, &wl).await.expect("TLS accepts a verified certificate");
-    match c.sign_workload(&new_key(), "shop", "web-a", "", "web").await {
+    let mut c = Client::connect(&signer.addr, &wl)
+        .await
+        .expect("TLS accepts a verified certificate");
+    match c
+        .sign_workload(&new_key(), "shop", "web-a", "", "web")
+        .await
+    {
         Err(ClientError::Refused { code, message }) => {
             assert_eq!(code, tonic::Code::PermissionDenied);
             assert!(message.contains("is not a node credential"), "{message}");
@@ -314,7 +345,11 @@ async fn node_credentials_renew_and_the_issuer_rotates() {
 
     // A new issuer under the same root: the signer re-reads its CA directory and signs
     // with it; the old node credential keeps working (same root).
-    issue_into(&signer.dir.path().join("root"), &signer.dir.path().join("ca"), "two");
+    issue_into(
+        &signer.dir.path().join("root"),
+        &signer.dir.path().join("ca"),
+        "two",
+    );
     let issuer_of = |chain: &str| -> String {
         let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).unwrap();
         let cert = pem.parse_x509().unwrap();
@@ -322,19 +357,25 @@ async fn node_credentials_renew_and_the_issuer_rotates() {
     };
     let old_issuer = issuer_of(&first.cert_chain_pem);
     assert!(old_issuer.contains("flock issuer one"), "{old_issuer}");
-    flock_testkit::eventually("leaves signed by the new issuer", Duration::from_secs(30), async || {
-        let mut a = Client::connect(&signer.addr, &dir_a).await.map_err(|e| e.to_string())?;
-        let s = a
-            .sign_workload(&new_key(), "shop", "web-a", "", "web")
-            .await
-            .map_err(|e| e.to_string())?;
-        let issuer = issuer_of(&s.cert_chain_pem);
-        if issuer.contains("flock issuer two") {
-            verify_svid_chain(&s.cert_chain_pem, &s.bundle_pem, flock_clock::unix_now())?;
-            Ok(())
-        } else {
-            Err(issuer)
-        }
-    })
+    flock_testkit::eventually(
+        "leaves signed by the new issuer",
+        Duration::from_secs(30),
+        async || {
+            let mut a = Client::connect(&signer.addr, &dir_a)
+                .await
+                .map_err(|e| e.to_string())?;
+            let s = a
+                .sign_workload(&new_key(), "shop", "web-a", "", "web")
+                .await
+                .map_err(|e| e.to_string())?;
+            let issuer = issuer_of(&s.cert_chain_pem);
+            if issuer.contains("flock issuer two") {
+                verify_svid_chain(&s.cert_chain_pem, &s.bundle_pem, flock_clock::unix_now())?;
+                Ok(())
+            } else {
+                Err(issuer)
+            }
+        },
+    )
     .await;
 }

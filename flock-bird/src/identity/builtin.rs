@@ -235,7 +235,11 @@ impl BuiltinCa {
         ttl: Duration,
     ) -> Result<SignedLeaf, IdentityError> {
         let csr = rcgen::CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())
-            .map_err(|e| IdentityError::Issue(format!("the CSR is not a valid, self-signed PKCS#10 request: {e}")))?;
+            .map_err(|e| {
+                IdentityError::Issue(format!(
+                    "the CSR is not a valid, self-signed PKCS#10 request: {e}"
+                ))
+            })?;
         let issuer = Arc::clone(&self.issuer.lock());
         self.sign_key(&issuer, &csr.public_key, spiffe_id, &[], ttl)
     }
@@ -264,9 +268,7 @@ impl BuiltinCa {
     ) -> Result<SignedLeaf, IdentityError> {
         let now = (self.clock)();
         // A leaf never outlives its issuer's chain (a peer would reject it anyway).
-        let not_after_ms = now
-            .plus(ttl.as_millis() as u64)
-            .min(issuer.not_after_ms());
+        let not_after_ms = now.plus(ttl.as_millis() as u64).min(issuer.not_after_ms());
         // An issuer at its end would sign leaves that are dead on arrival (and rotate
         // at half of nothing): refuse, naming what to do.
         if not_after_ms < now.plus(MIN_TTL.as_millis() as u64) {
@@ -281,7 +283,14 @@ impl BuiltinCa {
                 .saturating_sub(CLOCK_SKEW.as_millis() as u64),
         );
         let serial = self.serial_for(key.der_bytes());
-        let der = ca_dir::sign_leaf(issuer, key, spiffe_id, dns_names, (from, not_after_ms), &serial)?;
+        let der = ca_dir::sign_leaf(
+            issuer,
+            key,
+            spiffe_id,
+            dns_names,
+            (from, not_after_ms),
+            &serial,
+        )?;
         self.issued.fetch_add(1, Ordering::Relaxed);
         let mut cert_chain_pem = ca_dir::cert_pem(&der);
         cert_chain_pem.push_str(issuer.chain_pem());

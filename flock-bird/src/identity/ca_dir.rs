@@ -576,9 +576,9 @@ pub(crate) fn sign_leaf(
     // A serving certificate also names the DNS names a TLS client verifies (the
     // SVID spec allows DNS SANs beside the one URI SAN).
     for name in dns_names {
-        params
-            .subject_alt_names
-            .push(SanType::DnsName(name.clone().try_into().map_err(issue_error)?));
+        params.subject_alt_names.push(SanType::DnsName(
+            name.clone().try_into().map_err(issue_error)?,
+        ));
     }
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];

@@ -11,8 +11,8 @@
 
 use super::subscriptions::Subscriptions;
 use super::{
-    Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid,
-    spiffe_id, validate_path_segment,
+    Bundle, IdentityError, IdentityProvider, IdentityView, PodIdentity, SecretPem, Svid, spiffe_id,
+    validate_path_segment,
 };
 use flock_ca::client::{Client, SignerAddress};
 use flock_core::pod::PodKey;
@@ -97,8 +97,8 @@ impl RemoteCa {
 
     /// Asks the signer for `pod`'s identity over a new key.
     async fn sign(&self, id: &str, pod: &PodIdentity) -> Result<(Svid, Bundle), IdentityError> {
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-            .map_err(remote_error)?;
+        let key =
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(remote_error)?;
         let mut client = Client::connect(&self.opts.signer, &self.opts.credential_dir)
             .await
             .map_err(remote_error)?;
@@ -116,7 +116,8 @@ impl RemoteCa {
             .map_err(remote_error)?;
         // The signer is trusted to sign, not to choose the name: the leaf must name
         // exactly the identity asked for.
-        let leaf = first_cert(&answer.cert_chain_pem).ok_or_else(|| remote_error("the answer holds no certificate"))?;
+        let leaf = first_cert(&answer.cert_chain_pem)
+            .ok_or_else(|| remote_error("the answer holds no certificate"))?;
         match flock_ca::server::uri_san(&leaf) {
             Some(uri) if uri == id => {}
             other => {
@@ -183,9 +184,10 @@ impl RemoteCa {
                 .values()
                 .filter(|s| s.issued().due(now))
                 .filter_map(|s| {
-                    let pod = state.pods.iter().find(|(k, _)| {
-                        state.subscriptions.get(k) == Some(&s.spiffe_id)
-                    })?;
+                    let pod = state
+                        .pods
+                        .iter()
+                        .find(|(k, _)| state.subscriptions.get(k) == Some(&s.spiffe_id))?;
                     Some((s.spiffe_id.clone(), pod.1.clone()))
                 })
                 .collect()
@@ -197,7 +199,9 @@ impl RemoteCa {
                     tracing::info!(spiffe_id = %id, serial = %svid.serial, "rotated SVID (flock-ca)");
                     rotated += usize::from(self.keep(&id, svid, bundle));
                 }
-                Err(e) => tracing::warn!(spiffe_id = %id, error = %e, "SVID rotation failed; the current SVID stays"),
+                Err(e) => {
+                    tracing::warn!(spiffe_id = %id, error = %e, "SVID rotation failed; the current SVID stays")
+                }
             }
         }
         rotated
@@ -287,7 +291,11 @@ impl IdentityProvider for RemoteCa {
                 reason,
             })?;
         }
-        let id = spiffe_id(&self.opts.trust_domain, &pod.namespace, &pod.service_account);
+        let id = spiffe_id(
+            &self.opts.trust_domain,
+            &pod.namespace,
+            &pod.service_account,
+        );
         {
             let mut state = self.state.lock();
             if state.svids.contains_key(&id) {

@@ -599,9 +599,15 @@ fn the_node_scoped_signer_needs_a_node_credential_and_only_it_takes_one() {
     let e = error(&["--identity", "flock-ca:https://ca:8443"]);
     assert!(e.contains("needs --node-credential DIR"), "{e}");
     let e = error(&["--node-credential", "/n"]);
-    assert!(e.contains("only --identity flock-ca:... takes a node credential"), "{e}");
+    assert!(
+        e.contains("only --identity flock-ca:... takes a node credential"),
+        "{e}"
+    );
     for bad in ["flock-ca:", "flock-ca:http://ca:8443", "flock-ca:https://"] {
         let e = error(&["--identity", bad, "--node-credential", "/n"]);
-        assert!(e.contains("expected flock-ca:https://HOST:PORT"), "{bad}: {e}");
+        assert!(
+            e.contains("expected flock-ca:https://HOST:PORT"),
+            "{bad}: {e}"
+        );
     }
 }
