@@ -355,4 +355,24 @@ mod tests {
         }
         assert!(parse_scope(&"#".repeat(MAX_SCOPE_BYTES + 1)).is_err());
     }
+
+    proptest::proptest! {
+        /// Whatever the request and the API's facts, a certificate is allowed only for
+        /// a pod on the asking node, as its own account, with a matching UID, running.
+        #[test]
+        fn allowed_only_for_the_callers_running_pod_as_its_account(
+            caller in "[ab]", node in "[ab]?", asked_sa in "(default|api|web)", sa in "(|api|web)",
+            asked_uid in "(|u1|u2)", uid in "u[12]", finished: bool,
+        ) {
+            let req = Request { namespace: "pay", pod_name: "p", pod_uid: &asked_uid, service_account: &asked_sa };
+            let facts = PodFacts { node_name: node.clone(), service_account: sa.clone(), uid: uid.clone(), finished };
+            if decide_kube(&caller, &req, Some(&facts)).is_ok() {
+                proptest::prop_assert_eq!(&node, &caller);
+                let effective = if sa.is_empty() { "default" } else { sa.as_str() };
+                proptest::prop_assert_eq!(effective, asked_sa.as_str());
+                proptest::prop_assert!(asked_uid.is_empty() || asked_uid == uid);
+                proptest::prop_assert!(!finished);
+            }
+        }
+    }
 }
