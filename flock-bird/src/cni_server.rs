@@ -100,6 +100,50 @@ impl CniServer {
     }
 }
 
+/// Pid 1's network namespace, read once: an agent drops the capabilities that let it
+/// read another process's namespace links soon after it starts, so it reads this one
+/// before ([`remember_host_netns`]).
+static HOST_NETNS: std::sync::OnceLock<Option<flock_core::pod::NetnsId>> =
+    std::sync::OnceLock::new();
+
+fn netns_id(path: &str) -> Option<flock_core::pod::NetnsId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| flock_core::pod::NetnsId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+}
+
+/// Reads pid 1's network namespace now, while this process may (call it before
+/// dropping capabilities); the CNI server compares every ADD's namespace with it. `None`
+/// when it cannot be read: then only the agent's own namespace is refused.
+pub fn remember_host_netns() -> Option<flock_core::pod::NetnsId> {
+    *HOST_NETNS.get_or_init(|| netns_id("/proc/1/ns/net"))
+}
+
+/// Refuses an ADD naming the host's or the agent's own network namespace
+/// ([`flock_core::pod::check_netns_not_the_nodes`]). The namespaces are compared by
+/// what `stat` returns (device, inode), so any path to them (`/proc/1/ns/net`,
+/// `/proc/self/ns/net`, a bind mount) is caught. A path that cannot be read is left to
+/// the later checks (a pod whose namespace is gone is not served, and the GC removes
+/// it).
+fn check_netns_not_the_nodes(netns: &str) -> Result<(), String> {
+    // The bug this check closes: any namespace path was accepted, the node's own too.
+    if flock_core::reintroduced!("netns-node-allowed") {
+        return Ok(());
+    }
+    let Some(pod) = netns_id(netns) else {
+        return Ok(());
+    };
+    flock_core::pod::check_netns_not_the_nodes(
+        pod,
+        remember_host_netns(),
+        netns_id("/proc/self/ns/net"),
+    )
+}
+
 /// Only the agent's own uid (the container runtime that runs the CNI plugin is root,
 /// like the agent) may report or remove pods. The socket's mode already keeps other
 /// uids out; this check is the second layer, so a socket left reachable by a mistaken
@@ -135,6 +179,18 @@ impl CniService for CniServer {
                 .pod_errors
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(invalid_pod("more than 256 annotations"));
+        }
+        if let Err(why) = check_netns_not_the_nodes(&req.netns) {
+            self.agent
+                .metrics
+                .pod_errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let container = req.container_id.chars().take(64).collect::<String>();
+            tracing::warn!(%container, netns = %req.netns.chars().take(256).collect::<String>(), "AddPod refused: netns {why}");
+            return Ok(invalid_pod(format!(
+                "netns {:?} {why}",
+                req.netns.chars().take(256).collect::<String>()
+            )));
         }
         let input = AddPodInput {
             container_id: req.container_id,

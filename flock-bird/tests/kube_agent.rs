@@ -37,6 +37,8 @@ const UID: &str = "0e0c8a4f-0000-4000-8000-00000000000a";
 /// A network namespace file that exists on every Linux machine (the agent serves a
 /// pod only if its netns exists; no Envoy runs here).
 const NETNS: &str = "/proc/self/ns/net";
+/// The namespace path of ADDs through the CNI socket: one that does not exist.
+const PLUGIN_NETNS: &str = "/var/run/netns/flock-kube-agent-absent";
 
 fn namespace(name: &str, meshed: bool) -> Namespace {
     let labels = if meshed {
@@ -374,7 +376,9 @@ fn plugin_add(
     let env: BTreeMap<&str, String> = [
         ("CNI_COMMAND", "ADD".to_string()),
         ("CNI_CONTAINERID", pod.container_id.clone()),
-        ("CNI_NETNS", pod.netns.clone()),
+        // Not `pod.netns` (`/proc/self/ns/net`): over the CNI socket the agent refuses
+        // its own namespace. The record is all this path is judged by.
+        ("CNI_NETNS", PLUGIN_NETNS.to_string()),
         ("CNI_IFNAME", pod.ifname.clone()),
         ("CNI_PATH", "/opt/cni/bin".to_string()),
         (

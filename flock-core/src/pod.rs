@@ -600,6 +600,45 @@ pub fn check_netns(netns: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A network namespace as the kernel names it: the device and inode of its nsfs file
+/// (what `stat` of `/proc/PID/ns/net` or a bind mount under `/var/run/netns` returns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetnsId {
+    /// `st_dev` of the namespace file.
+    pub dev: u64,
+    /// `st_ino` of the namespace file.
+    pub ino: u64,
+}
+
+/// Refuses an ADD whose network namespace `pod` is the node's own: the host's (`host`,
+/// the namespace of pid 1) or the agent's (`agent`). Either is the namespace every host
+/// process and every hostNetwork pod shares: meshing a "pod" there would install a
+/// capture table over the node's own traffic and bind Envoy's pod listeners in the
+/// host stack, so a forged or mistaken ADD could redirect or cut the node. `None` for
+/// `host` or `agent` means it could not be read (an agent that is not root cannot stat
+/// pid 1's namespace); only what was read is compared.
+pub fn check_netns_not_the_nodes(
+    pod: NetnsId,
+    host: Option<NetnsId>,
+    agent: Option<NetnsId>,
+) -> Result<(), String> {
+    if host == Some(pod) {
+        return Err(
+            "is the host's network namespace (pid 1's): a pod is never meshed in the node's \
+             own network stack"
+                .into(),
+        );
+    }
+    if agent == Some(pod) {
+        return Err(
+            "is the agent's own network namespace: a pod is never meshed in the node's own \
+             network stack"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// A pod or endpoint address: unicast (not unspecified, not multicast).
 pub fn check_ip(ip: IpAddr) -> Result<(), String> {
     if ip.is_unspecified() || ip.is_multicast() {
@@ -913,5 +952,25 @@ mod tests {
         let mut ports = parse_ports("80,81").unwrap();
         ports.swap(0, 1);
         assert!(check_ports(&ports).is_err());
+    }
+
+    #[test]
+    fn the_hosts_and_the_agents_network_namespaces_are_refused_and_others_pass() {
+        let ns = |ino| NetnsId { dev: 4, ino };
+        let host = Some(ns(1));
+        let agent = Some(ns(2));
+        let host_err = check_netns_not_the_nodes(ns(1), host, agent).unwrap_err();
+        assert!(
+            host_err.starts_with("is the host's network namespace"),
+            "{host_err}"
+        );
+        let agent_err = check_netns_not_the_nodes(ns(2), host, agent).unwrap_err();
+        assert!(agent_err.starts_with("is the agent's own"), "{agent_err}");
+        assert_eq!(check_netns_not_the_nodes(ns(3), host, agent), Ok(()));
+        // Same inode on another device is another namespace.
+        let other_dev = NetnsId { dev: 5, ino: 1 };
+        assert_eq!(check_netns_not_the_nodes(other_dev, host, agent), Ok(()));
+        // What could not be read is not compared.
+        assert_eq!(check_netns_not_the_nodes(ns(1), None, None), Ok(()));
     }
 }

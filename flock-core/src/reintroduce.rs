@@ -58,6 +58,7 @@ pub const KNOWN: &[&str] = &[
     "undo-unconditional",
     "gc-unsubscribe-unconditional",
     "issuance-any-node",
+    "netns-node-allowed",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile

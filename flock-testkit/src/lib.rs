@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod help;
+pub mod netns;
 pub mod pki;
 mod ports;
 mod wait;

@@ -76,7 +76,7 @@ fn plugin_add(plugin: &Path, socket: &Path, i: usize) -> Duration {
     let mut child = Command::new(plugin)
         .env("CNI_COMMAND", "ADD")
         .env("CNI_CONTAINERID", format!("bench-{i}"))
-        .env("CNI_NETNS", "/proc/self/ns/net")
+        .env("CNI_NETNS", flock_testkit::netns::pods_netns())
         .env("CNI_IFNAME", "eth0")
         .env("CNI_PATH", "/usr/lib/cni")
         .env(
@@ -107,7 +107,7 @@ fn plugin_add(plugin: &Path, socket: &Path, i: usize) -> Duration {
 async fn grpc_add(socket: &Path, i: usize) {
     let req = AddPodRequest {
         container_id: format!("fill-{i}"),
-        netns: "/proc/self/ns/net".into(),
+        netns: flock_testkit::netns::pods_netns().into(),
         ifname: "eth0".into(),
         pod: Some(PodRef {
             name: format!("fill-{i}"),

@@ -444,7 +444,7 @@ async fn add_local_pod(socket: &Path, i: usize, services: usize) {
     use flock_cni::proto::v1::{AddPodRequest, IpConfig, Outcome, PodRef};
     let req = AddPodRequest {
         container_id: format!("local-{i}"),
-        netns: "/proc/self/ns/net".into(),
+        netns: flock_testkit::netns::pods_netns().into(),
         ifname: "eth0".into(),
         pod: Some(PodRef {
             name: format!("local-{i}"),

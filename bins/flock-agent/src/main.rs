@@ -88,6 +88,14 @@ fn main() -> ExitCode {
         Ok(opts) => opts,
         Err(e) => return fail(&e.into()),
     };
+    // Pid 1's network namespace is read while the agent still may: the CNI server
+    // refuses ADDs naming it (the node's own network stack is never a pod's).
+    if flock_bird::cni_server::remember_host_netns().is_none() {
+        tracing::warn!(
+            "cannot read /proc/1/ns/net: CNI ADDs naming the host's network namespace are \
+             refused only where it is also the agent's own"
+        );
+    }
     // Before the runtime starts any thread: every later thread inherits this.
     harden::drop_early(&opts.keep_capabilities, &opts.bind_time_capabilities);
     let capture = &opts.runtime.agent.capture;

@@ -17,8 +17,12 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(5);
 
+/// A pod's namespace path that does not exist: this test needs no network namespace
+/// (no Envoy serves the pod), and the node's own (`/proc/1/ns/net`) is refused.
+const NETNS: &str = "/var/run/netns/flock-bad-input-absent";
+
 fn add(container_id: &str) -> AddPodRequest {
-    web_add_request(container_id, "web-0", "10.7.0.2/24", "/proc/1/ns/net")
+    web_add_request(container_id, "web-0", "10.7.0.2/24", NETNS)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,8 +94,30 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
             },
             "flock.io/ports: \"http\" is not a port",
         ),
+        // The node's own network stack is never a pod's: the agent's namespace by any
+        // path to it (here `/proc/self`, resolved by the agent), and pid 1's where it
+        // may be read (root with the capabilities of pid 1: not in every sandbox).
+        (
+            AddPodRequest {
+                netns: "/proc/self/ns/net".into(),
+                ..add("c8")
+            },
+            "a pod is never meshed in the node's own network stack",
+        ),
     ];
-    for (req, want) in cases {
+    let host_netns = std::fs::metadata("/proc/1/ns/net").is_ok().then(|| {
+        (
+            AddPodRequest {
+                netns: "/proc/1/ns/net".into(),
+                ..add("c9")
+            },
+            "is the host's network namespace (pid 1's)",
+        )
+    });
+    // Each refused ADD counts once as a pod error (the oversized one below is refused by
+    // the gRPC layer, before the agent sees it).
+    let refused_adds = cases.len() + usize::from(host_netns.is_some());
+    for (req, want) in cases.into_iter().chain(host_netns) {
         let resp = client::call(&sock, T, |mut c| async move { c.add_pod(req).await })
             .await
             .unwrap();
@@ -234,8 +260,6 @@ async fn every_api_refuses_bad_input_clearly_and_keeps_serving() {
     assert_eq!(names, vec!["good"]);
     assert_eq!(agent.store_files().len(), 1);
     let metrics = agent.get("/metrics").1;
-    assert!(
-        metrics.contains("flock_agent_pod_errors_total 6"),
-        "{metrics}"
-    );
+    let errors = format!("flock_agent_pod_errors_total {refused_adds}");
+    assert!(metrics.contains(&errors), "{errors} expected: {metrics}");
 }

@@ -89,7 +89,7 @@ async fn add_pod(socket: &Path, i: u32, sa: &str) {
     let name = format!("p{i}");
     let req = AddPodRequest {
         container_id: format!("c{i}"),
-        netns: "/proc/1/ns/net".into(),
+        netns: common::pods_netns().into(),
         ifname: "eth0".into(),
         pod: Some(PodRef {
             name: name.clone(),

@@ -161,7 +161,7 @@ impl Node {
             }},
             "prevResult": {
                 "cniVersion": "1.1.0",
-                "interfaces": [{"name": "eth0", "sandbox": "/proc/1/ns/net"}],
+                "interfaces": [{"name": "eth0", "sandbox": common::pods_netns()}],
                 "ips": [{"address": format!("10.7.{}.{}/16", pod / 200, pod % 200 + 2), "interface": 0}]
             }
         });
@@ -169,7 +169,7 @@ impl Node {
             .env_clear()
             .env("CNI_COMMAND", verb)
             .env("CNI_CONTAINERID", container(pod))
-            .env("CNI_NETNS", "/proc/1/ns/net")
+            .env("CNI_NETNS", common::pods_netns())
             .env("CNI_IFNAME", "eth0")
             .env("CNI_PATH", plugin.parent().unwrap())
             .env(

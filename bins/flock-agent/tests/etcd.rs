@@ -77,7 +77,7 @@ fn restart_node(etcd: &Etcd, agent: &mut Agent, node: &str, zone: &str) {
 async fn add_pod(socket: &Path, container_id: &str, name: &str, ip: &str) {
     let req = AddPodRequest {
         container_id: container_id.into(),
-        netns: "/proc/1/ns/net".into(),
+        netns: common::pods_netns().into(),
         ifname: "eth0".into(),
         pod: Some(PodRef {
             name: name.into(),
@@ -114,7 +114,7 @@ async fn add_pod(socket: &Path, container_id: &str, name: &str, ip: &str) {
 async fn remove_pod(socket: &Path, container_id: &str, name: &str) {
     let req = RemovePodRequest {
         container_id: container_id.into(),
-        netns: "/proc/1/ns/net".into(),
+        netns: common::pods_netns().into(),
         ifname: "eth0".into(),
         pod: Some(PodRef {
             name: name.into(),

@@ -182,7 +182,7 @@ fn add_request(n: usize) -> AddPodRequest {
         &format!("exhaust-{n}"),
         &format!("web-{n}"),
         &format!("10.7.{}.{}/16", (n / 250) % 250, n % 250 + 2),
-        "/proc/1/ns/net",
+        common::pods_netns(),
     )
 }
 

@@ -153,7 +153,7 @@ fn pod_ref(name: &str) -> PodRef {
 async fn add(socket: &Path, id: &str, ip: &str) -> Result<(), String> {
     let req = AddPodRequest {
         container_id: id.into(),
-        netns: "/proc/1/ns/net".into(),
+        netns: pods_netns().into(),
         ifname: "eth0".into(),
         pod: Some(pod_ref(id)),
         ips: vec![IpConfig {
@@ -184,7 +184,7 @@ async fn add(socket: &Path, id: &str, ip: &str) -> Result<(), String> {
 async fn del(socket: &Path, id: &str) -> Result<(), String> {
     let req = RemovePodRequest {
         container_id: id.into(),
-        netns: "/proc/1/ns/net".into(),
+        netns: pods_netns().into(),
         ifname: "eth0".into(),
         pod: Some(pod_ref(id)),
         network_name: "flock-test".into(),

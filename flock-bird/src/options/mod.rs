@@ -235,10 +235,10 @@ pub struct Flags {
     /// under every Service of its namespace that selects it (followed live as labels
     /// and Services change). The annotations flock.io/service, flock.io/ports and
     /// flock.io/service-account are ignored. A CNI ADD fails when the API cannot be
-    /// asked (the agent refuses to guess an identity). On by default when the agent
-    /// runs in a cluster (`KUBERNETES_SERVICE_HOST` is set) — annotations there could
-    /// be written by anyone who can create a pod — and with --kubeconfig; off with
-    /// --no-kube.
+    /// asked (the agent refuses to guess an identity). Chosen by a flag only, never by
+    /// the environment: in a cluster (`KUBERNETES_SERVICE_HOST` is set) the agent
+    /// refuses to start until --kube, --kubeconfig or --no-kube says which — there,
+    /// annotations could be written by anyone who can create a pod.
     #[arg(long, help_heading = "Kubernetes")]
     pub kube: bool,
     /// Turn kube mode off even in a cluster: pods are meshed by their annotations.
@@ -354,7 +354,7 @@ pub struct OptionsError(pub String);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Environment {
     /// `KUBERNETES_SERVICE_HOST` is set and not empty: the agent runs in a cluster,
-    /// where kube mode is on unless `--no-kube`.
+    /// where it refuses to start until a flag chooses kube mode or annotations.
     pub in_cluster: bool,
     /// The agent's effective uid: always allowed on the xDS socket.
     pub euid: u32,
@@ -460,7 +460,7 @@ impl Options {
             registry_tls: registry_tls(flags)?,
             registry_auth: registry_auth(flags)?,
             identity: identity_source(flags)?,
-            kube: kube_options(flags, env.in_cluster),
+            kube: kube_options(flags, env.in_cluster)?,
         };
         Ok(Self {
             runtime,
@@ -575,16 +575,28 @@ fn node_capture(flags: &Flags) -> Result<NodeCapture, OptionsError> {
     Ok(node)
 }
 
-/// Kube mode's settings, when on: --kube or --kubeconfig, or in a cluster
-/// (`in_cluster`: `KUBERNETES_SERVICE_HOST` set) unless --no-kube.
-fn kube_options(flags: &Flags, in_cluster: bool) -> Option<KubeOptions> {
-    let on = !flags.no_kube && (flags.kube || flags.kubeconfig.is_some() || in_cluster);
-    on.then(|| KubeOptions {
+/// Kube mode's settings, when on: --kube or --kubeconfig; off with --no-kube or, outside
+/// a cluster, by default. The environment never chooses: an agent in a cluster
+/// (`in_cluster`: `KUBERNETES_SERVICE_HOST` set) that silently fell back to annotations
+/// would let any pod author pick its identity, and one that silently switched to the
+/// API because a variable leaked into its environment would change whom it trusts.
+fn kube_options(flags: &Flags, in_cluster: bool) -> Result<Option<KubeOptions>, OptionsError> {
+    let on = flags.kube || flags.kubeconfig.is_some();
+    if !on && !flags.no_kube && in_cluster {
+        return Err(OptionsError(
+            "running in a Kubernetes cluster (KUBERNETES_SERVICE_HOST is set) without a \
+             choice of where pod facts come from: pass --kube (the API server: identities \
+             from service accounts) or --no-kube (pod annotations, which anyone who can \
+             create a pod writes)"
+                .into(),
+        ));
+    }
+    Ok(on.then(|| KubeOptions {
         kubeconfig: flags.kubeconfig.clone(),
         pod_wait: flags.kube_pod_wait,
         remove_startup_taint: flags.remove_startup_taint,
         cni_ready_file: flags.cni_ready_file.clone(),
-    })
+    }))
 }
 
 /// The capabilities binding the listeners needs with these flags (none by default).

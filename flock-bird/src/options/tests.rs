@@ -315,23 +315,31 @@ fn identity_sources_parse_and_only_the_builtin_ca_takes_a_ca_dir() {
 }
 
 #[test]
-fn kube_mode_is_on_with_the_flag_the_kubeconfig_or_in_a_cluster_unless_refused() {
-    let kube = |args: &[&str], in_cluster: bool| {
+fn kube_mode_is_chosen_by_a_flag_and_a_cluster_without_one_is_refused() {
+    let checked = |args: &[&str], in_cluster: bool| {
         let all: Vec<&str> = ["--node-name", "n1"].iter().chain(args).copied().collect();
         let env = Environment {
             in_cluster,
             ..env()
         };
-        Options::check(&flags(&all), &env).unwrap().runtime.kube
+        Options::check(&flags(&all), &env).map(|o| o.runtime.kube)
     };
+    let kube = |args: &[&str], in_cluster: bool| checked(args, in_cluster).unwrap();
     assert_eq!(kube(&[], false), None);
     let on = kube(&["--kube"], false).unwrap();
     assert_eq!(on.kubeconfig, None);
     assert_eq!(on.pod_wait, Duration::from_secs(2));
     let with_config = kube(&["--kubeconfig", "/k"], false).unwrap();
     assert_eq!(with_config.kubeconfig, Some(PathBuf::from("/k")));
-    assert!(kube(&[], true).is_some());
+    // The environment alone never picks the trust model.
+    let refused = checked(&[], true).unwrap_err().0;
+    assert!(
+        refused.starts_with("running in a Kubernetes cluster") && refused.contains("--kube"),
+        "{refused}"
+    );
+    assert!(kube(&["--kube"], true).is_some());
     assert_eq!(kube(&["--no-kube"], true), None);
+    assert_eq!(kube(&["--no-kube"], false), None);
     assert!(try_flags(&["--kube", "--no-kube"]).is_err());
     assert!(try_flags(&["--kubeconfig", "/k", "--no-kube"]).is_err());
     let wait = kube(&["--kube", "--kube-pod-wait", "500ms"], false).unwrap();

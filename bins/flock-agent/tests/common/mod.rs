@@ -702,6 +702,9 @@ impl Drop for NetNs {
     }
 }
 
+#[allow(unused_imports)] // not every suite has pods that need a namespace
+pub use flock_testkit::netns::pods_netns;
+
 /// Runs `ip args...`, panicking on failure.
 pub fn ip(args: &[&str]) {
     let out = Command::new("ip")
