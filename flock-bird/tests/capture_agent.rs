@@ -21,6 +21,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 async fn agent_with(dir: &std::path::Path, setting: Setting) -> Arc<Agent> {
+    agent_with_node(
+        dir,
+        NodeCapture {
+            setting,
+            exclude_outbound_ports: vec![5432],
+            ..NodeCapture::default()
+        },
+    )
+    .await
+}
+
+async fn agent_with_node(dir: &std::path::Path, capture: NodeCapture) -> Arc<Agent> {
     let reg: Arc<dyn Registry> = registry::connect(
         &RegistrySpec::Memory,
         RegistryOptions {
@@ -33,11 +45,7 @@ async fn agent_with(dir: &std::path::Path, setting: Setting) -> Arc<Agent> {
     let store = Arc::new(PodStore::open(dir).unwrap());
     let cache: Arc<Cache<Any>> = Arc::new(Cache::new(group_of));
     let mut cfg = AgentConfig::new("n1");
-    cfg.capture = NodeCapture {
-        setting,
-        exclude_outbound_ports: vec![5432],
-        ..NodeCapture::default()
-    };
+    cfg.capture = capture;
     let agent = Arc::new(Agent::new(cfg, store, reg, cache));
     agent.load().await.unwrap();
     agent
@@ -98,6 +106,50 @@ async fn a_pod_asking_for_capture_on_a_node_without_it_is_refused() {
             "{m}"
         ),
         other => panic!("expected INVALID, got {other:?}"),
+    }
+    assert!(agent.pods().is_empty());
+    assert!(
+        PodStore::open(dir.path())
+            .unwrap()
+            .load_all()
+            .unwrap()
+            .pods
+            .is_empty()
+    );
+}
+
+/// On a node started with `--capture strict --capture-enforce`, a pod's own
+/// `flock.io/capture: off` (or `permissive`, or an exclusion) fails the ADD (INVALID_POD
+/// at the CNI: error 102 with this message), naming the annotation and the flag, and
+/// nothing is stored: the pod's owner cannot opt out of the node's default deny.
+#[tokio::test]
+async fn an_enforcing_node_refuses_a_pod_that_lowers_its_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent_with_node(
+        dir.path(),
+        NodeCapture {
+            setting: Setting::Strict,
+            enforce: true,
+            ..NodeCapture::default()
+        },
+    )
+    .await;
+    for (annotation, value) in [
+        ("flock.io/capture", "off"),
+        ("flock.io/capture", "permissive"),
+        ("flock.io/capture-exclude-inbound-ports", "6060"),
+    ] {
+        let mut req = input("c1", Some("web"), "8080");
+        req.annotations.insert(annotation.into(), value.into());
+        match agent.add_pod(&req).await {
+            Err(PodError::Invalid(m)) => assert!(
+                m.contains(annotation) && m.contains("--capture-enforce"),
+                "{annotation}: {value}: {m}"
+            ),
+            other => {
+                panic!("{annotation}: {value} on an enforcing node was not refused: {other:?}")
+            }
+        }
     }
     assert!(agent.pods().is_empty());
     assert!(

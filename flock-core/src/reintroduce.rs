@@ -59,6 +59,7 @@ pub const KNOWN: &[&str] = &[
     "gc-unsubscribe-unconditional",
     "issuance-any-node",
     "netns-node-allowed",
+    "capture-annotation-lowers-enforced",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile

@@ -140,7 +140,7 @@ fuzz_target!(|data: &[u8]| {
 
 /// A node's capture settings from one byte: the mode (off, strict, permissive), whether
 /// it names a probe source, and whether its outbound port exclusions are near the
-/// limit (so a pod's own can exceed it).
+/// limit (so a pod's own can exceed it), and whether it enforces its capture.
 fn node_capture(b: u8) -> NodeCapture {
     let mut node = NodeCapture {
         setting: [Setting::Off, Setting::Strict, Setting::Permissive][usize::from(b % 3)],
@@ -152,6 +152,7 @@ fn node_capture(b: u8) -> NodeCapture {
     if (b / 6) % 2 == 1 {
         node.exclude_outbound_ports = (1..=250).collect();
     }
+    node.enforce = (b / 12) % 2 == 1 && node.setting != Setting::Off;
     node.validate().expect("the fuzz node's settings are valid");
     node
 }

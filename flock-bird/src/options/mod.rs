@@ -313,6 +313,13 @@ pub struct Flags {
     /// `flock.io/capture-exclude-inbound-ports` adds to it). Repeatable.
     #[arg(long, value_name = "PORTS", help_heading = "Transparent capture")]
     pub capture_exclude_inbound_ports: Vec<String>,
+    /// Enforce the node's capture: a pod's `flock.io/capture` annotation may raise the
+    /// mode (permissive to strict) but never lower it, and its
+    /// `flock.io/capture-exclude-*` annotations are refused — the CNI ADD fails and
+    /// names the annotation. Without it, anyone who can create a pod can opt it out of
+    /// the mesh. Needs --capture strict or permissive.
+    #[arg(long, help_heading = "Transparent capture")]
+    pub capture_enforce: bool,
 }
 
 /// Parses `--keep-capability` values (`CAP_SYS_PTRACE` or `sys_ptrace`).
@@ -550,6 +557,7 @@ fn node_capture(flags: &Flags) -> Result<NodeCapture, OptionsError> {
         .map_err(|e| OptionsError(format!("--capture: {e}")))?;
     let mut node = NodeCapture {
         setting,
+        enforce: flags.capture_enforce,
         ..NodeCapture::default()
     };
     fn flag(name: &'static str) -> impl Fn(String) -> OptionsError {

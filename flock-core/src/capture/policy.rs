@@ -91,6 +91,15 @@ pub enum Setting {
 }
 
 impl Setting {
+    /// How much of a pod's traffic goes through Envoy: off < permissive < strict.
+    fn strength(self) -> u8 {
+        match self {
+            Setting::Off => 0,
+            Setting::Permissive => 1,
+            Setting::Strict => 2,
+        }
+    }
+
     /// The rules' mode, `None` for [`Setting::Off`].
     pub fn mode(self) -> Option<Mode> {
         match self {
@@ -142,6 +151,11 @@ pub struct NodeCapture {
     pub exclude_outbound_cidrs: Vec<Cidr>,
     /// `--capture-exclude-inbound-ports`.
     pub exclude_inbound_ports: Vec<u16>,
+    /// `--capture-enforce`: a pod's annotations may raise the node's mode (permissive
+    /// to strict) but never lower it, and may not add exclusions ([`resolve`] refuses
+    /// the pod). Without it the annotations are the pod owner's to set, and anyone who
+    /// can create a pod could opt it out of the mesh's default deny.
+    pub enforce: bool,
 }
 
 /// The `SO_MARK` Envoy's sockets in a captured pod carry by default (the same value as
@@ -158,6 +172,7 @@ impl Default for NodeCapture {
             exclude_outbound_ports: Vec::new(),
             exclude_outbound_cidrs: Vec::new(),
             exclude_inbound_ports: Vec::new(),
+            enforce: false,
         }
     }
 }
@@ -166,6 +181,13 @@ impl NodeCapture {
     /// Whether the node's settings can give rules: a nonzero mark and lists within
     /// [`MAX_SPEC_ENTRIES`] (the flags' own check, at start).
     pub fn validate(&self) -> Result<(), String> {
+        if self.enforce && self.setting == Setting::Off {
+            return Err(
+                "--capture-enforce needs --capture strict or permissive (there is no capture \
+                 to enforce with --capture off)"
+                    .into(),
+            );
+        }
         if self.mark == 0 {
             return Err("the capture mark must not be 0 (unmarked packets carry mark 0)".into());
         }
@@ -353,19 +375,71 @@ impl PodCapture {
     }
 }
 
+/// On a node with `--capture-enforce`: refuses annotations that would let traffic
+/// around Envoy — a weaker mode than the node's, or any exclusion.
+fn enforced(node: &NodeCapture, pod: &PodOverrides) -> Result<(), CaptureRefused> {
+    // The bug this check closes: a pod's own annotation lowered a strict node.
+    if crate::reintroduced!("capture-annotation-lowers-enforced") {
+        return Ok(());
+    }
+    if let Some(setting) = pod
+        .setting
+        .filter(|s| s.strength() < node.setting.strength())
+    {
+        return Err(CaptureRefused {
+            annotation: CAPTURE_ANNOTATION,
+            message: format!(
+                "{setting} would lower this node's {} capture, which the node enforces \
+                 (--capture-enforce): remove the annotation; only the node's operator \
+                 chooses less capture",
+                node.setting
+            ),
+        });
+    }
+    for (annotation, present) in [
+        (
+            EXCLUDE_OUTBOUND_PORTS_ANNOTATION,
+            !pod.exclude_outbound_ports.is_empty(),
+        ),
+        (
+            EXCLUDE_OUTBOUND_CIDRS_ANNOTATION,
+            !pod.exclude_outbound_cidrs.is_empty(),
+        ),
+        (
+            EXCLUDE_INBOUND_PORTS_ANNOTATION,
+            !pod.exclude_inbound_ports.is_empty(),
+        ),
+    ] {
+        if present {
+            return Err(CaptureRefused {
+                annotation,
+                message: "exclusions would let traffic around Envoy on a node that enforces \
+                          capture (--capture-enforce): remove the annotation; the node's \
+                          operator sets exclusions with the --capture-exclude-* flags"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A pod's capture: the node's settings, overridden and extended by the pod's
 /// annotations, with the pod's gateways (the CNI result's, as given: empty strings
 /// are none) as probe sources when the node names none. `Ok(None)`: not captured.
 ///
 /// Refused: the pod asks for capture on a node whose capture is off; a gateway that is
 /// not an address; a combined exclusion list over [`MAX_SPEC_ENTRIES`]; settings that
-/// give no rules for `ports`.
+/// give no rules for `ports`; on a node that enforces capture, a weaker mode or an
+/// exclusion in the pod's annotations.
 pub fn resolve(
     node: &NodeCapture,
     pod: &PodOverrides,
     gateways: &[String],
     ports: &[PodPort],
 ) -> Result<Option<PodCapture>, CaptureRefused> {
+    if node.enforce {
+        enforced(node, pod)?;
+    }
     let setting = pod.setting.unwrap_or(node.setting);
     let Some(mode) = setting.mode() else {
         return Ok(None);
@@ -683,6 +757,52 @@ mod tests {
         assert!(serde_json::from_value::<PodCapture>(v).is_err());
     }
 
+    #[test]
+    fn an_enforcing_node_refuses_annotations_that_lower_or_exclude_and_allows_raising() {
+        let enforcing = |setting| NodeCapture {
+            enforce: true,
+            ..node(setting)
+        };
+        let ports = parse_ports("8080").unwrap();
+        let with = |setting| PodOverrides {
+            setting: Some(setting),
+            ..PodOverrides::default()
+        };
+        let strict = enforcing(Setting::Strict);
+        for lower in [Setting::Off, Setting::Permissive] {
+            let e = resolve(&strict, &with(lower), &[], &ports).unwrap_err();
+            assert_eq!(e.annotation, CAPTURE_ANNOTATION);
+            assert!(
+                e.message
+                    .starts_with(&format!("{lower} would lower this node's strict capture")),
+                "{e}"
+            );
+        }
+        let excluded = PodOverrides {
+            exclude_inbound_ports: vec![6060],
+            ..PodOverrides::default()
+        };
+        let e = resolve(&strict, &excluded, &[], &ports).unwrap_err();
+        assert_eq!(e.annotation, EXCLUDE_INBOUND_PORTS_ANNOTATION);
+        assert!(e.message.contains("--capture-enforce"), "{e}");
+        // Raising and restating are the pod's to choose.
+        let permissive = enforcing(Setting::Permissive);
+        let raised = resolve(&permissive, &with(Setting::Strict), &[], &ports).unwrap();
+        assert_eq!(raised.unwrap().mode, Mode::Strict);
+        assert!(resolve(&strict, &with(Setting::Strict), &[], &ports).is_ok());
+        // Without enforcement the annotation is the pod's (as before).
+        assert_eq!(
+            resolve(&node(Setting::Strict), &with(Setting::Off), &[], &ports),
+            Ok(None)
+        );
+        // Enforcing nothing is a flag error.
+        let e = enforcing(Setting::Off).validate().unwrap_err();
+        assert!(
+            e.starts_with("--capture-enforce needs --capture strict"),
+            "{e}"
+        );
+    }
+
     proptest! {
         /// Whatever the node's and the pod's lists, a resolved capture holds their
         /// union (each entry once, sorted) and gives rules for the pod's ports, or is
@@ -706,6 +826,35 @@ mod tests {
             let union: BTreeSet<u16> = node_ports.iter().chain(&pod_ports).copied().collect();
             prop_assert_eq!(&c.exclude_outbound_ports, &union.into_iter().collect::<Vec<_>>());
             prop_assert!(c.spec(&ports).ruleset().is_ok());
+        }
+
+        /// On a node that enforces capture, whatever a pod's annotations say, the pod
+        /// is captured at least as strongly as the node says and with no exclusion the
+        /// node did not set — or it is refused.
+        #[test]
+        fn an_enforcing_node_is_never_lowered_by_a_pod(
+            node_strict in any::<bool>(),
+            pod_setting in proptest::option::of(prop_oneof![
+                Just(Setting::Off), Just(Setting::Permissive), Just(Setting::Strict)
+            ]),
+            out_ports in proptest::collection::vec(1u16.., 0..3),
+            in_ports in proptest::collection::vec(1u16.., 0..3),
+        ) {
+            let setting = if node_strict { Setting::Strict } else { Setting::Permissive };
+            let n = NodeCapture { enforce: true, ..node(setting) };
+            let pod = PodOverrides {
+                setting: pod_setting,
+                exclude_outbound_ports: out_ports,
+                exclude_inbound_ports: in_ports,
+                ..PodOverrides::default()
+            };
+            let ports = parse_ports("8080").unwrap();
+            if let Ok(c) = resolve(&n, &pod, &[], &ports) {
+                let c = c.expect("an enforcing node always captures");
+                prop_assert!(c.mode == Mode::Strict || !node_strict);
+                prop_assert_eq!(c.exclude_outbound_ports, n.exclude_outbound_ports.clone());
+                prop_assert_eq!(c.exclude_inbound_ports, n.exclude_inbound_ports.clone());
+            }
         }
     }
 }
