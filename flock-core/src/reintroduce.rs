@@ -58,6 +58,11 @@ pub const KNOWN: &[&str] = &[
     "undo-unconditional",
     "gc-unsubscribe-unconditional",
     "issuance-any-node",
+    "registry-wildcard-identity",
+    "noncanonical-address",
+    "xds-union-peer-identities",
+    "registry-uncapped-node",
+    "registry-any-scope",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile
