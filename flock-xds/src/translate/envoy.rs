@@ -877,7 +877,6 @@ pub(crate) fn load_assignment(
                         // Which of an mTLS cluster's transport sockets verifies this
                         // endpoint: the one accepting its own identity ([`mtls_cluster`]).
                         metadata: endpoint_peers(e).map(|ids| peer_metadata(&ids)),
-                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()
