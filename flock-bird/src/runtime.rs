@@ -57,6 +57,11 @@ pub struct Options {
     pub registry_tls: Option<registry::EtcdTls>,
     /// etcd user authentication.
     pub registry_auth: Option<registry::EtcdAuth>,
+    /// `--registry-scope`: which accounts each node may host; other nodes' entries
+    /// naming other accounts are dropped (etcd only).
+    pub registry_scope: Option<Arc<flock_core::issuance::Scope>>,
+    /// `--registry-max-entries-per-node`: the most entries of one other node loaded.
+    pub registry_max_entries_per_node: usize,
     /// Where pods' workload identities come from.
     pub identity: IdentitySource,
     /// Kube mode (`--kube`): pod facts and Service memberships from the Kubernetes
@@ -285,6 +290,8 @@ pub async fn run(
                 reconnect_max: Duration::from_secs(1),
                 tls: opts.registry_tls.clone(),
                 auth: opts.registry_auth.clone(),
+                scope: opts.registry_scope.clone(),
+                max_entries_per_node: opts.registry_max_entries_per_node,
                 // Remote endpoints' SPIFFE IDs must be in our trust domain: --trust-domain,
                 // for the built-in CA and for SPIRE alike (SPIRE must be configured with the
                 // same domain). Without an identity source nothing is checked against one.

@@ -529,7 +529,7 @@ mod whole_view {
         fn accepted_entries_always_form_valid_services(
             entries in proptest::collection::vec(any_entry(), 0..24),
         ) {
-            let trust = Trust { local_node: "a", trust_domain: Some("cluster.local") };
+            let trust = Trust { local_node: "a", trust_domain: Some("cluster.local"), scope: None };
             let accepted: BTreeMap<String, Endpoint> = entries
                 .into_iter()
                 .filter(|(k, e)| check_entry(&e.entry_fields(k), &trust).is_ok())
@@ -555,6 +555,7 @@ fn decode_entry_accepts_valid_entries_and_names_each_refusal() {
     let trust = Trust {
         local_node: "n2",
         trust_domain: Some("cluster.local"),
+        scope: None,
     };
     let e = ep("c1", 8080);
     let bytes = serde_json::to_vec(&e).unwrap();

@@ -530,6 +530,171 @@ async fn bad_entries_are_dropped_alone_and_the_service_keeps_serving() {
     );
 }
 
+/// Two nodes on a real etcd with per-node RBAC, each writing only under its own
+/// prefix: node-b (its own credentials) writes endpoints of node-a's service `web`
+/// carrying node-a's pod's identity (`default/web`, which the operator's scope lets
+/// only node-a host), as identity and as a further accepted ID, one carrying the
+/// namespace-wide prefix `.../sa/*`, one at `::ffff:127.0.0.1`, then more endpoints
+/// of its own account than node-a's reader loads from one node. node-a's reader
+/// (`--registry-scope`, a cap of 3) drops each forged entry alone with its reason,
+/// keeps the first 3 of node-b's own, and the translated caller cluster never
+/// accepts `default/web` from a node-b address. Without the scope check (mutant
+/// `registry-any-scope`) this fails on "node-b's entry claiming node-a's pod was
+/// loaded"; without the cap (mutant `registry-uncapped-node`) on "node-b's entries
+/// beyond the cap were loaded".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cannot_claim_another_nodes_pods_or_flood_the_registry() {
+    const B_ID: &str = "spiffe://cluster.local/ns/default/sa/web-b";
+    const C_ID: &str = "spiffe://cluster.local/ns/default/sa/web-c";
+    let pki = Pki::new();
+    let etcd = Etcd::start(&pki);
+    let mut root = secure(&etcd, &pki).await;
+    let scope = flock_core::issuance::parse_scope(
+        "node-a: default/web default/client\nnode-b: default/web-b\nnode-c: default/web-c\n",
+    )
+    .unwrap();
+    let a = registry::connect(
+        &RegistrySpec::EtcdTls(vec![etcd.endpoint()]),
+        RegistryOptions {
+            scope: Some(Arc::new(scope)),
+            max_entries_per_node: 3,
+            ..opts("node-a", pki.registry_tls("node-a"), None)
+        },
+    )
+    .await
+    .unwrap();
+    let b = node_b(&etcd, &pki).await;
+    let own = ep("node-a", "pa", "10.0.0.1", Some(WEB_ID));
+    a.put(&own).await.unwrap();
+
+    // node-b's forgeries, each written with node-b's own etcd credentials under its
+    // own prefix (RBAC allows it: the prefix is not what is forged).
+    let claims_web = ep("node-b", "forged", "10.0.0.20", Some(WEB_ID));
+    let also_web = Endpoint {
+        also_accept: vec![WEB_ID.to_string()],
+        ..ep("node-b", "also", "10.0.0.21", Some(B_ID))
+    };
+    let wildcard = ep(
+        "node-b",
+        "wild",
+        "10.0.0.22",
+        Some("spiffe://cluster.local/ns/default/sa/*"),
+    );
+    let mapped = ep("node-b", "mapped", "::ffff:127.0.0.1", Some(B_ID));
+    for e in [&claims_web, &also_web, &wildcard, &mapped] {
+        b.put(e).await.unwrap();
+    }
+    // Then five of its own account's: the reader loads the first three.
+    let mut flood = Vec::new();
+    for i in 0..5 {
+        let e = ep(
+            "node-b",
+            &format!("own{i}"),
+            &format!("10.0.1.{i}"),
+            Some(B_ID),
+        );
+        b.put(&e).await.unwrap();
+        flood.push(e);
+    }
+    // node-c's entry, written last by root: once node-a sees it, it saw all of the above.
+    let late = ep("node-c", "late", "10.0.2.1", Some(C_ID));
+    root_put(&mut root, &late.key(), serde_json::to_vec(&late).unwrap()).await;
+    let view = wait_view(&*a, "node-c's late endpoint", |v| {
+        v.endpoints.contains_key(&late.key())
+    })
+    .await;
+    let rejections = a.rejections().expect("the etcd backend counts rejections");
+    let refused = rejections.refused();
+
+    for (e, why) in [(&claims_web, Reject::Scope), (&also_web, Reject::Scope)] {
+        assert!(
+            !view.endpoints.contains_key(&e.key()),
+            "node-b's entry claiming node-a's pod was loaded: {e:?}"
+        );
+        assert_eq!(refused.get(&e.key()), Some(&why), "{refused:?}");
+    }
+    assert!(!view.endpoints.contains_key(&wildcard.key()));
+    assert!(refused.contains_key(&wildcard.key()), "{refused:?}");
+    assert!(!view.endpoints.contains_key(&mapped.key()));
+    assert_eq!(
+        refused.get(&mapped.key()),
+        Some(&Reject::Address),
+        "{refused:?}"
+    );
+
+    let kept: Vec<&Endpoint> = view
+        .endpoints
+        .values()
+        .map(|r| &*r.endpoint)
+        .filter(|e| e.node == "node-b")
+        .collect();
+    assert_eq!(
+        kept.len(),
+        3,
+        "node-b's entries beyond the cap were loaded: {kept:?}"
+    );
+    for (i, e) in flood.iter().enumerate() {
+        assert_eq!(view.endpoints.contains_key(&e.key()), i < 3, "{}", e.key());
+    }
+    assert_eq!(rejections.count(Reject::NodeCap), 2);
+    assert!(view.endpoints.contains_key(&own.key()));
+
+    // The caller's mTLS cluster accepts `default/web` from node-a's endpoint only:
+    // every other endpoint is pinned to its own account.
+    let (serving, _) = serving_endpoints(&view);
+    let mut mesh = Mesh {
+        services: service_models(serving),
+        ..Mesh::default()
+    };
+    mesh.pods.push(translate::Pod {
+        name: "client-0".into(),
+        namespace: "default".into(),
+        uid: None,
+        ip: "10.0.0.99".parse().unwrap(),
+        netns: None,
+        inbound: Vec::new(),
+        outbound_port: 15001,
+        identity: Some(CLIENT_ID.into()),
+        capture: None,
+    });
+    mesh.validate().expect("a valid mesh");
+    let rs = translate::envoy_resources(&mesh, &EnvoyOptions::default());
+    let cla = load_assignment(&rs, &format!("outbound|8080|web.default|{CLIENT_ID}"));
+    for lb in cla.endpoints.iter().flat_map(|l| &l.lb_endpoints) {
+        let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = &lb.host_identifier else {
+            panic!("an endpoint without an address")
+        };
+        let address = match e.address.as_ref().and_then(|a| a.address.as_ref()) {
+            Some(envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(s)) => {
+                s.address.clone()
+            }
+            other => panic!("{other:?}"),
+        };
+        let pinned = lb
+            .metadata
+            .as_ref()
+            .and_then(|m| {
+                m.filter_metadata
+                    .get(translate::envoy::TRANSPORT_SOCKET_MATCH)
+            })
+            .and_then(|s| s.fields.get(translate::envoy::PEER_MATCH_KEY))
+            .and_then(|v| match &v.kind {
+                Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(s)) => {
+                    Some(s.clone())
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{address}: not pinned"));
+        let want = match address.as_str() {
+            "10.0.0.1" => WEB_ID,
+            a if a.starts_with("10.0.1.") => B_ID,
+            "10.0.2.1" => C_ID,
+            a => panic!("{a}: unexpected endpoint"),
+        };
+        assert_eq!(pinned, want, "{address}");
+    }
+}
+
 /// Never downgrade, end to end: node-b's endpoint of `web:8080` has a SPIFFE ID; root
 /// writes a valid but identity-less endpoint of the same port under another node's
 /// prefix. The agent serving a caller with an identity excludes it (and says so), and

@@ -262,8 +262,8 @@ async fn identities_follow_the_mesh_label_and_the_annotation() {
 /// A Service annotated with two accounts (`web,web-canary`): a slice does not say which
 /// account each endpoint runs as, so every endpoint carries both IDs (the first as its
 /// identity, the other as `also_accept`), and a caller's mTLS cluster of the Service
-/// port accepts exactly those two IDs, so pods of either account are reachable and no
-/// other account of the namespace is.
+/// port accepts exactly those two IDs from each of them, so pods of either account are
+/// reachable and no other account of the namespace is.
 #[tokio::test]
 async fn an_annotation_of_two_accounts_makes_callers_accept_both() {
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -323,7 +323,15 @@ async fn an_annotation_of_two_accounts_makes_callers_accept_both() {
         .find(|r| r.type_url == flock_xds::types::CLUSTER && r.name == name)
         .unwrap_or_else(|| panic!("no cluster {name}"));
     let cluster = Cluster::decode(cluster.any.value.as_slice()).unwrap();
-    let Some(ConfigType::TypedConfig(tls)) = cluster.transport_socket.and_then(|t| t.config_type)
+    // Both endpoints carry the same two IDs: one pinned socket accepting both.
+    let [pinned] = &cluster.transport_socket_matches[..] else {
+        panic!(
+            "{name}: {} transport socket matches, expected one",
+            cluster.transport_socket_matches.len()
+        )
+    };
+    let Some(ConfigType::TypedConfig(tls)) =
+        pinned.transport_socket.clone().and_then(|t| t.config_type)
     else {
         panic!("{name}: no TLS")
     };

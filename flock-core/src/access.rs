@@ -191,7 +191,7 @@ pub fn check_listen_addr(
     addr: SocketAddr,
     allow_non_loopback: bool,
 ) -> Result<(), String> {
-    if addr.ip().is_loopback() || allow_non_loopback {
+    if crate::pod::canonical_ip(addr.ip()).is_loopback() || allow_non_loopback {
         return Ok(());
     }
     Err(format!(

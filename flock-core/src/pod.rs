@@ -639,12 +639,28 @@ pub fn check_netns_not_the_nodes(
     Ok(())
 }
 
-/// A pod or endpoint address: unicast (not unspecified, not multicast).
+/// A pod or endpoint address: unicast (not unspecified, not multicast), judged on its
+/// canonical form ([`canonical_ip`]).
 pub fn check_ip(ip: IpAddr) -> Result<(), String> {
-    if ip.is_unspecified() || ip.is_multicast() {
+    let c = canonical_ip(ip);
+    if c.is_unspecified() || c.is_multicast() {
         return Err(format!("{ip} is not a unicast address"));
     }
     Ok(())
+}
+
+/// The address every address check looks at: an IPv4-mapped IPv6 address
+/// (`::ffff:a.b.c.d`) as the IPv4 address it reaches ([`IpAddr::to_canonical`]).
+/// `Ipv6Addr::is_loopback` and the others are false for `::ffff:127.0.0.1`, yet a
+/// dual-stack socket connecting there reaches 127.0.0.1: checked as written, a
+/// mapped address slips past every rule about loopback, unspecified or multicast
+/// addresses.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    // The mutant judges the address as written, as the checks did before.
+    if crate::reintroduced!("noncanonical-address") {
+        return ip;
+    }
+    ip.to_canonical()
 }
 
 /// The CNI container ID rule (libcni's): 1 to [`MAX_CONTAINER_ID_LEN`] bytes, starting

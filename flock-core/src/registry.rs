@@ -20,7 +20,9 @@
 //! `node` field names another node than its key, so a node cannot pass its entries off
 //! as another's either.
 
+use crate::issuance::Scope;
 use crate::pod;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// The largest encoded entry an agent decodes (16 KiB). A real entry is a few hundred
@@ -70,11 +72,17 @@ pub enum Reject {
     /// An endpoint of a service port beyond the most ports a service may have
     /// ([`crate::pod::MAX_PORTS`]): excluded rather than the whole service refused.
     TooManyPorts,
+    /// The identity (or a further accepted ID) names a service account the operator's
+    /// scope does not let the writing node host ([`Trust::scope`]).
+    Scope,
+    /// The writing node already has the most entries a reader loads from one node
+    /// ([`NodeCap`]).
+    NodeCap,
 }
 
 impl Reject {
     /// Every reason, in label order.
-    pub const ALL: [Reject; 13] = [
+    pub const ALL: [Reject; 15] = [
         Reject::Oversized,
         Reject::Undecodable,
         Reject::Key,
@@ -88,6 +96,8 @@ impl Reject {
         Reject::IdentityNamespace,
         Reject::Downgrade,
         Reject::TooManyPorts,
+        Reject::Scope,
+        Reject::NodeCap,
     ];
 
     /// The metric label value.
@@ -106,6 +116,8 @@ impl Reject {
             Reject::IdentityNamespace => "identity_namespace",
             Reject::Downgrade => "downgrade",
             Reject::TooManyPorts => "too_many_ports",
+            Reject::Scope => "node_scope",
+            Reject::NodeCap => "node_cap",
         }
     }
 
@@ -211,6 +223,15 @@ pub struct Trust<'a> {
     /// well-formed SPIFFE ID whose namespace matches is kept, so a service port that has
     /// identities still counts as mTLS and is never downgraded.
     pub trust_domain: Option<&'a str>,
+    /// The operator's scope (`--registry-scope`, the file the node-scoped signer's
+    /// `--scope` reads): `Some`, an entry written by node N may carry only identities
+    /// of accounts N may host, as the signer would issue them to N. Without it a node
+    /// that can write the registry can claim any account of the trust domain for its
+    /// endpoints; with per-endpoint pinning that claim only lets callers reach an
+    /// endpoint that presents that account's certificate, which N's own pods never
+    /// get from the signer, but the entry still steals traffic until the handshake
+    /// fails.
+    pub scope: Option<&'a Scope>,
 }
 
 /// `s` bounded to 64 characters and escaped, for messages about outside input.
@@ -296,7 +317,8 @@ pub fn check_entry(e: &EntryFields<'_>, trust: &Trust<'_>) -> Result<(), Rejecte
         ));
     }
     pod::check_ip(e.address).map_err(|why| Rejected::new(Reject::Address, why))?;
-    if e.address.is_loopback() && e.node != trust.local_node {
+    // On the canonical form: `::ffff:127.0.0.1` is 127.0.0.1 to the connecting socket.
+    if pod::canonical_ip(e.address).is_loopback() && e.node != trust.local_node {
         return Err(Rejected::new(
             Reject::Address,
             format!(
@@ -340,18 +362,136 @@ pub fn check_entry(e: &EntryFields<'_>, trust: &Trust<'_>) -> Result<(), Rejecte
             check_identity(id, e.namespace, trust.trust_domain)?;
         }
     }
+    if let Some(scope) = trust.scope {
+        for id in e
+            .identity
+            .into_iter()
+            .chain(e.also_accept.iter().map(String::as_str))
+        {
+            check_scope(e.node, id, scope)?;
+        }
+    }
     Ok(())
 }
 
-/// A remote endpoint's identity: a SPIFFE ID `spiffe://<td>/ns/<namespace>/...` (or an
-/// ID prefix ending in `/*`) in the agent's trust domain (when it has one), naming the
-/// endpoint's own namespace.
+/// Whether `node` may carry the identity `id` (an exact workload ID, as
+/// [`check_entry`] requires it before) under the operator's `scope`: the account
+/// `<ns>/<sa>` it names is one the scope lets `node` host, the same rule the signer
+/// applies to `node`'s certificate requests ([`crate::issuance::decide_scope`]).
+pub fn check_scope(node: &str, id: &str, scope: &Scope) -> Result<(), Rejected> {
+    // The mutant trusts every writer with every account, as readers did before they
+    // knew the scope.
+    if crate::reintroduced!("registry-any-scope") {
+        return Ok(());
+    }
+    let allowed = identity_account(id).is_some_and(|(ns, sa)| {
+        scope
+            .nodes
+            .get(node)
+            .is_some_and(|accounts| accounts.contains(&(ns.to_string(), sa.to_string())))
+    });
+    if allowed {
+        return Ok(());
+    }
+    Err(Rejected::new(
+        Reject::Scope,
+        format!(
+            "node {} may not host the account of identity \"{}\" (not in its line of the scope file)",
+            bounded(node),
+            bounded(id)
+        ),
+    ))
+}
+
+/// The default of [`NodeCap`]: far more than one node's pods times their ports (a
+/// node runs about a hundred pods), far less than what would exhaust a reader.
+pub const DEFAULT_MAX_ENTRIES_PER_NODE: usize = 4096;
+
+/// How many entries of each writer node a reader holds, and the limit: a node that
+/// writes more (a bug, or a compromised node filling the registry) costs every
+/// reader at most `max` entries, and the other nodes' entries keep serving.
+///
+/// Which entries are kept is decided by arrival: an entry of a node already holding
+/// `max` is refused until one of that node's entries goes. A full list arrives in key
+/// order, so after a (re)list the kept ones are the node's `max` smallest keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCap {
+    max: usize,
+    held: BTreeMap<String, usize>,
+}
+
+/// A cap of [`DEFAULT_MAX_ENTRIES_PER_NODE`].
+impl Default for NodeCap {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_ENTRIES_PER_NODE)
+    }
+}
+
+impl NodeCap {
+    /// A cap of `max` entries per node (`max` 0: none is ever admitted).
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// The limit.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// How many entries of `node` are held.
+    pub fn held(&self, node: &str) -> usize {
+        self.held.get(node).copied().unwrap_or(0)
+    }
+
+    /// Admits one more (new) entry of `node`, or refuses it when `node` holds `max`.
+    pub fn admit(&mut self, node: &str) -> Result<(), Rejected> {
+        let held = self.held(node);
+        if held >= self.max && !crate::reintroduced!("registry-uncapped-node") {
+            return Err(Rejected::new(
+                Reject::NodeCap,
+                format!(
+                    "node {} already has {held} entries, the most a reader loads from one node",
+                    bounded(node)
+                ),
+            ));
+        }
+        *self.held.entry(node.to_string()).or_default() += 1;
+        Ok(())
+    }
+
+    /// One held entry of `node` went away.
+    pub fn release(&mut self, node: &str) {
+        if let Some(n) = self.held.get_mut(node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.held.remove(node);
+            }
+        }
+    }
+
+    /// Forgets every held entry.
+    pub fn clear(&mut self) {
+        self.held.clear();
+    }
+}
+
+/// A remote endpoint's identity: exactly `spiffe://<td>/ns/<namespace>/sa/<account>`,
+/// in the agent's trust domain (when it has one), naming the endpoint's own namespace
+/// and one service account (a DNS subdomain).
+///
+/// Never a prefix (`.../sa/*`) or any other `*` form, nor a longer or shorter path: a
+/// caller accepts from an endpoint exactly what its entry names, so an ID prefix
+/// written by one node would make every caller accept any account of the namespace
+/// (any pod of it, on any node) as that endpoint.
 fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Result<(), Rejected> {
     let malformed = || {
         Rejected::new(
             Reject::Identity,
             format!(
-                "identity \"{}\" is not a SPIFFE ID (spiffe://<trust-domain>/ns/<namespace>/...)",
+                "identity \"{}\" is not an exact SPIFFE ID spiffe://<trust-domain>/ns/<namespace>/sa/<service-account> (no `*`, no prefix)",
                 bounded(id)
             ),
         )
@@ -365,10 +505,15 @@ fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Resu
     }
     let rest = id.strip_prefix("spiffe://").ok_or_else(malformed)?;
     let (td, path) = rest.split_once('/').ok_or_else(malformed)?;
-    // The translation's rule for an endpoint identity: an exact ID, or an ID prefix
-    // ending in `/*` and nowhere else a `*`, never ending in `/`. An entry passing here
-    // but refused there would make the translation refuse its whole service.
-    let exact = id.strip_suffix("/*").unwrap_or(id);
+    // The mutant accepts the old ID prefixes (`spiffe://td/ns/<ns>/...` ending in `/*`)
+    // and any path under the namespace, as the check did before entries were pinned to
+    // exact identities.
+    let wildcard = crate::reintroduced!("registry-wildcard-identity");
+    let exact = if wildcard {
+        id.strip_suffix("/*").unwrap_or(id)
+    } else {
+        id
+    };
     if td.is_empty() || path.is_empty() || exact.contains('*') || exact.ends_with('/') {
         return Err(malformed());
     }
@@ -393,7 +538,33 @@ fn check_identity(id: &str, namespace: &str, trust_domain: Option<&str>) -> Resu
             ),
         ));
     }
-    Ok(())
+    if wildcard {
+        return Ok(());
+    }
+    match (segs.next(), segs.next(), segs.next()) {
+        (Some("sa"), Some(sa), None) if pod::check_subdomain(sa).is_ok() => Ok(()),
+        _ => Err(malformed()),
+    }
+}
+
+/// The service account of an exact workload ID `spiffe://<td>/ns/<ns>/sa/<sa>` (as
+/// [`check_entry`] requires it) with its namespace: `Some((ns, sa))`, else `None`.
+pub fn identity_account(id: &str) -> Option<(&str, &str)> {
+    let rest = id.strip_prefix("spiffe://")?;
+    let (_td, path) = rest.split_once('/')?;
+    let mut segs = path.split('/');
+    match (
+        segs.next(),
+        segs.next(),
+        segs.next(),
+        segs.next(),
+        segs.next(),
+    ) {
+        (Some("ns"), Some(ns), Some("sa"), Some(sa), None) if !ns.is_empty() && !sa.is_empty() => {
+            Some((ns, sa))
+        }
+        _ => None,
+    }
 }
 
 /// One service's exclusions (key, why) before and after a change.
@@ -468,6 +639,7 @@ mod tests {
     const TRUST: Trust<'static> = Trust {
         local_node: "node-a",
         trust_domain: Some("cluster.local"),
+        scope: None,
     };
 
     fn reason(e: EntryFields<'_>) -> Option<Reject> {
@@ -626,7 +798,7 @@ mod tests {
                 also_accept: &any,
                 ..good()
             }),
-            None
+            Some(Reject::Identity)
         );
         assert_eq!(
             bad("spiffe://evil.example/ns/default/sa/web"),
@@ -675,6 +847,7 @@ mod tests {
         let no_td = Trust {
             local_node: "node-a",
             trust_domain: None,
+            scope: None,
         };
         let foreign = EntryFields {
             identity: Some("spiffe://other.example/ns/default/sa/web"),

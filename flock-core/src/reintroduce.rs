@@ -60,6 +60,11 @@ pub const KNOWN: &[&str] = &[
     "issuance-any-node",
     "netns-node-allowed",
     "capture-annotation-lowers-enforced",
+    "registry-wildcard-identity",
+    "noncanonical-address",
+    "xds-union-peer-identities",
+    "registry-uncapped-node",
+    "registry-any-scope",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile

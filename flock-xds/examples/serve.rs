@@ -230,7 +230,8 @@ async fn main() -> anyhow::Result<()> {
                 }),
                 _ => None,
             };
-            if tls.is_none() && !addr.ip().is_loopback() {
+            // On the canonical address: `[::ffff:127.0.0.1]` is loopback too.
+            if tls.is_none() && !flock_core::pod::canonical_ip(addr.ip()).is_loopback() {
                 anyhow::bail!(
                     "plaintext xDS on {addr} would hand every client on the network every \
                      secret: listen on loopback or a unix socket, or give --tls-cert, \

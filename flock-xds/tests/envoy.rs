@@ -7,7 +7,8 @@
 //! the caller's zone, and fails over without a failed request when the local
 //! endpoint dies or vanishes, retrying only what may be repeated. Over mTLS: a caller
 //! identity added later routes at once (its cluster's endpoints have a name of their
-//! own), and the app sees the verified caller's SPIFFE ID, never a forged one.
+//! own), the app sees the verified caller's SPIFFE ID, never a forged one, and an
+//! endpoint presenting another endpoint's identity is refused.
 
 mod common;
 
@@ -922,6 +923,111 @@ async fn the_app_sees_the_verified_callers_spiffe_id_and_never_a_forged_one() {
     })
     .await;
     assert_eq!((status, body.as_str()), (200, "none"));
+    drop(envoy);
+    running.stop().await;
+}
+
+/// Per-endpoint identity pinning in a real Envoy: service `web` has two endpoints,
+/// `web-0` registered as [`SERVER_ID`] and `rogue-0` registered as `.../sa/rogue`
+/// but presenting `web-0`'s certificate (another endpoint's identity, valid in the
+/// trust domain). The caller's mTLS cluster verifies each endpoint against its own
+/// identity, so every handshake with `rogue-0` fails SAN verification (Envoy counts
+/// `ssl.fail_verify_san`), its app never gets a request, and the caller's requests
+/// are served by `web-0`. With the union of the port's identities on one socket
+/// (mutant `xds-union-peer-identities`) `rogue-0` was accepted, and this test fails
+/// on "the caller accepted an endpoint presenting another endpoint's identity".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_presenting_another_endpoints_identity_is_refused() {
+    const ROGUE_ID: &str = "spiffe://td/ns/default/sa/rogue";
+    let pki = Pki::new();
+    let web = Backend::start("web").await;
+    let rogue = Backend::start("rogue").await;
+    let (_held, [inbound, rogue_inbound, out_a]) = reserve_ports_for_child();
+    let cert = |name: &str, leaf: &flock_testkit::pki::Leaf| {
+        serde_json::json!({"name": name, "kind": {"tls_certificate": {
+            "certificate_chain_pem": leaf.cert_pem, "private_key_pem": leaf.key_pem}}})
+    };
+    let caller = &pki.callers.iter().find(|(c, _)| *c == CALLER_A).unwrap().1;
+    let mesh: Mesh = serde_json::from_value(serde_json::json!({
+        "services": [{"name": "web", "ports": [{"port": 8080}],
+            "endpoints": [
+                {"address": "127.0.0.1", "port": inbound, "identity": SERVER_ID},
+                {"address": "127.0.0.1", "port": rogue_inbound, "identity": ROGUE_ID}]}],
+        "pods": [
+            {"name": "web-0", "ip": "127.0.0.1", "outbound_port": 0, "identity": SERVER_ID,
+             "inbound": [{"app_port": web.port, "listen_port": inbound}]},
+            // Serves with web-0's identity (its inbound listener presents that
+            // certificate) while its endpoint was registered as `rogue`.
+            {"name": "rogue-0", "ip": "127.0.0.1", "outbound_port": 0, "identity": SERVER_ID,
+             "inbound": [{"app_port": rogue.port, "listen_port": rogue_inbound}]},
+            {"name": "caller-0", "ip": "127.0.0.1", "outbound_port": out_a, "identity": CALLER_A}],
+        "secrets": [
+            {"name": "td", "kind": {"validation_context": {"trusted_ca_pem": pki.ca.ca_pem}}},
+            cert(SERVER_ID, &pki.server),
+            cert(CALLER_A, caller)],
+    }))
+    .unwrap();
+    mesh.validate().unwrap();
+    let cache = Arc::new(Cache::by_node_id());
+    publish(&cache, &mesh);
+    let nacks = Arc::new(Nacks::default());
+    let server = Server::builder(Arc::clone(&cache))
+        .callbacks_arc(Arc::clone(&nacks) as Arc<dyn Callbacks>)
+        .build();
+    let running = start_tcp(server).await;
+    let envoy = Envoy::start(NODE, "DELTA_GRPC", running.port).await;
+    let addr = format!("127.0.0.1:{out_a}");
+    eventually(
+        "the caller's first request over mTLS",
+        CONVERGE,
+        async || (http_get(&addr, "/", "web").await? == (200, "web".to_string())).then_some(()),
+    )
+    .await;
+    // Round robin over both endpoints: until Envoy has tried `rogue-0` (a failed SAN
+    // verification), and then some.
+    let cluster = format!("outbound|8080|web.default|{CALLER_A}");
+    let san_failures = async || {
+        let (_, body) = http_get(&envoy.admin, "/stats", "admin").await?;
+        body.lines()
+            .filter(|l| l.starts_with("cluster.outbound|8080|web.default|"))
+            .filter_map(|l| l.split_once(".ssl.fail_verify_san: "))
+            .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+            .max()
+    };
+    let mut answers = Vec::new();
+    let tried = tokio::time::timeout(CONVERGE, async {
+        loop {
+            answers.push(request(&addr, "GET", "web").await);
+            if answers.len() >= 20 && san_failures().await.unwrap_or(0) > 0 {
+                return;
+            }
+            if rogue.served.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                return;
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        rogue.served.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the caller accepted an endpoint presenting another endpoint's identity"
+    );
+    assert!(
+        tried.is_ok(),
+        "Envoy never tried rogue-0 in {} requests ({cluster}): {}",
+        answers.len(),
+        envoy.guard.log_tail()
+    );
+    let served = answers
+        .iter()
+        .filter(|a| a.as_ref().is_some_and(|(s, b)| *s == 200 && b == "web"))
+        .count();
+    assert!(
+        served * 2 >= answers.len(),
+        "web-0 served {served} of {} requests: {answers:?}",
+        answers.len()
+    );
+    assert!(nacks.0.lock().unwrap().is_empty(), "{:?}", nacks.0);
     drop(envoy);
     running.stop().await;
 }

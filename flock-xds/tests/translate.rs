@@ -34,7 +34,7 @@ use flock_xds::translate::{
 };
 use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 use prost::Message;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 const KEY_PEM: &str =
     "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n";
@@ -1980,24 +1980,38 @@ fn identities_turn_on_mtls_inbound_and_outbound() {
         cla_addresses(&own),
         BTreeSet::from(["10.0.0.2".to_string()])
     );
-    let up = UpstreamTlsContext::decode(tls_of(&c.transport_socket).value.as_slice()).unwrap();
-    let common = up.common_tls_context.unwrap();
     assert_eq!(
-        common.tls_certificate_sds_secret_configs[0].name, CLIENT,
-        "presents the caller's SVID"
+        c.transport_socket_matches.len(),
+        1,
+        "one identity, one socket"
     );
-    let Some(ValidationContextType::CombinedValidationContext(v)) = common.validation_context_type
-    else {
-        panic!()
-    };
-    let sans = v
-        .default_validation_context
-        .unwrap()
-        .match_typed_subject_alt_names;
-    assert_eq!(sans.len(), 1);
+    for ts in std::iter::once(&c.transport_socket).chain(
+        c.transport_socket_matches
+            .iter()
+            .map(|m| &m.transport_socket),
+    ) {
+        let up = UpstreamTlsContext::decode(tls_of(ts).value.as_slice()).unwrap();
+        let common = up.common_tls_context.unwrap();
+        assert_eq!(
+            common.tls_certificate_sds_secret_configs[0].name, CLIENT,
+            "presents the caller's SVID"
+        );
+        let Some(ValidationContextType::CombinedValidationContext(v)) =
+            common.validation_context_type
+        else {
+            panic!()
+        };
+        assert_eq!(
+            v.validation_context_sds_secret_config.unwrap().name,
+            "cluster.local"
+        );
+    }
     assert_eq!(
-        sans[0].matcher.as_ref().unwrap().match_pattern,
-        Some(MatchPattern::Exact(SERVER.into())),
+        pinned_sans(&rs, &mtls_name),
+        BTreeMap::from([(
+            "10.0.0.2:15006".to_string(),
+            vec![MatchPattern::Exact(SERVER.into())]
+        )]),
         "verifies the callee's SPIFFE ID"
     );
     assert!(
@@ -2363,47 +2377,32 @@ fn vips_are_host_names_of_the_service_ports() {
     );
 }
 
-/// An endpoint identity ending in `/*` is a SAN prefix: the caller's mTLS cluster
-/// accepts any SPIFFE ID under that path (and the exact IDs of the other endpoints),
-/// and it still makes the port mTLS, so the endpoint without an identity is left out.
+/// An endpoint identity ending in `/*` (kube mode's Service without an accounts
+/// annotation; a registry entry never carries one) is a SAN prefix: the caller's mTLS
+/// cluster accepts any SPIFFE ID under that path from that endpoint (and only the
+/// exact ID from the other endpoint), and it still makes the port mTLS, so the
+/// endpoint without an identity is left out.
 #[test]
 fn an_identity_prefix_is_a_san_prefix_match_and_still_mtls() {
-    use envoy_types::pb::envoy::config::core::v3::transport_socket;
-    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-        UpstreamTlsContext, common_tls_context::ValidationContextType,
-    };
     use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
     let m = vip_mesh();
     let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
-    let c: Cluster = decode(find(
-        &rs,
-        CLUSTER,
-        &format!("outbound|80|shop.shop|{KUBE_CLIENT}"),
-    ));
-    let Some(transport_socket::ConfigType::TypedConfig(any)) =
-        c.transport_socket.and_then(|t| t.config_type)
-    else {
-        panic!("no TLS")
-    };
-    let up = UpstreamTlsContext::decode(any.value.as_slice()).unwrap();
-    let Some(ValidationContextType::CombinedValidationContext(v)) =
-        up.common_tls_context.unwrap().validation_context_type
-    else {
-        panic!("no combined validation context")
-    };
-    let patterns: Vec<MatchPattern> = v
-        .default_validation_context
-        .unwrap()
-        .match_typed_subject_alt_names
-        .into_iter()
-        .map(|m| m.matcher.unwrap().match_pattern.unwrap())
-        .collect();
     assert_eq!(
-        patterns,
-        vec![
-            MatchPattern::Exact("spiffe://cluster.local/ns/shop/sa/cart".into()),
-            MatchPattern::Prefix("spiffe://cluster.local/ns/shop/sa/".into()),
-        ]
+        pinned_sans(&rs, &format!("outbound|80|shop.shop|{KUBE_CLIENT}")),
+        BTreeMap::from([
+            (
+                "10.1.0.2:8080".to_string(),
+                vec![MatchPattern::Prefix(
+                    "spiffe://cluster.local/ns/shop/sa/".into()
+                )]
+            ),
+            (
+                "10.1.0.3:8080".to_string(),
+                vec![MatchPattern::Exact(
+                    "spiffe://cluster.local/ns/shop/sa/cart".into()
+                )]
+            ),
+        ])
     );
     let cla: ClusterLoadAssignment = decode(find(&rs, ENDPOINT, "outbound|80|shop.shop"));
     assert_eq!(
@@ -2413,26 +2412,25 @@ fn an_identity_prefix_is_a_san_prefix_match_and_still_mtls() {
     );
 }
 
-/// The URI SAN patterns the caller `KUBE_CLIENT`'s mTLS cluster `cluster` accepts.
-fn caller_sans(
-    rs: &[Resource],
-    cluster: &str,
+/// The URI SAN patterns a transport socket's `UpstreamTlsContext` accepts.
+fn socket_sans(
+    ts: &Option<envoy_types::pb::envoy::config::core::v3::TransportSocket>,
+    what: &str,
 ) -> Vec<envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern> {
     use envoy_types::pb::envoy::config::core::v3::transport_socket;
     use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
         UpstreamTlsContext, common_tls_context::ValidationContextType,
     };
-    let c: Cluster = decode(find(rs, CLUSTER, cluster));
     let Some(transport_socket::ConfigType::TypedConfig(any)) =
-        c.transport_socket.and_then(|t| t.config_type)
+        ts.as_ref().and_then(|t| t.config_type.clone())
     else {
-        panic!("{cluster}: no TLS")
+        panic!("{what}: no TLS")
     };
     let up = UpstreamTlsContext::decode(any.value.as_slice()).unwrap();
     let Some(ValidationContextType::CombinedValidationContext(v)) =
         up.common_tls_context.unwrap().validation_context_type
     else {
-        panic!("{cluster}: no combined validation context")
+        panic!("{what}: no combined validation context")
     };
     v.default_validation_context
         .unwrap()
@@ -2442,11 +2440,113 @@ fn caller_sans(
         .collect()
 }
 
+/// Per endpoint (`address:port`) of the caller cluster `cluster` (and its load
+/// assignment of the same name), the URI SAN patterns of the transport socket Envoy
+/// verifies it with: the first `transport_socket_matches` entry whose every field
+/// equals the endpoint's `envoy.transport_socket_match` metadata, else the cluster's
+/// own socket.
+fn pinned_sans(
+    rs: &[Resource],
+    cluster: &str,
+) -> BTreeMap<String, Vec<envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern>>
+{
+    let c: Cluster = decode(find(rs, CLUSTER, cluster));
+    let cla: ClusterLoadAssignment = decode(find(rs, ENDPOINT, cluster));
+    let mut out = BTreeMap::new();
+    for lb in cla.endpoints.iter().flat_map(|l| &l.lb_endpoints) {
+        let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = &lb.host_identifier else {
+            panic!("{cluster}: an endpoint without an address")
+        };
+        let a = sock(&e.address);
+        let addr = format!("{}:{}", a.address, port(a));
+        let meta = lb.metadata.as_ref().and_then(|m| {
+            m.filter_metadata
+                .get(translate::envoy::TRANSPORT_SOCKET_MATCH)
+        });
+        let chosen = c.transport_socket_matches.iter().find(|m| {
+            let want = m.r#match.as_ref().map(|s| &s.fields);
+            want.is_some_and(|want| {
+                meta.is_some_and(|have| want.iter().all(|(k, v)| have.fields.get(k) == Some(v)))
+            })
+        });
+        let sans = match chosen {
+            Some(m) => socket_sans(&m.transport_socket, &format!("{cluster} {}", m.name)),
+            None => socket_sans(&c.transport_socket, cluster),
+        };
+        out.insert(addr, sans);
+    }
+    out
+}
+
+/// Each endpoint of an mTLS service port is verified against its own identity, never
+/// against another endpoint's: the caller's cluster has one transport socket per
+/// distinct identity, selected by the endpoint's metadata, and its fallback socket
+/// (an endpoint with no match) accepts no workload certificate at all. With the
+/// union of the port's identities on one socket (mutant `xds-union-peer-identities`),
+/// a node that registers one endpoint as its own pod's account `b` made callers
+/// accept `b` from every endpoint of the service, and this test fails on "verified
+/// against another endpoint's identity".
+#[test]
+fn each_endpoint_is_verified_against_its_own_identity_only() {
+    use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+    const A: &str = "spiffe://cluster.local/ns/shop/sa/a";
+    const B: &str = "spiffe://cluster.local/ns/shop/sa/b";
+    let m = Mesh::from_json(
+        format!(
+            r#"{{"services": [
+                {{"name": "web", "namespace": "shop", "ports": [{{"port": 80}}, {{"port": 5432, "protocol": "tcp"}}],
+                  "endpoints": [
+                    {{"address": "10.1.0.2", "port": 8080, "service_port": 80, "identity": "{A}"}},
+                    {{"address": "10.1.0.3", "port": 8080, "service_port": 80, "identity": "{B}"}},
+                    {{"address": "10.1.0.4", "port": 8080, "service_port": 80, "identity": "{A}"}}]}}],
+              "pods": [{{"name": "kube-client", "ip": "10.1.0.1", "identity": "{KUBE_CLIENT}"}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .expect("valid mesh");
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    let name = format!("outbound|80|web.shop|{KUBE_CLIENT}");
+    let want = BTreeMap::from([
+        (
+            "10.1.0.2:8080".to_string(),
+            vec![MatchPattern::Exact(A.into())],
+        ),
+        (
+            "10.1.0.3:8080".to_string(),
+            vec![MatchPattern::Exact(B.into())],
+        ),
+        (
+            "10.1.0.4:8080".to_string(),
+            vec![MatchPattern::Exact(A.into())],
+        ),
+    ]);
+    assert_eq!(
+        pinned_sans(&rs, &name),
+        want,
+        "an endpoint is verified against another endpoint's identity"
+    );
+    let c: Cluster = decode(find(&rs, CLUSTER, &name));
+    assert_eq!(
+        c.transport_socket_matches.len(),
+        2,
+        "one socket per distinct identity"
+    );
+    assert_eq!(
+        socket_sans(&c.transport_socket, &name),
+        vec![MatchPattern::Exact(translate::envoy::UNPINNED_SAN.into())],
+        "the fallback socket accepts no workload identity"
+    );
+    // The plain cluster's endpoints (shared with proxyless gRPC) carry the same
+    // metadata and the translation stays deterministic.
+    let again = translate::envoy_resources(&m, &EnvoyOptions::default());
+    assert_eq!(flat(rs), flat(again));
+}
+
 /// An endpoint's `also_accept` IDs are accepted by callers like its identity: a
-/// Service whose pods run as `web` or `web-canary` (and the registry cannot say which
-/// pod is which) gets both IDs as exact SAN matchers on every caller's mTLS cluster of
-/// its port, deduplicated across endpoints, and no others; a port whose endpoints
-/// carry none keeps just the identities.
+/// Service whose pods run as `web` or `web-canary` (and kube mode's slices cannot say
+/// which pod is which) gets both IDs as exact SAN matchers for each endpoint that
+/// carries them, and no others; a port whose endpoints carry none keeps just the
+/// identity.
 #[test]
 fn also_accept_ids_are_san_matchers_of_the_callers_cluster() {
     use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
@@ -2466,16 +2566,23 @@ fn also_accept_ids_are_san_matchers_of_the_callers_cluster() {
     )
     .expect("valid mesh");
     let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    let both = vec![
+        MatchPattern::Exact(WEB.into()),
+        MatchPattern::Exact(CANARY.into()),
+    ];
     assert_eq!(
-        caller_sans(&rs, &format!("outbound|80|web.shop|{KUBE_CLIENT}")),
-        vec![
-            MatchPattern::Exact(WEB.into()),
-            MatchPattern::Exact(CANARY.into())
-        ]
+        pinned_sans(&rs, &format!("outbound|80|web.shop|{KUBE_CLIENT}")),
+        BTreeMap::from([
+            ("10.1.0.2:8080".to_string(), both.clone()),
+            ("10.1.0.3:8080".to_string(), both),
+        ])
     );
     assert_eq!(
-        caller_sans(&rs, &format!("outbound|81|web.shop|{KUBE_CLIENT}")),
-        vec![MatchPattern::Exact(WEB.into())]
+        pinned_sans(&rs, &format!("outbound|81|web.shop|{KUBE_CLIENT}")),
+        BTreeMap::from([(
+            "10.1.0.2:8081".to_string(),
+            vec![MatchPattern::Exact(WEB.into())]
+        )])
     );
     // The JSON form round-trips, and omits an empty list.
     let json = serde_json::to_string(&m).unwrap();

@@ -19,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
     let trust = Trust {
         local_node: "node-a",
         trust_domain: Some("cluster.local"),
+        scope: None,
     };
     match flock_bird::registry::decode_entry(key, value, &trust) {
         Ok(ep) => {

@@ -166,6 +166,19 @@ pub struct Flags {
     /// show in `ps`).
     #[arg(long, value_name = "FILE", help_heading = "Registry security")]
     pub registry_password_file: Option<PathBuf>,
+    /// etcd registries only: the node-scoped signer's scope file (`<node>: <ns>/<sa>
+    /// ...` per line, the file `flock-ca serve --scope` reads). Another node's entry is
+    /// then dropped (metric reason `node_scope`) if its identity names an account the
+    /// file does not let that node host, so a node cannot advertise endpoints as
+    /// another node's pods. Read at start: restart the agent after changing it.
+    #[arg(long, value_name = "FILE", help_heading = "Registry security")]
+    pub registry_scope: Option<PathBuf>,
+    /// etcd registries only: the most entries of one other node this agent loads
+    /// (the first ones listed, in key order, are kept; the rest are dropped with
+    /// metric reason `node_cap`), so one node writing without bound cannot exhaust
+    /// every agent's memory.
+    #[arg(long, default_value_t = flock_core::registry::DEFAULT_MAX_ENTRIES_PER_NODE, value_name = "N", help_heading = "Registry security")]
+    pub registry_max_entries_per_node: usize,
     /// Where pods' workload identities come from: `builtin` (a CA in this agent; mTLS
     /// between pods), `flock-ca:https://HOST:PORT` (the node-scoped signer: no issuer
     /// key on the node; needs --node-credential), `spire:PATH` (a SPIRE agent's
@@ -466,6 +479,8 @@ impl Options {
             registry_ttl_secs: flags.registry_ttl,
             registry_tls: registry_tls(flags)?,
             registry_auth: registry_auth(flags)?,
+            registry_scope: registry_scope(flags)?,
+            registry_max_entries_per_node: flags.registry_max_entries_per_node.max(1),
             identity: identity_source(flags)?,
             kube: kube_options(flags, env.in_cluster)?,
         };
@@ -668,6 +683,38 @@ fn registry_tls(flags: &Flags) -> Result<Option<crate::registry::EtcdTls>, Optio
                 .into(),
         )),
     }
+}
+
+/// `--registry-scope`: read and parsed here, so a bad file stops the agent at start
+/// with the line at fault; only etcd registries have other nodes' entries to check.
+fn registry_scope(
+    flags: &Flags,
+) -> Result<Option<std::sync::Arc<flock_core::issuance::Scope>>, OptionsError> {
+    let Some(path) = &flags.registry_scope else {
+        return Ok(None);
+    };
+    if !(flags.registry.starts_with("etcd://") || flags.registry.starts_with("etcds://")) {
+        return Err(OptionsError(format!(
+            "--registry-scope applies to etcd registries (etcd:// or etcds://), not --registry {}: \
+             the other backends hold no entries written by other nodes",
+            flags.registry
+        )));
+    }
+    let text = std::fs::read(path)
+        .map_err(|e| OptionsError(format!("--registry-scope {}: {e}", path.display())))?;
+    if text.len() > flock_core::issuance::MAX_SCOPE_BYTES {
+        return Err(OptionsError(format!(
+            "--registry-scope {}: {} bytes, at most {} allowed",
+            path.display(),
+            text.len(),
+            flock_core::issuance::MAX_SCOPE_BYTES
+        )));
+    }
+    let text = String::from_utf8(text)
+        .map_err(|_| OptionsError(format!("--registry-scope {}: not UTF-8", path.display())))?;
+    flock_core::issuance::parse_scope(&text)
+        .map(|s| Some(std::sync::Arc::new(s)))
+        .map_err(|e| OptionsError(format!("--registry-scope {}: {e}", path.display())))
 }
 
 /// `--registry-user/--registry-password-file`: etcd user authentication.

@@ -70,6 +70,11 @@ fn every_default_is_the_documented_one() {
     assert_eq!(rt.registry, "memory");
     assert_eq!(rt.registry_ttl_secs, 10);
     assert!(rt.registry_tls.is_none() && rt.registry_auth.is_none());
+    assert!(rt.registry_scope.is_none());
+    assert_eq!(
+        rt.registry_max_entries_per_node,
+        flock_core::registry::DEFAULT_MAX_ENTRIES_PER_NODE
+    );
     assert_eq!(
         rt.identity,
         IdentitySource::Builtin {
@@ -264,6 +269,54 @@ fn the_registry_user_and_its_password_file_go_together() {
     assert_eq!(
         (auth.user.as_str(), auth.password.as_str()),
         ("u", "secret")
+    );
+}
+
+/// `--registry-scope` is read and parsed at start (a bad line stops the agent, naming
+/// it), only with an etcd registry; `--registry-max-entries-per-node` is at least 1.
+#[test]
+fn the_registry_scope_is_parsed_at_start_and_only_for_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("scope");
+    std::fs::write(&file, "n1: shop/web\nn2: shop/cart db/pg\n").unwrap();
+    let file = file.to_str().unwrap();
+    let e = error(&["--registry-scope", file]);
+    assert!(
+        e.starts_with("--registry-scope applies to etcd registries"),
+        "{e}"
+    );
+    let rt = check(&[
+        "--registry",
+        "etcd://127.0.0.1:2379",
+        "--registry-scope",
+        file,
+        "--registry-max-entries-per-node",
+        "0",
+    ])
+    .unwrap()
+    .runtime;
+    let scope = rt.registry_scope.unwrap();
+    assert_eq!(scope.nodes.len(), 2);
+    assert!(scope.nodes["n2"].contains(&("db".to_string(), "pg".to_string())));
+    assert_eq!(rt.registry_max_entries_per_node, 1);
+    let bad = dir.path().join("bad");
+    std::fs::write(&bad, "n1 shop/web\n").unwrap();
+    let e = error(&[
+        "--registry",
+        "etcd://127.0.0.1:2379",
+        "--registry-scope",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(e.contains("line 1"), "{e}");
+    let e = error(&[
+        "--registry",
+        "etcd://127.0.0.1:2379",
+        "--registry-scope",
+        "/nonexistent/scope",
+    ]);
+    assert!(
+        e.starts_with("--registry-scope /nonexistent/scope: "),
+        "{e}"
     );
 }
 

@@ -45,7 +45,7 @@ use etcd_client::{
     LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 use flock_core::backoff::Backoff;
-use flock_core::registry::{MAX_ENTRY_BYTES, Reject, Rejected, Trust};
+use flock_core::registry::{MAX_ENTRY_BYTES, NodeCap, Reject, Rejected, Trust};
 use flock_core::sync::Mutex as SyncMutex;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -205,6 +205,14 @@ struct ViewState {
     log: DeltaLog,
     /// Keys changed since the last publish, folded per key.
     pending: BTreeMap<String, Change>,
+    /// How many entries of each other node the view holds, and the most it loads
+    /// ([`RegistryOptions::max_entries_per_node`]).
+    cap: NodeCap,
+    /// This agent's node: its own entries are not capped (they are its own pods', and
+    /// a refused own entry would only make the registry sync put it again).
+    local_node: String,
+    /// Entries refused by `cap` since the caller last took them, for [`Rejections`].
+    over_cap: Vec<(String, Rejected)>,
 }
 
 /// How one key's endpoint changed since the last published view.
@@ -257,11 +265,26 @@ impl ViewState {
                 self.note(&key, Change::Changed);
             }
             None => {
+                // A node's entries beyond the cap stay out of the view: one node
+                // filling the registry must not cost every reader without bound.
+                if ep.node != self.local_node
+                    && let Err(why) = self.cap.admit(&ep.node)
+                {
+                    self.over_cap.push((key, why));
+                    return false;
+                }
                 self.note(&key, Change::Added);
                 self.entries.insert(key, Registered::new(ep, rev_u));
             }
         }
         true
+    }
+
+    /// An entry left the view: its node's count goes down.
+    fn released(&mut self, r: &Registered) {
+        if r.node != self.local_node {
+            self.cap.release(&r.node);
+        }
     }
 
     fn apply_delete(&mut self, key: String, rev: i64) -> bool {
@@ -272,7 +295,13 @@ impl ViewState {
         {
             return false;
         }
-        let removed = self.entries.remove(&key).is_some();
+        let removed = match self.entries.remove(&key) {
+            Some(r) => {
+                self.released(&r);
+                true
+            }
+            None => false,
+        };
         if removed {
             self.note(&key, Change::Removed);
         }
@@ -293,6 +322,7 @@ impl ViewState {
         // listed key is news to the subscribers.
         if flock_core::reintroduced!("etcd-relist-replace") {
             self.entries.clear();
+            self.cap.clear();
         }
         let gone: Vec<String> = self
             .entries
@@ -303,7 +333,9 @@ impl ViewState {
             .map(|(k, _)| k.clone())
             .collect();
         for key in gone {
-            self.entries.remove(&key);
+            if let Some(r) = self.entries.remove(&key) {
+                self.released(&r);
+            }
             self.note(&key, Change::Removed);
         }
         for (key, (ep, rev)) in listed {
@@ -355,6 +387,9 @@ impl Shared {
     }
 
     fn publish(&self, state: &mut ViewState) {
+        for (key, why) in std::mem::take(&mut state.over_cap) {
+            self.rejections.reject(&self.describe, &key, &why);
+        }
         self.view_tx.send_replace(Arc::new(state.snapshot()));
     }
 
@@ -436,6 +471,7 @@ impl Shared {
             &Trust {
                 local_node: &self.node,
                 trust_domain: self.opts.trust_domain.as_deref(),
+                scope: self.opts.scope.as_deref(),
             },
         )
     }
@@ -1072,6 +1108,8 @@ impl EtcdRegistry {
                 }
             };
         let (view_tx, _) = watch::channel(Arc::new(View::default()));
+        let max_entries_per_node = opts.max_entries_per_node;
+        let local_node = opts.node.clone();
         let shared = Arc::new(Shared {
             client,
             describe,
@@ -1085,7 +1123,11 @@ impl EtcdRegistry {
                 reput_pending: false,
                 own: BTreeMap::new(),
             }),
-            view: SyncMutex::new(ViewState::default()),
+            view: SyncMutex::new(ViewState {
+                cap: NodeCap::new(max_entries_per_node),
+                local_node,
+                ..ViewState::default()
+            }),
             rejections: Arc::new(Rejections::default()),
         });
         let first = shared.establish().await?;
@@ -1400,9 +1442,42 @@ mod tests {
     /// A delta naming more than [`RECENT_KEYS`] keys (the first list of a large
     /// registry) is the view's delta until the next change, then leaves the recent
     /// deltas: a subscriber that missed it re-reads the whole view.
+    /// The per-node cap in the view: a list keeps the first `max` keys of another
+    /// node, the rest are reported for [`Rejections`]; a removal makes room for the
+    /// next put; this agent's own entries are never capped.
+    #[test]
+    fn the_view_keeps_at_most_the_cap_of_another_nodes_entries() {
+        let mut s = ViewState {
+            cap: NodeCap::new(2),
+            local_node: "own".into(),
+            ..ViewState::default()
+        };
+        s.relist(listed(&[("a", 1, 1), ("b", 1, 1), ("c", 1, 1)]), 1);
+        let keys: Vec<String> = s.entries.keys().cloned().collect();
+        assert_eq!(keys, ["a", "b"]);
+        let over: Vec<&str> = s.over_cap.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(over, ["c"]);
+        assert!(s.over_cap.iter().all(|(_, r)| r.reason == Reject::NodeCap));
+        assert!(s.apply_delete("a".into(), 2));
+        assert!(s.apply_put("c".into(), ep("c", 1), 3));
+        assert!(!s.apply_put("d".into(), ep("d", 1), 4), "still at the cap");
+        let mut own = ep("o", 1);
+        own.node = "own".into();
+        for (i, k) in ["o1", "o2", "o3"].into_iter().enumerate() {
+            assert!(
+                s.apply_put(k.into(), own.clone(), 5 + i as i64),
+                "own entry {k}"
+            );
+        }
+    }
+
     #[test]
     fn a_huge_delta_leaves_the_recent_deltas_at_the_next_change() {
-        let mut s = ViewState::default();
+        // One node's entries, more than the default cap: this is about the deltas.
+        let mut s = ViewState {
+            cap: NodeCap::new(usize::MAX),
+            ..ViewState::default()
+        };
         let keys: Vec<String> = (0..=RECENT_KEYS).map(|i| format!("k{i:06}")).collect();
         let big: Vec<(&str, u8, i64)> = keys.iter().map(|k| (k.as_str(), 1, 1)).collect();
         s.relist(listed(&big), 1);

@@ -680,6 +680,14 @@ pub struct RegistryOptions {
     /// when the agent has no identity source of its own trust domain (see
     /// [`flock_core::registry::Trust`]).
     pub trust_domain: Option<String>,
+    /// etcd: the operator's scope (`--registry-scope`): an entry of node N may carry
+    /// only identities of accounts the scope lets N host
+    /// ([`flock_core::registry::Trust::scope`]). `None`: not checked.
+    pub scope: Option<Arc<flock_core::issuance::Scope>>,
+    /// etcd: the most entries of one other node the view holds
+    /// ([`flock_core::registry::NodeCap`]; default
+    /// [`flock_core::registry::DEFAULT_MAX_ENTRIES_PER_NODE`]).
+    pub max_entries_per_node: usize,
 }
 
 impl Default for RegistryOptions {
@@ -695,6 +703,8 @@ impl Default for RegistryOptions {
             tls: None,
             auth: None,
             trust_domain: None,
+            scope: None,
+            max_entries_per_node: flock_core::registry::DEFAULT_MAX_ENTRIES_PER_NODE,
         }
     }
 }

@@ -11,13 +11,15 @@ use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, OutlierDetection,
-    cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
+    cluster::{
+        ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy, TransportSocketMatch,
+    },
 };
 use envoy_types::pb::envoy::config::core::v3::{
     Address, AggregatedConfigSource, ApiVersion, BindConfig, CidrRange, ConfigSource, DataSource,
-    HealthStatus, Http2ProtocolOptions, Locality as PbLocality, SocketAddress, SocketOption,
-    TrafficDirection, address, config_source::ConfigSourceSpecifier, data_source, socket_address,
-    socket_option,
+    HealthStatus, Http2ProtocolOptions, Locality as PbLocality, Metadata, SocketAddress,
+    SocketOption, TrafficDirection, address, config_source::ConfigSourceSpecifier, data_source,
+    socket_address, socket_option,
 };
 use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
 use envoy_types::pb::envoy::config::endpoint::v3::{
@@ -52,7 +54,9 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 use envoy_types::pb::envoy::r#type::matcher::v3::{
     RegexMatcher, StringMatcher, string_matcher::MatchPattern,
 };
-use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, UInt32Value};
+use envoy_types::pb::google::protobuf::{
+    Any, BoolValue, Duration, Struct as PbStruct, UInt32Value, Value as PbValue, value as pb_value,
+};
 use prost::Message;
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -870,7 +874,9 @@ pub(crate) fn load_assignment(
                             address: Some(address_of(socket_address(e.address, e.port, None))),
                             ..Default::default()
                         })),
-                        ..Default::default()
+                        // Which of an mTLS cluster's transport sockets verifies this
+                        // endpoint: the one accepting its own identity ([`mtls_cluster`]).
+                        metadata: endpoint_peers(e).map(|ids| peer_metadata(&ids)),
                     })
                     .collect(),
                 ..Default::default()
@@ -1217,44 +1223,80 @@ fn server_tls(identity: &str) -> Option<TransportSocket> {
     Some(tls_socket(type_urls::DOWNSTREAM_TLS, ctx.encode_to_vec()))
 }
 
-/// The URI SAN matchers a caller accepts from a service port's endpoints if the port
-/// is mTLS (any endpoint has an identity, [`port_endpoints`]), else `None`
-/// (plaintext): an exact match per SPIFFE ID, a prefix match per ID prefix
-/// (`spiffe://td/path/*` → prefix `spiffe://td/path/`), of each serving endpoint's
-/// identity and its `also_accept` IDs, sorted and deduplicated.
-/// Never empty when `Some`: an empty SAN list would accept any certificate the bundle
-/// verifies. An ID outside the caller's trust domain stays in the list; the caller's
-/// bundle cannot verify its certificate, so that endpoint fails closed instead of
-/// turning the port to plaintext.
-fn mtls_peers(service: &Service, port: u16) -> Option<Vec<MatchPattern>> {
+/// The IDs a caller accepts from endpoint `e`: its identity and its `also_accept`
+/// IDs, sorted and deduplicated; `None` without an identity (its `also_accept` IDs
+/// only count with one).
+fn endpoint_peers(e: &Endpoint) -> Option<std::collections::BTreeSet<&str>> {
+    let id = e.identity.as_deref()?;
+    Some(
+        std::iter::once(id)
+            .chain(e.also_accept.iter().map(String::as_str))
+            .collect(),
+    )
+}
+
+/// The value of an endpoint's [`PEER_MATCH_KEY`]: its accepted IDs
+/// ([`endpoint_peers`]) joined by spaces (an ID holds no whitespace: the model's
+/// validator refuses it), so equal sets give equal keys.
+fn peer_key(ids: &std::collections::BTreeSet<&str>) -> String {
+    ids.iter().copied().collect::<Vec<_>>().join(" ")
+}
+
+/// The key of the endpoint metadata (under [`TRANSPORT_SOCKET_MATCH`]) and of the
+/// cluster's `transport_socket_matches` entries that pins an endpoint to its own
+/// identity.
+pub const PEER_MATCH_KEY: &str = "flock.peer";
+
+/// Envoy's metadata namespace for `Cluster.transport_socket_matches`.
+pub const TRANSPORT_SOCKET_MATCH: &str = "envoy.transport_socket_match";
+
+/// The one URI SAN the fallback transport socket of an mTLS cluster accepts: not a
+/// SPIFFE ID, so no certificate the signer or SPIRE issues carries it, and an
+/// endpoint that matches none of the cluster's `transport_socket_matches` fails
+/// closed instead of being verified against another endpoint's identity.
+pub const UNPINNED_SAN: &str = "flock:no-pinned-identity";
+
+/// The URI SAN matchers for a set of accepted IDs: an exact match per SPIFFE ID, a
+/// prefix match per ID prefix (`spiffe://td/path/*` → prefix `spiffe://td/path/`),
+/// exact IDs first, then prefixes, each sorted. Never empty for a non-empty set.
+fn san_patterns<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<MatchPattern> {
+    let ids: std::collections::BTreeSet<(bool, &str)> = ids
+        .into_iter()
+        .map(|id| match identity_prefix(id) {
+            Some(prefix) => (true, prefix),
+            None => (false, id),
+        })
+        .collect();
+    ids.into_iter()
+        .map(|(prefix, s)| {
+            if prefix {
+                MatchPattern::Prefix(s.to_string())
+            } else {
+                MatchPattern::Exact(s.to_string())
+            }
+        })
+        .collect()
+}
+
+/// The distinct accepted-ID sets ([`endpoint_peers`]) of a service port's serving
+/// endpoints if the port is mTLS (any endpoint has an identity, [`port_endpoints`]),
+/// else `None` (plaintext). Never empty when `Some`. An ID outside the caller's trust
+/// domain stays; the caller's bundle cannot verify its certificate, so that endpoint
+/// fails closed instead of turning the port to plaintext.
+fn mtls_peers(
+    service: &Service,
+    port: u16,
+) -> Option<std::collections::BTreeSet<std::collections::BTreeSet<&str>>> {
     let eps = port_endpoints(service, port);
     if !eps.mtls {
         return None;
     }
-    // (is a prefix, the string): exact IDs first, then prefixes, each sorted.
-    let ids: std::collections::BTreeSet<(bool, &str)> = eps
+    let sets: std::collections::BTreeSet<_> = eps
         .serving
         .iter()
-        // An endpoint's `also_accept` IDs only count with its identity (the serving
-        // endpoints of an mTLS port all have one).
-        .filter(|e| e.identity.is_some())
-        .flat_map(|e| e.identity.iter().chain(&e.also_accept))
-        .map(|id| match identity_prefix(id) {
-            Some(prefix) => (true, prefix),
-            None => (false, id.as_str()),
-        })
+        .filter_map(|e| endpoint_peers(e))
         .collect();
-    (!ids.is_empty()).then(|| {
-        ids.into_iter()
-            .map(|(prefix, s)| {
-                if prefix {
-                    MatchPattern::Prefix(s.to_string())
-                } else {
-                    MatchPattern::Exact(s.to_string())
-                }
-            })
-            .collect()
-    })
+    (!sets.is_empty()).then_some(sets)
 }
 
 /// The outbound resources of the pods with SPIFFE ID `identity`: the route
@@ -1336,9 +1378,21 @@ pub fn caller_routes<S: Borrow<Service>>(
 }
 
 /// The mTLS cluster `outbound|<port>|<svc>.<ns>|<identity>` of a service port for
-/// callers with `identity` (trust domain `td`), accepting the server IDs `peers`,
-/// and its own `ClusterLoadAssignment` of the same name: the service port's
-/// endpoints ([`load_assignment`]), the same content as the plain cluster's.
+/// callers with `identity` (trust domain `td`), and its own `ClusterLoadAssignment` of
+/// the same name: the service port's endpoints ([`load_assignment`]), the same content
+/// as the plain cluster's.
+///
+/// Each endpoint is verified against its own identity only (and its own `also_accept`
+/// IDs), never against the union of the port's: per distinct set of accepted IDs
+/// (`peers`) the cluster has one `transport_socket_matches` entry, matching the
+/// [`PEER_MATCH_KEY`] that [`load_assignment`] writes into each endpoint's
+/// [`TRANSPORT_SOCKET_MATCH`] metadata, whose TLS context accepts exactly that set. The
+/// cluster's own transport socket, used by an endpoint that matches no entry, accepts
+/// only [`UNPINNED_SAN`], which no workload certificate carries: it fails closed. With
+/// a union, a node that registered one endpoint of the service with identity X (its
+/// own pod's) made every caller accept X from every endpoint of the service: a pod
+/// running as X anywhere could then answer for any of them (an address it took over,
+/// a stale entry's address reused).
 ///
 /// The endpoints get a name per cluster, not the plain cluster's shared by every
 /// caller, because Envoy keeps one EDS subscription per resource name: a cluster
@@ -1351,26 +1405,75 @@ fn mtls_cluster(
     p: &ServicePort,
     identity: &str,
     td: &str,
-    peers: Vec<MatchPattern>,
+    peers: std::collections::BTreeSet<std::collections::BTreeSet<&str>>,
     local: Option<&Locality>,
     out: &mut Vec<Resource>,
 ) {
     let name = names::mtls_cluster(s, p.port, identity);
     let mut cluster = outbound_cluster(s, p.port, p.protocol);
     cluster.name = name.clone();
-    let ctx = UpstreamTlsContext {
-        common_tls_context: Some(common_tls(
-            identity,
-            td,
-            peers.into_iter().map(uri_san).collect(),
-        )),
-        ..Default::default()
+    let upstream = |sans: Vec<MatchPattern>| {
+        let ctx = UpstreamTlsContext {
+            common_tls_context: Some(common_tls(
+                identity,
+                td,
+                sans.into_iter().map(uri_san).collect(),
+            )),
+            ..Default::default()
+        };
+        tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec())
     };
-    cluster.transport_socket = Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
+    // The mutant verifies every endpoint against the union of the port's accepted
+    // IDs, as callers did before endpoints were pinned.
+    if flock_core::reintroduced!("xds-union-peer-identities") {
+        let union = san_patterns(peers.iter().flatten().copied());
+        cluster.transport_socket = Some(upstream(union));
+    } else {
+        cluster.transport_socket = Some(upstream(vec![MatchPattern::Exact(
+            UNPINNED_SAN.to_string(),
+        )]));
+        cluster.transport_socket_matches = peers
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| TransportSocketMatch {
+                // Stats only: `peer-<n>` in the order of the sorted sets.
+                name: format!("peer-{i}"),
+                r#match: Some(string_struct(PEER_MATCH_KEY, &peer_key(ids))),
+                transport_socket: Some(upstream(san_patterns(ids.iter().copied()))),
+            })
+            .collect();
+    }
     out.push(resource(CLUSTER, name.clone(), any(CLUSTER, &cluster)));
     let mut cla = load_assignment(s, p.port, local);
     cla.cluster_name = name.clone();
     out.push(resource(ENDPOINT, name, any(ENDPOINT, &cla)));
+}
+
+/// A `google.protobuf.Struct` of one string field (one entry: its encoding does not
+/// depend on a map's iteration order).
+fn string_struct(key: &str, value: &str) -> PbStruct {
+    PbStruct {
+        fields: [(
+            key.to_string(),
+            PbValue {
+                kind: Some(pb_value::Kind::StringValue(value.to_string())),
+            },
+        )]
+        .into(),
+    }
+}
+
+/// The metadata pinning an endpoint with accepted IDs `ids` to its
+/// `transport_socket_matches` entry ([`mtls_cluster`]).
+fn peer_metadata(ids: &std::collections::BTreeSet<&str>) -> Metadata {
+    Metadata {
+        filter_metadata: [(
+            TRANSPORT_SOCKET_MATCH.to_string(),
+            string_struct(PEER_MATCH_KEY, &peer_key(ids)),
+        )]
+        .into(),
+        ..Default::default()
+    }
 }
 
 /// An SDS secret: a TLS certificate (chain and key inline) or a validation context

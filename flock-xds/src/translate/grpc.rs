@@ -17,8 +17,11 @@ use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost}
 /// endpoints. Each VIP of the service adds a listener `<ip>:<port>` (IPv6 in
 /// brackets: the client dials `xds:///<ip>:<port>`) using the same route
 /// configuration, whose virtual host also lists those authorities. The endpoints are
-/// plaintext: proxyless clients get no TLS settings (an mTLS port's endpoints without
-/// an identity are still left out, `load_assignment`). Other ports give nothing.
+/// plaintext: proxyless clients get no TLS settings and so verify no server identity
+/// at all (an mTLS port's endpoints without an identity are still left out,
+/// `load_assignment`; the endpoints' `envoy.transport_socket_match` metadata, which
+/// pins each to its own identity in Envoy's mTLS clusters, means nothing to them).
+/// Other ports give nothing.
 ///
 /// The endpoints have the same priorities by distance from `opts.local_locality`
 /// as Envoy's (gRPC's xDS load balancing fails over by `LocalityLbEndpoints`

@@ -47,10 +47,13 @@
 //! certificate from the same trust domain (validation context secret named by the
 //! trust domain). Its outbound listener uses the routes `outbound|http|<id>`, whose
 //! clusters for service ports where any endpoint has an `identity` connect over
-//! mTLS, present the caller's certificate and accept only a server certificate
-//! naming one of those endpoints' IDs, each endpoint's `identity` and its
-//! `also_accept` IDs (an endpoint identity `spiffe://td/path/*`
-//! accepts any ID under `spiffe://td/path/`, a SAN prefix match). Never downgrade: an endpoint without an
+//! mTLS, present the caller's certificate and accept from each endpoint only a server
+//! certificate naming that endpoint's own IDs, its `identity` and its `also_accept`
+//! IDs (an endpoint identity `spiffe://td/path/*` accepts any ID under
+//! `spiffe://td/path/`, a SAN prefix match), never another endpoint's: one
+//! `transport_socket_matches` entry per distinct set of IDs, selected by the
+//! endpoint's `envoy.transport_socket_match` metadata (`flock.peer`), and a fallback
+//! socket that accepts no workload certificate. Never downgrade: an endpoint without an
 //! identity in such a port is left out of its endpoints ([`model::port_endpoints`]);
 //! only ports where no endpoint has an identity keep the plain cluster. The secrets
 //! must be in the mesh (the consistency check says which is missing). Pods without an

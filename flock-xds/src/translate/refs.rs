@@ -172,6 +172,13 @@ fn cluster_refs(c: &Cluster, refer: &mut dyn FnMut(&str, &str)) {
     if let Some(ts) = &c.transport_socket {
         transport_socket_refs(ts, false, refer);
     }
+    // The per-endpoint sockets refer to the same secrets (the caller's certificate and
+    // its trust bundle): checked all the same, so a broken one is not missed.
+    for m in &c.transport_socket_matches {
+        if let Some(ts) = &m.transport_socket {
+            transport_socket_refs(ts, false, refer);
+        }
+    }
 }
 
 fn transport_socket_refs(
