@@ -58,6 +58,10 @@ pub const KNOWN: &[&str] = &[
     "undo-unconditional",
     "gc-unsubscribe-unconditional",
     "issuance-any-node",
+    "xds-shared-connection-pool",
+    "xds-idle-connections-kept",
+    "xds-unbudgeted-subscriptions",
+    "xds-tls-no-reload",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile
