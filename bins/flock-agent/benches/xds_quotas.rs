@@ -1,7 +1,7 @@
 //! The xDS quotas under load, against a running `flock-agent` (a release build of the
 //! real binary, mTLS listener on, the default limits): 50 clients, each with its own
 //! SPIFFE ID and connection, hold a subscription the size of the per-connection budget
-//! (10,000 names of 100 bytes: 1,000,000 bytes, under the 1 MiB default), then 5,000
+//! (5,000 names of 100 bytes: 500,000 bytes, under the 512 KiB default), then 5,000
 //! TLS connections without a client certificate are opened at once (each refused if it
 //! asks for anything; the listener holds at most 1,024 of them, until the idle
 //! timeout). While they are held, an ADS client on the unix socket — the node's Envoy
@@ -26,8 +26,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 const NOFILE: u64 = 20_000;
 const BUDGET_CLIENTS: usize = 50;
-/// Names per budget client, and their length: 10,000 × 100 bytes = 1,000,000 bytes.
-const NAMES: usize = 10_000;
+/// Names per budget client, and their length: 5,000 × 100 bytes = 500,000 bytes.
+const NAMES: usize = 5_000;
 const NAME_LEN: usize = 100;
 const ANONYMOUS: usize = 5_000;
 const WAIT: Duration = Duration::from_secs(60);
@@ -307,7 +307,11 @@ async fn run() {
     let mut envoy = flock_xds::client::delta(channel).await.unwrap();
     envoy
         .send(DeltaDiscoveryRequest {
-            node: Some(flock_xds::client::node("envoy-n1")),
+            node: Some(envoy_types::pb::envoy::config::core::v3::Node {
+                id: "envoy-n1".into(),
+                user_agent_name: "envoy".into(),
+                ..Default::default()
+            }),
             type_url: flock_xds::types::CLUSTER.into(),
             resource_names_subscribe: vec!["*".into()],
             ..DeltaDiscoveryRequest::default()

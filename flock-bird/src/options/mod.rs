@@ -136,38 +136,38 @@ pub struct Flags {
     /// and the client's other streams, keep what they hold.
     #[arg(
         long,
-        default_value_t = 10_000,
+        default_value_t = 5_000,
         value_name = "N",
         help_heading = "xDS subscription budget"
     )]
     pub xds_budget_connection_names: usize,
     /// Bytes of resource names (lengths summed) one xDS connection may hold subscribed.
-    #[arg(long, default_value_t = 1 << 20, value_name = "BYTES", help_heading = "xDS subscription budget")]
+    #[arg(long, default_value_t = 512 << 10, value_name = "BYTES", help_heading = "xDS subscription budget")]
     pub xds_budget_connection_bytes: usize,
     /// Resource names one xDS client (its SPIFFE ID, or its uid on the unix socket) may
     /// hold subscribed across all its connections.
     #[arg(
         long,
-        default_value_t = 20_000,
+        default_value_t = 10_000,
         value_name = "N",
         help_heading = "xDS subscription budget"
     )]
     pub xds_budget_client_names: usize,
     /// Bytes of resource names one xDS client may hold subscribed across its connections.
-    #[arg(long, default_value_t = 2 << 20, value_name = "BYTES", help_heading = "xDS subscription budget")]
+    #[arg(long, default_value_t = 1 << 20, value_name = "BYTES", help_heading = "xDS subscription budget")]
     pub xds_budget_client_bytes: usize,
     /// Resource names every client of a listener kind may hold together: the unix
     /// socket's clients and the mTLS listener's each have this much, so remote clients
     /// cannot spend the node's Envoy's share.
     #[arg(
         long,
-        default_value_t = 200_000,
+        default_value_t = 250_000,
         value_name = "N",
         help_heading = "xDS subscription budget"
     )]
     pub xds_budget_total_names: usize,
     /// Bytes of resource names every client of a listener kind may hold together.
-    #[arg(long, default_value_t = 64 << 20, value_name = "BYTES", help_heading = "xDS subscription budget")]
+    #[arg(long, default_value_t = 32 << 20, value_name = "BYTES", help_heading = "xDS subscription budget")]
     pub xds_budget_total_bytes: usize,
     /// Concurrent xDS streams per connection (HTTP/2 MAX_CONCURRENT_STREAMS).
     #[arg(long, default_value_t = 100, value_name = "N")]

@@ -67,22 +67,24 @@ pub struct SubscriptionBudget {
 }
 
 impl Default for SubscriptionBudget {
-    /// 10,000 names / 1 MiB per connection, 20,000 / 2 MiB per client, 200,000 / 64
+    /// 5,000 names / 512 KiB per connection, 10,000 / 1 MiB per client, 250,000 / 32
     /// MiB per pool: a proxyless gRPC client names a few hundred services of about 100
-    /// bytes, the node's Envoy a few thousand clusters.
+    /// bytes, the node's Envoy a few thousand clusters; 50 clients each holding their
+    /// whole budget peaked the agent at 188 MiB in a debug build (the `xds_quotas`
+    /// bench of flock-agent).
     fn default() -> Self {
         Self {
             per_connection: Usage {
+                names: 5_000,
+                bytes: 512 << 10,
+            },
+            per_client: Usage {
                 names: 10_000,
                 bytes: 1 << 20,
             },
-            per_client: Usage {
-                names: 20_000,
-                bytes: 2 << 20,
-            },
             total: Usage {
-                names: 200_000,
-                bytes: 64 << 20,
+                names: 250_000,
+                bytes: 32 << 20,
             },
         }
     }
