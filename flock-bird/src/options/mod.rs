@@ -136,7 +136,7 @@ pub struct Flags {
     /// and the client's other streams, keep what they hold.
     #[arg(
         long,
-        default_value_t = 5_000,
+        default_value_t = 10_000,
         value_name = "N",
         help_heading = "xDS subscription budget"
     )]
@@ -148,7 +148,7 @@ pub struct Flags {
     /// hold subscribed across all its connections.
     #[arg(
         long,
-        default_value_t = 10_000,
+        default_value_t = 20_000,
         value_name = "N",
         help_heading = "xDS subscription budget"
     )]

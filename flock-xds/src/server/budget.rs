@@ -67,19 +67,20 @@ pub struct SubscriptionBudget {
 }
 
 impl Default for SubscriptionBudget {
-    /// 5,000 names / 512 KiB per connection, 10,000 / 1 MiB per client, 250,000 / 32
+    /// 10,000 names / 512 KiB per connection, 20,000 / 1 MiB per client, 250,000 / 32
     /// MiB per pool: a proxyless gRPC client names a few hundred services of about 100
-    /// bytes, the node's Envoy a few thousand clusters; 50 clients each holding their
-    /// whole budget peaked the agent at 188 MiB in a debug build (the `xds_quotas`
-    /// bench of flock-agent).
+    /// bytes, the node's Envoy a few thousand clusters (a stream holds at most 10,000
+    /// names anyway); 50 clients each holding their whole byte budget (5,000 names of
+    /// 100 bytes) peaked the agent at 188 MiB in a debug build (the `xds_quotas` bench
+    /// of flock-agent).
     fn default() -> Self {
         Self {
             per_connection: Usage {
-                names: 5_000,
+                names: 10_000,
                 bytes: 512 << 10,
             },
             per_client: Usage {
-                names: 10_000,
+                names: 20_000,
                 bytes: 1 << 20,
             },
             total: Usage {
