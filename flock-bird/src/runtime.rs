@@ -17,7 +17,8 @@ use flock_core::debounce::{Debounce, DebouncePoll};
 use flock_kube::watch::{KubeWatch, WatchOptions};
 use flock_xds::cache::Cache;
 use flock_xds::server::{
-    ConnectionLimits, Limits, Server, TlsSettings, bind_unix_with_mode, ensure_private_dir,
+    ConnectionLimits, Limits, Server, ServerTls, SubscriptionBudget, TlsSettings,
+    bind_unix_with_mode, ensure_private_dir,
 };
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -139,8 +140,16 @@ pub struct XdsTls {
 /// Operator-tunable bounds of the xDS listeners.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdsLimits {
-    /// Open connections at once, across the xDS listeners; one more is closed at once.
+    /// Open connections at once on the mTLS listener; one more is closed at once.
     pub max_connections: usize,
+    /// Open connections at once on the unix socket: a pool the TCP clients cannot take.
+    pub max_unix_connections: usize,
+    /// An mTLS connection without a completed handshake or an authorized stream for
+    /// this long is closed.
+    pub idle_timeout: Duration,
+    /// What a connection, a client and all clients of a listener kind may hold
+    /// subscribed.
+    pub subscription_budget: SubscriptionBudget,
     /// Concurrent streams per connection (HTTP/2 `MAX_CONCURRENT_STREAMS`).
     pub max_streams_per_connection: u32,
     /// A stream whose first request does not arrive within this ends `DEADLINE_EXCEEDED`.
@@ -153,6 +162,9 @@ impl Default for XdsLimits {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            max_unix_connections: 1024,
+            idle_timeout: Duration::from_secs(10),
+            subscription_budget: SubscriptionBudget::default(),
             max_streams_per_connection: 100,
             first_request_timeout: Duration::from_secs(10),
             max_open_streams: Limits::default().max_open_streams,
@@ -403,12 +415,15 @@ pub async fn run(
         .authorizer(AgentAuthorizer::new(opts.xds_access.clone()))
         .connection_limits(ConnectionLimits {
             max_connections: opts.xds_limits.max_connections,
+            max_unix_connections: opts.xds_limits.max_unix_connections,
+            idle_timeout: Some(opts.xds_limits.idle_timeout),
             max_concurrent_streams_per_connection: opts.xds_limits.max_streams_per_connection,
             ..ConnectionLimits::default()
         })
         .limits(Limits {
             first_request_timeout: opts.xds_limits.first_request_timeout,
             max_open_streams: opts.xds_limits.max_open_streams,
+            subscription_budget: opts.xds_limits.subscription_budget,
             ..Limits::default()
         })
         .build();
@@ -425,10 +440,14 @@ pub async fn run(
     let xds_tls = match &opts.xds_tls {
         Some(tls) => {
             let settings = read_tls_settings(tls)?;
+            let server_tls = Arc::new(
+                ServerTls::new(&settings)
+                    .context("the mTLS xDS listener's files (--xds-tls-cert, --xds-tls-key, --xds-tls-client-ca)")?,
+            );
             let listener = tokio::net::TcpListener::bind(tls.address)
                 .await
                 .with_context(|| format!("binding the xDS address {}", tls.address))?;
-            Some((listener, settings))
+            Some((listener, server_tls, tls.clone(), settings))
         }
         None => None,
     };
@@ -437,7 +456,7 @@ pub async fn run(
         None => None,
     };
     let bound = Bound {
-        xds: xds_tls.as_ref().and_then(|(l, _)| l.local_addr().ok()),
+        xds: xds_tls.as_ref().and_then(|(l, ..)| l.local_addr().ok()),
         xds_socket: opts.xds_socket.as_ref().map(|s| s.path.clone()),
         admin: admin_listener.local_addr()?,
     };
@@ -453,12 +472,20 @@ pub async fn run(
         },
         stopped(stop_rx.clone()),
     ));
-    if let Some((listener, settings)) = xds_tls {
+    if let Some((listener, server_tls, files, settings)) = xds_tls {
         let xds = xds.clone();
         let stop = stopped(stop_rx.clone());
+        let reload = Arc::clone(&server_tls);
         tasks.spawn(async move {
-            if let Err(e) = xds.serve_tls(listener, settings, stop).await {
+            if let Err(e) = xds.serve_tls_reloadable(listener, server_tls, stop).await {
                 tracing::error!("xDS server (mTLS) failed: {e}");
+            }
+        });
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = until_stopped(&mut stop) => {}
+                _ = reload_xds_tls(files, settings, reload, TLS_RELOAD_INTERVAL) => {}
             }
         });
     }
@@ -541,6 +568,66 @@ pub async fn run(
     xds.shutdown();
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// How often the mTLS listener's files are read for a rotation.
+pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Reads the mTLS listener's files every `every` and, when their content changed,
+/// gives the listener the new material: connections accepted after that are
+/// handshaken with it, established ones keep theirs. The files are rotated by whoever
+/// issues them (cert-manager, a mounted Secret, the operator), and a certificate read
+/// once would be served past its expiry. A set that does not load (a key that is not
+/// the certificate's, half-written PEM while the files are swapped one by one) is
+/// logged at `warn` once per content and the current material kept; the next change
+/// is tried again.
+async fn reload_xds_tls(
+    files: XdsTls,
+    mut current: TlsSettings,
+    server: Arc<ServerTls>,
+    every: Duration,
+) {
+    let mut refused: Option<TlsSettings> = None;
+    let same = |a: &TlsSettings, b: &TlsSettings| {
+        a.cert_chain_pem == b.cert_chain_pem
+            && *a.key_pem == *b.key_pem
+            && a.client_ca_pem == b.client_ca_pem
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let read = {
+            let files = files.clone();
+            tokio::task::spawn_blocking(move || read_tls_settings(&files)).await
+        };
+        let next = match read {
+            Ok(Ok(next)) => next,
+            Ok(Err(e)) => {
+                tracing::debug!("re-reading the xDS TLS files: {e:#}");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if same(&next, &current) || refused.as_ref().is_some_and(|r| same(r, &next)) {
+            continue;
+        }
+        match server.replace(&next) {
+            Ok(()) => {
+                tracing::info!(
+                    cert = %files.cert.display(),
+                    "xDS TLS certificate, key or client CA changed; new connections use them"
+                );
+                current = next;
+                refused = None;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    cert = %files.cert.display(),
+                    "the changed xDS TLS files do not load; keeping the current ones: {e}"
+                );
+                refused = Some(next);
+            }
+        }
+    }
 }
 
 /// Reads the mTLS files of `tls`; the key goes straight into a zeroizing buffer.

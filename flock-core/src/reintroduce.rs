@@ -65,6 +65,10 @@ pub const KNOWN: &[&str] = &[
     "xds-union-peer-identities",
     "registry-uncapped-node",
     "registry-any-scope",
+    "xds-shared-connection-pool",
+    "xds-idle-connections-kept",
+    "xds-unbudgeted-subscriptions",
+    "xds-tls-no-reload",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile

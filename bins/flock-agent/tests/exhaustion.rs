@@ -14,10 +14,19 @@
 //! (tonic) and plain unix sockets: real clients, no double. It belongs to the `peers`
 //! tier (it loads the machine for half a minute and needs the raised limit), though
 //! it needs no root.
+//!
+//! A second test floods the mTLS listener — clients without a certificate, and TCP
+//! connections that never start a handshake, without pause — while real Envoy starts
+//! on the unix socket: Envoy gets its clusters (the unix socket's connection slots are
+//! its own), the flood's connections are closed by the idle timeout and counted, a
+//! subscription over the budget is refused while a client within it is served.
 
 mod common;
 
-use common::{AGENT_BIN, ChildGuard, WAIT, http_get, wait_for, web_add_request};
+use common::{
+    AGENT_BIN, ChildGuard, WAIT, envoy_bin, http_get, reserve_port_for_child, wait_for,
+    web_add_request,
+};
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use flock_cni::client;
 use flock_cni::proto::v1::{AddPodRequest, Outcome};
@@ -118,6 +127,11 @@ struct Agent {
 
 impl Agent {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`Agent::start`] with `extra` flags.
+    fn start_with(extra: &[String]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("flock-exhaustion-")
             .tempdir()
@@ -142,6 +156,7 @@ impl Agent {
             .args(["--admin-address", "127.0.0.1:0"])
             .args(["--registry", "memory", "--identity", "none"])
             .args(["--probe-interval-ms", "60000"])
+            .args(extra)
             .env("RUST_LOG", "info");
         let mut proc = ChildGuard::spawn(cmd, dir.path().join("agent.log"));
         let admin = proc.bound_address("admin");
@@ -541,4 +556,263 @@ async fn idle_connections_and_silent_streams_do_not_exhaust_the_agent() {
         .await
         .expect("a CDS response after the storm");
     assert_eq!(resp.type_url, flock_xds::types::CLUSTER);
+}
+
+/// The SPIFFE ID the agent serves Envoy's resources to over mTLS.
+const ENVOY_ID: &str = "spiffe://cluster.local/ns/flock/sa/envoy";
+/// A proxyless gRPC client's SPIFFE ID.
+const GRPC_ID: &str = "spiffe://cluster.local/ns/default/sa/greeter";
+/// The idle timeout the second test gives the agent.
+const IDLE_SECS: u64 = 3;
+
+/// A TLS channel to `port` trusting `ca`, presenting `identity` if any.
+async fn tls_channel(
+    port: u16,
+    ca: &flock_testkit::pki::TestCa,
+    identity: Option<&flock_testkit::pki::Leaf>,
+) -> tonic::transport::Channel {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&ca.ca_pem))
+        .domain_name("localhost");
+    if let Some(leaf) = identity {
+        tls = tls.identity(Identity::from_pem(&leaf.cert_pem, &leaf.key_pem));
+    }
+    Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Envoy's dynamic active clusters, from its admin `/config_dump` (0 when it does not
+/// answer).
+fn envoy_clusters(admin: &str) -> usize {
+    let Ok((200, body)) = http_get(admin, "/config_dump") else {
+        return 0;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else {
+        return 0;
+    };
+    v["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["dynamic_active_clusters"].as_array())
+        .map(Vec::len)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_flood_does_not_keep_envoy_from_its_clusters_and_budgets_hold() {
+    raise_nofile();
+    let ca = flock_testkit::pki::TestCa::new("exhaustion");
+    let files = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = files.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let server = ca.server();
+    let flags: Vec<String> = [
+        "--xds-address",
+        "127.0.0.1:0",
+        "--xds-tls-cert",
+        &write("server.pem", &server.cert_pem),
+        "--xds-tls-key",
+        &write("server-key.pem", &server.key_pem),
+        "--xds-tls-client-ca",
+        &write("ca.pem", &ca.ca_pem),
+        "--xds-envoy-spiffe-id",
+        ENVOY_ID,
+        "--xds-idle-timeout",
+        &IDLE_SECS.to_string(),
+        "--xds-budget-connection-names",
+        "100",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut agent = Agent::start_with(&flags);
+    let port: u16 = agent
+        .proc
+        .bound_address("xds_mtls")
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("the xDS address's port");
+    // A meshed pod: Envoy's clusters.
+    let req = add_request(50_000);
+    let resp = client::call(&agent.cni_socket, ANSWER, |mut c| async move {
+        c.add_pod(req).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(resp.outcome, Outcome::Success as i32, "{}", resp.message);
+
+    // Clients without a certificate: each is refused, then holds its connection.
+    let mut anonymous = Vec::new();
+    for _ in 0..200 {
+        let channel = tls_channel(port, &ca, None).await;
+        let status = match flock_xds::client::delta(channel.clone()).await {
+            Err(status) => status,
+            Ok(mut ads) => {
+                let _ = ads.send(DeltaDiscoveryRequest {
+                    node: Some(flock_xds::client::node("envoy")),
+                    type_url: flock_xds::types::CLUSTER.into(),
+                    resource_names_subscribe: vec!["*".into()],
+                    ..DeltaDiscoveryRequest::default()
+                });
+                match ads.recv(WAIT).await {
+                    Err(flock_xds::client::RecvError::Status(status)) => status,
+                    other => panic!("a client without a certificate was served: {other:?}"),
+                }
+            }
+        };
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        anonymous.push(channel);
+    }
+    // And TCP connections that never start a handshake, 200 every 100 ms, until Envoy
+    // has its clusters: the TLS listener's slots stay taken throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut held = std::collections::VecDeque::new();
+            let mut opened = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..200 {
+                    if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                        held.push_back(s);
+                        opened += 1;
+                    }
+                    if held.len() > 5_000 {
+                        held.pop_front();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (opened, held)
+        })
+    };
+    wait_for("the TLS listener's slots to fill", WAIT, || {
+        sample(&agent.metrics(), "flock_xds_connections_open").is_some_and(|n| n >= 1024)
+    });
+    let refused_before = sample(&agent.metrics(), "flock_xds_connections_refused_total");
+
+    // Real Envoy on the unix socket.
+    let envoy_dir = tempfile::tempdir().unwrap();
+    let admin_port = reserve_port_for_child();
+    let out = Command::new(AGENT_BIN)
+        .args(["--node-name", "n1"])
+        .arg("--xds-socket")
+        .arg(&agent.xds_socket)
+        .args(["--envoy-admin-port", &admin_port.port().to_string()])
+        .arg("envoy-bootstrap")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config = envoy_dir.path().join("envoy.json");
+    std::fs::write(&config, &out.stdout).unwrap();
+    let base_id = 700_000 + std::process::id() % 50_000;
+    let mut cmd = Command::new(envoy_bin());
+    cmd.arg("-c")
+        .arg(&config)
+        .args(["--base-id", &base_id.to_string()])
+        .args(["--concurrency", "1", "--log-level", "warn"]);
+    let started = Instant::now();
+    let mut envoy = ChildGuard::spawn(cmd, envoy_dir.path().join("envoy.log"));
+    let envoy_admin = format!("127.0.0.1:{}", admin_port.port());
+    wait_for("Envoy on the unix socket to get its clusters", WAIT, || {
+        assert!(envoy.running(), "envoy exited:\n{}", envoy.log_text());
+        envoy_clusters(&envoy_admin) > 0
+    });
+    let to_clusters = started.elapsed();
+    let metrics = agent.metrics();
+    let refused_after = sample(&metrics, "flock_xds_connections_refused_total");
+    stop.store(true, Ordering::Relaxed);
+    // The flood's connections stay open (and silent) until the server closes them.
+    let (opened, flooded) = flood.join().unwrap();
+    println!(
+        "TLS flood: 200 clients without a certificate, {opened} connections without a \
+         handshake; Envoy (started during it) had its clusters {to_clusters:?} after its \
+         start; connections refused at accept meanwhile: {refused_before:?} -> {refused_after:?}"
+    );
+    assert!(
+        refused_after > refused_before,
+        "the TLS listener was at its cap while Envoy connected"
+    );
+
+    // The flood's connections are closed by the idle timeout and counted.
+    wait_for("the idle timeout to close the flood", WAIT, || {
+        let m = agent.metrics();
+        sample(&m, "flock_xds_connections_idle_closed_total").is_some_and(|n| n >= 200)
+            && sample(&m, "flock_xds_connections_handshake_timeout_total").is_some_and(|n| n > 0)
+            && sample(&m, "flock_xds_connections_open") == Some(1)
+    });
+    let metrics = agent.metrics();
+    println!(
+        "closed by the {IDLE_SECS} s idle timeout: {:?} without a stream, {:?} without a \
+         handshake",
+        sample(&metrics, "flock_xds_connections_idle_closed_total"),
+        sample(&metrics, "flock_xds_connections_handshake_timeout_total"),
+    );
+    drop((anonymous, flooded));
+
+    // A subscription over the connection budget (100 names) is refused; a client
+    // within it is served.
+    let grpc = tls_channel(port, &ca, Some(&ca.client(GRPC_ID))).await;
+    let mut over = flock_xds::client::delta(grpc).await.unwrap();
+    over.send(DeltaDiscoveryRequest {
+        node: Some(flock_xds::client::node("greeter")),
+        type_url: flock_xds::types::ENDPOINT.into(),
+        resource_names_subscribe: (0..101).map(|i| format!("svc-{i}")).collect(),
+        ..DeltaDiscoveryRequest::default()
+    })
+    .unwrap();
+    match over.recv(WAIT).await {
+        Err(flock_xds::client::RecvError::Status(status)) => {
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+            assert!(
+                status
+                    .message()
+                    .contains("subscription_budget.per_connection"),
+                "{status:?}"
+            );
+        }
+        other => panic!("a subscription over the budget was served: {other:?}"),
+    }
+    let within = tls_channel(port, &ca, Some(&ca.client(ENVOY_ID))).await;
+    let mut within = flock_xds::client::delta(within).await.unwrap();
+    within
+        .send(DeltaDiscoveryRequest {
+            node: Some(flock_xds::client::node("remote-envoy")),
+            type_url: flock_xds::types::CLUSTER.into(),
+            resource_names_subscribe: vec!["*".into()],
+            ..DeltaDiscoveryRequest::default()
+        })
+        .unwrap();
+    let cds = within
+        .recv(WAIT)
+        .await
+        .expect("a client within budget is served");
+    assert!(!cds.resources.is_empty());
+    assert!(envoy_clusters(&envoy_admin) > 0, "Envoy keeps its clusters");
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "flock_xds_streams_refused_total{reason=\"subscription_budget\"}"
+        ),
+        Some(1)
+    );
+    let rss = agent.rss();
+    println!("agent RSS after the flood: {rss} KiB");
+    assert!(rss < RSS_BOUND_KIB, "agent RSS {rss} KiB");
+    drop(envoy);
+    agent.proc.signal("TERM");
 }

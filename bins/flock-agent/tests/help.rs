@@ -53,6 +53,13 @@ fn help_names_every_flag_group() {
         "--remove-startup-taint [<BOOL>]",
         "Transparent capture:",
         "--capture <MODE>",
+        // The xDS quotas.
+        "--xds-max-unix-connections <N>",
+        "--xds-idle-timeout <SECS>",
+        "xDS subscription budget:",
+        "--xds-budget-connection-names <N>",
+        "--xds-budget-client-bytes <BYTES>",
+        "--xds-budget-total-names <N>",
         // Subcommands.
         "envoy-bootstrap",
         "ca ",

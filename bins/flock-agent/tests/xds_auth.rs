@@ -517,6 +517,63 @@ async fn a_tls_client_of_the_trust_domain_gets_only_non_secret_resources() {
     }
 }
 
+/// The agent's mTLS listener picks up a rotated certificate, key and client CA
+/// without a restart: the files are replaced by ones of a new CA, and a new connection
+/// that trusts only the new CA, with a client certificate of it, is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mtls_listener_serves_rotated_certificates_without_a_restart() {
+    let pki = Pki::new();
+    let (_agent, port, _pod) = tls_agent(&pki).await;
+    let before = pki.channel(port, Some(&pki.client(GRPC_ID))).await;
+
+    let new_ca = TestCa::new("rotated xDS CA");
+    let try_new = async || {
+        let client = new_ca.client(GRPC_ID);
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&new_ca.ca_pem))
+            .domain_name("localhost")
+            .identity(Identity::from_pem(&client.cert_pem, &client.key_pem));
+        Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+    };
+    assert!(
+        try_new().await.is_err(),
+        "a client of the new CA cannot verify the old certificate"
+    );
+    // Each file replaced by a rename, as a Secret volume or cert-manager does.
+    let server = new_ca.server();
+    for (name, text) in [
+        ("server.pem", &server.cert_pem),
+        ("server-key.pem", &server.key_pem),
+        ("ca.pem", &new_ca.ca_pem),
+    ] {
+        let tmp = pki.dir.path().join(format!(".{name}.new"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, pki.dir.path().join(name)).unwrap();
+    }
+    let rotated = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(channel) = try_new().await {
+                return channel;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!("after the rotation a new connection still got the old certificate ({WAIT:?})")
+    });
+    assert!(
+        listeners_of(&rotated).await > 0,
+        "served with the new client CA"
+    );
+    drop(before);
+}
+
 /// How many listeners a SotW wildcard LDS request on `channel` returns (0 on error).
 async fn listeners_of(channel: &Channel) -> usize {
     let Ok(mut ads) = client::sotw(channel.clone()).await else {

@@ -16,6 +16,7 @@ use crate::runtime::{self, IdentitySource, KubeOptions, XdsLimits, XdsSocket, Xd
 use caps::Capability;
 use flock_core::access::{AccessPolicy, check_listen_addr};
 use flock_core::capture::policy::{NodeCapture, Setting, parse_cidr_list, parse_port_list};
+use flock_xds::server::{SubscriptionBudget, Usage};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -111,10 +112,63 @@ pub struct Flags {
     /// resources with secrets (repeatable).
     #[arg(long = "xds-envoy-spiffe-id", value_name = "SPIFFE_ID")]
     pub xds_envoy_spiffe_ids: Vec<String>,
-    /// Open xDS connections at once, across the xDS listeners; one more is closed at
-    /// once and counted.
+    /// Open xDS connections at once on the mTLS listener (--xds-address); one more is
+    /// closed at once and counted. The unix socket has its own cap
+    /// (--xds-max-unix-connections), which these clients cannot take.
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub xds_max_connections: usize,
+    /// Open xDS connections at once on the unix socket (the node's Envoy), a pool of
+    /// its own: clients of the TCP listener, with a certificate or without, cannot
+    /// use it up.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub xds_max_unix_connections: usize,
+    /// Close an mTLS xDS connection that has not completed its TLS handshake, or
+    /// carries no authorized stream (it opened none, or only refused ones such as a
+    /// client without a certificate), for this many seconds from its accept or from
+    /// the end of its last stream. Counted in flock_xds_connections_idle_closed_total
+    /// and flock_xds_connections_handshake_timeout_total.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub xds_idle_timeout: u64,
+    /// Subscription budget: resource names the streams of one xDS connection may hold
+    /// subscribed at once. A request over any budget ends its stream with
+    /// RESOURCE_EXHAUSTED naming the budget (logged once per client, counted in
+    /// flock_xds_streams_refused_total{reason="subscription_budget"}); other clients,
+    /// and the client's other streams, keep what they hold.
+    #[arg(
+        long,
+        default_value_t = 10_000,
+        value_name = "N",
+        help_heading = "xDS subscription budget"
+    )]
+    pub xds_budget_connection_names: usize,
+    /// Bytes of resource names (lengths summed) one xDS connection may hold subscribed.
+    #[arg(long, default_value_t = 512 << 10, value_name = "BYTES", help_heading = "xDS subscription budget")]
+    pub xds_budget_connection_bytes: usize,
+    /// Resource names one xDS client (its SPIFFE ID, or its uid on the unix socket) may
+    /// hold subscribed across all its connections.
+    #[arg(
+        long,
+        default_value_t = 20_000,
+        value_name = "N",
+        help_heading = "xDS subscription budget"
+    )]
+    pub xds_budget_client_names: usize,
+    /// Bytes of resource names one xDS client may hold subscribed across its connections.
+    #[arg(long, default_value_t = 1 << 20, value_name = "BYTES", help_heading = "xDS subscription budget")]
+    pub xds_budget_client_bytes: usize,
+    /// Resource names every client of a listener kind may hold together: the unix
+    /// socket's clients and the mTLS listener's each have this much, so remote clients
+    /// cannot spend the node's Envoy's share.
+    #[arg(
+        long,
+        default_value_t = 250_000,
+        value_name = "N",
+        help_heading = "xDS subscription budget"
+    )]
+    pub xds_budget_total_names: usize,
+    /// Bytes of resource names every client of a listener kind may hold together.
+    #[arg(long, default_value_t = 32 << 20, value_name = "BYTES", help_heading = "xDS subscription budget")]
+    pub xds_budget_total_bytes: usize,
     /// Concurrent xDS streams per connection (HTTP/2 MAX_CONCURRENT_STREAMS).
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub xds_max_streams: u32,
@@ -472,6 +526,22 @@ impl Options {
                 max_streams_per_connection: flags.xds_max_streams.max(1),
                 first_request_timeout: Duration::from_secs(flags.xds_first_request_timeout.max(1)),
                 max_open_streams: flags.xds_max_open_streams.max(1),
+                max_unix_connections: flags.xds_max_unix_connections.max(1),
+                idle_timeout: Duration::from_secs(flags.xds_idle_timeout.max(1)),
+                subscription_budget: SubscriptionBudget {
+                    per_connection: Usage {
+                        names: flags.xds_budget_connection_names,
+                        bytes: flags.xds_budget_connection_bytes,
+                    },
+                    per_client: Usage {
+                        names: flags.xds_budget_client_names,
+                        bytes: flags.xds_budget_client_bytes,
+                    },
+                    total: Usage {
+                        names: flags.xds_budget_total_names,
+                        bytes: flags.xds_budget_total_bytes,
+                    },
+                },
             },
             admin_address: flags.admin_address,
             admin_max_connections: flags.admin_max_connections,

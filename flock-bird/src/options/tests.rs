@@ -60,6 +60,9 @@ fn every_default_is_the_documented_one() {
             max_streams_per_connection: 100,
             first_request_timeout: Duration::from_secs(10),
             max_open_streams: 4096,
+            max_unix_connections: 1024,
+            idle_timeout: Duration::from_secs(10),
+            subscription_budget: flock_xds::server::SubscriptionBudget::default(),
         }
     );
     assert_eq!(rt.admin_address, "127.0.0.1:18090".parse().unwrap());
@@ -124,6 +127,10 @@ fn intervals_and_limits_below_their_floor_are_raised_to_it() {
         "0",
         "--xds-first-request-timeout",
         "0",
+        "--xds-max-unix-connections",
+        "0",
+        "--xds-idle-timeout",
+        "0",
     ])
     .unwrap();
     assert_eq!(o.runtime.agent.liveness.interval_ms, MIN_PROBE_INTERVAL_MS);
@@ -135,6 +142,9 @@ fn intervals_and_limits_below_their_floor_are_raised_to_it() {
             max_streams_per_connection: 1,
             first_request_timeout: Duration::from_secs(1),
             max_open_streams: 1,
+            max_unix_connections: 1,
+            idle_timeout: Duration::from_secs(1),
+            subscription_budget: flock_xds::server::SubscriptionBudget::default(),
         }
     );
     // Above the floor a value is taken as given.

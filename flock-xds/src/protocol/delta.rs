@@ -309,6 +309,34 @@ pub fn names_after(current: Option<&Subscription>, req: &DeltaRequest) -> usize 
     held + added.len() - removed
 }
 
+/// The bytes of the names subscribed once `req` is applied (see [`names_after`]).
+pub fn bytes_after(current: Option<&Subscription>, req: &DeltaRequest) -> usize {
+    use std::collections::HashSet;
+    let held = current.map_or(0, Subscription::bytes);
+    let is_current = |n: &str| current.is_some_and(|s| s.names.contains(n));
+    let unsubscribe: HashSet<&str> = req
+        .resource_names_unsubscribe
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != WILDCARD)
+        .collect();
+    let added: usize = req
+        .resource_names_subscribe
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != WILDCARD && !is_current(n) && !unsubscribe.contains(n))
+        .collect::<HashSet<&str>>()
+        .iter()
+        .map(|n| n.len())
+        .sum();
+    let removed: usize = unsubscribe
+        .iter()
+        .filter(|n| is_current(n))
+        .map(|n| n.len())
+        .sum();
+    held + added - removed
+}
+
 impl<V> fmt::Debug for DeltaState<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeltaState")

@@ -49,6 +49,11 @@ impl Subscription {
         &self.names
     }
 
+    /// The bytes of the names subscribed explicitly (their lengths summed).
+    pub fn bytes(&self) -> usize {
+        self.names.iter().map(|n| n.len()).sum()
+    }
+
     /// Whether `name` is subscribed, explicitly or by wildcard.
     pub fn contains(&self, name: &str) -> bool {
         self.is_wildcard() || self.names.contains(name)

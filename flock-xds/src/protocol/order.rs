@@ -78,6 +78,8 @@ pub trait TypeMachine<V> {
     fn state_stats(&self) -> StreamStats;
     /// How many names the type's subscription holds (`*` not counted).
     fn subscription_names(&self) -> usize;
+    /// Bytes of the names explicitly subscribed (their lengths summed).
+    fn subscription_bytes(&self) -> usize;
     /// Whether a response of this type is out and not yet ACKed or NACKed.
     fn awaits_ack(&self) -> bool;
     /// Whether the client receives every resource of the type (`*` or the legacy
@@ -104,6 +106,9 @@ impl<V> TypeMachine<V> for SotwState<V> {
     }
     fn subscription_names(&self) -> usize {
         self.subscription().names().len()
+    }
+    fn subscription_bytes(&self) -> usize {
+        self.subscription().bytes()
     }
     fn awaits_ack(&self) -> bool {
         self.awaiting_ack()
@@ -136,6 +141,9 @@ impl<V> TypeMachine<V> for DeltaState<V> {
     }
     fn subscription_names(&self) -> usize {
         self.subscription().names().len()
+    }
+    fn subscription_bytes(&self) -> usize {
+        self.subscription().bytes()
     }
     fn awaits_ack(&self) -> bool {
         self.awaiting_ack()
@@ -262,6 +270,17 @@ impl<V, M: TypeMachine<V>> Ads<V, M> {
             .sum()
     }
 
+    /// Bytes of the names explicitly subscribed on the stream, summed over its types
+    /// except `type_url` (what a byte budget is checked against, with the type of a
+    /// request replaced by what the request leaves).
+    fn subscribed_bytes_except(&self, type_url: &str) -> usize {
+        self.machines
+            .iter()
+            .filter(|(t, _)| &***t != type_url)
+            .map(|(_, m)| m.subscription_bytes())
+            .sum()
+    }
+
     /// The stream's state size (all types).
     pub fn stats(&self) -> StreamStats {
         self.machines
@@ -324,6 +343,12 @@ impl<V> Ads<V, SotwState<V>> {
     pub fn subscribed_names_after(&self, req: &SotwRequest) -> usize {
         self.subscribed_names_except(&req.type_url) + super::sotw::names_after(req)
     }
+
+    /// The bytes of the names subscribed on the stream once `req` would be applied
+    /// (see [`subscribed_names_after`](Self::subscribed_names_after)).
+    pub fn subscribed_bytes_after(&self, req: &SotwRequest) -> usize {
+        self.subscribed_bytes_except(&req.type_url) + super::sotw::bytes_after(req)
+    }
 }
 
 impl<V> Ads<V, DeltaState<V>> {
@@ -339,6 +364,14 @@ impl<V> Ads<V, DeltaState<V>> {
         let current = self.machines.get(req.type_url.as_str());
         self.subscribed_names_except(&req.type_url)
             + super::delta::names_after(current.map(DeltaState::subscription), req)
+    }
+
+    /// The bytes of the names subscribed on the stream once `req` would be applied
+    /// (see [`subscribed_names_after`](Self::subscribed_names_after)).
+    pub fn subscribed_bytes_after(&self, req: &DeltaRequest) -> usize {
+        let current = self.machines.get(req.type_url.as_str());
+        self.subscribed_bytes_except(&req.type_url)
+            + super::delta::bytes_after(current.map(DeltaState::subscription), req)
     }
 }
 

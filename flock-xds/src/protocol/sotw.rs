@@ -202,6 +202,18 @@ pub fn names_after(req: &SotwRequest) -> usize {
         .len()
 }
 
+/// The bytes of the distinct names `req` subscribes (see [`names_after`]).
+pub fn bytes_after(req: &SotwRequest) -> usize {
+    req.resource_names
+        .iter()
+        .filter(|n| *n != WILDCARD)
+        .map(String::as_str)
+        .collect::<std::collections::HashSet<&str>>()
+        .iter()
+        .map(|n| n.len())
+        .sum()
+}
+
 /// The subscription a SotW request expresses. `resource_names` is complete: `*` means
 /// everything; an empty list means everything only under the legacy rule (first
 /// request of LDS/CDS, and for as long as the list stays empty); after a non-empty

@@ -18,6 +18,9 @@ use envoy_types::pb::google::protobuf::Any;
 use std::time::Duration;
 use tonic::Status;
 
+#[cfg(doc)]
+use super::SubscriptionBudget;
+
 /// Most characters of a client-supplied string quoted back in an error message.
 pub(crate) const PREVIEW_CHARS: usize = 64;
 
@@ -59,6 +62,9 @@ pub struct Limits {
     /// request). A stream over it ends at once with `RESOURCE_EXHAUSTED`; streams
     /// already open are unaffected.
     pub max_open_streams: usize,
+    /// What a connection, a client and all clients of a pool of listeners may hold
+    /// subscribed at once, in names and bytes of names (see [`SubscriptionBudget`]).
+    pub subscription_budget: super::SubscriptionBudget,
 }
 
 impl Default for Limits {
@@ -75,6 +81,7 @@ impl Default for Limits {
             max_user_agent_len: 128,
             first_request_timeout: Duration::from_secs(10),
             max_open_streams: 4096,
+            subscription_budget: super::SubscriptionBudget::default(),
         }
     }
 }

@@ -16,10 +16,30 @@
 //!
 //! # Connection bounds
 //!
-//! Every listener counts its connections against [`ConnectionLimits::max_connections`]
-//! (server-wide, across listeners): a connection over the cap is closed as soon as it
-//! is accepted and counted in `flock_xds_connections_refused_total`; the gauge
-//! `flock_xds_connections_open` follows the rest. Each connection may carry at most
+//! Connections count against one of two caps: TCP and TLS listeners against
+//! [`ConnectionLimits::max_connections`], unix-socket listeners against
+//! [`ConnectionLimits::max_unix_connections`] (each server-wide, across the listeners
+//! of its kind). The two are separate so that clients who can reach the TCP port —
+//! with a certificate or without one — cannot take the slots the node's Envoy needs on
+//! the unix socket. A connection over its cap is closed as soon as it is accepted and
+//! counted in `flock_xds_connections_refused_total`; the gauge
+//! `flock_xds_connections_open` follows the rest.
+//!
+//! A TCP/TLS connection holds its slot only while it carries an authorized stream:
+//! one that has not completed its TLS handshake, or carries no stream the authorizer
+//! allowed (it opened none, or only refused ones, e.g. a client without a
+//! certificate), for [`ConnectionLimits::idle_timeout`] is closed and counted in
+//! `flock_xds_connections_idle_closed_total` (`..._handshake_timeout_total` when the
+//! handshake was not done). The timer starts at accept and again whenever the
+//! connection's last stream ends. Unix-socket connections have no idle timeout (only
+//! allowed uids can open one).
+//!
+//! TLS handshakes run beside the accept loop (a slow client never holds up others),
+//! each with the [`ServerTls`] configuration current at its accept, so a rotated
+//! certificate, key or CA bundle is used by every new connection
+//! ([`Server::serve_tls_reloadable`]).
+//!
+//! Each connection may carry at most
 //! [`ConnectionLimits::max_concurrent_streams_per_connection`] streams (HTTP/2
 //! `SETTINGS_MAX_CONCURRENT_STREAMS`; without it hyper allows any number).
 //!
@@ -34,7 +54,9 @@
 use super::Server;
 use super::auth::{RefusalReason, Refusals};
 use super::coalesce::Coalescing;
+use super::conn::{ConnInfo, ConnState, Pool};
 use super::metrics::Metrics;
+use super::tls::ServerTls;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
 use prometheus_client::metrics::MetricType;
@@ -57,8 +79,16 @@ use zeroize::Zeroizing;
 /// Bounds on the connections of one [`Server`] (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionLimits {
-    /// Connections open at once, across every listener of the server (default 1024).
+    /// Connections open at once, across the server's TCP and TLS listeners (default
+    /// 1024).
     pub max_connections: usize,
+    /// Connections open at once, across the server's unix-socket listeners (default
+    /// 1024): a pool of its own, which TCP/TLS clients cannot take.
+    pub max_unix_connections: usize,
+    /// How long a TCP/TLS connection may go without an authorized stream (from its
+    /// accept, handshake included, or from the end of its last stream) before it is
+    /// closed (default 10 s; `None`: never, and TLS handshakes get 10 s).
+    pub idle_timeout: Option<Duration>,
     /// Streams open at once on one connection (default 100).
     pub max_concurrent_streams_per_connection: u32,
     /// The pause after an accept error.
@@ -69,6 +99,8 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            max_unix_connections: 1024,
+            idle_timeout: Some(Duration::from_secs(10)),
             max_concurrent_streams_per_connection: 100,
             accept_error_backoff: AcceptBackoff::default(),
         }
@@ -138,8 +170,8 @@ const MAX_PEM_BYTES: usize = 1 << 20;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl TlsSettings {
-    fn server_config(&self) -> io::Result<tonic::transport::ServerTlsConfig> {
-        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    /// Every PEM input present and under [`MAX_PEM_BYTES`].
+    pub(crate) fn check(&self) -> io::Result<()> {
         for (what, pem) in [
             ("cert_chain_pem", self.cert_chain_pem.as_str()),
             ("key_pem", self.key_pem.as_str()),
@@ -163,18 +195,7 @@ impl TlsSettings {
                 ));
             }
         }
-        // tonic copies the key into its own buffer for rustls; ours is wiped on drop.
-        Ok(ServerTlsConfig::new()
-            .identity(Identity::from_pem(
-                &self.cert_chain_pem,
-                self.key_pem.as_bytes(),
-            ))
-            .client_ca_root(Certificate::from_pem(&self.client_ca_pem))
-            // A client without a certificate completes the handshake and is refused by
-            // the authorizer (UNAUTHENTICATED, logged, counted) instead of failing the
-            // handshake with an error no client surfaces well.
-            .client_auth_optional(true)
-            .timeout(TLS_HANDSHAKE_TIMEOUT))
+        Ok(())
     }
 }
 
@@ -196,6 +217,16 @@ impl TransportMetrics {
             "flock_xds_connections_refused",
             "xDS connections closed at accept because the server was at its connection cap",
             self.connections.refused.clone(),
+        );
+        registry.register(
+            "flock_xds_connections_idle_closed",
+            "TCP/TLS xDS connections closed for carrying no authorized stream for the idle timeout",
+            self.connections.idle_closed.clone(),
+        );
+        registry.register(
+            "flock_xds_connections_handshake_timeout",
+            "TLS xDS connections closed for not completing the handshake within the idle timeout",
+            self.connections.handshake_timeouts.clone(),
         );
         registry.register_collector(Box::new(RefusalsCollector(Arc::clone(&self.refusals))));
     }
@@ -233,7 +264,22 @@ impl Metrics {
 
     /// Connections open now, across the server's listeners.
     pub fn connections_open(&self) -> u64 {
-        self.transport.connections.open.load(Ordering::Relaxed) as u64
+        self.transport
+            .connections
+            .open
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed) as u64)
+            .sum()
+    }
+
+    /// TCP/TLS connections closed by the idle timeout after their handshake.
+    pub fn connections_idle_closed(&self) -> u64 {
+        self.transport.connections.idle_closed.get()
+    }
+
+    /// TLS connections closed by the idle timeout before their handshake completed.
+    pub fn connections_handshake_timeouts(&self) -> u64 {
+        self.transport.connections.handshake_timeouts.get()
     }
 
     /// Connections closed at accept because the server was at its cap.
@@ -242,35 +288,37 @@ impl Metrics {
     }
 }
 
-/// The open connections of one server.
+/// The open connections of one server, per pool.
 #[derive(Debug, Default)]
 pub(crate) struct Connections {
-    open: AtomicUsize,
+    open: [AtomicUsize; 2],
     gauge: Gauge,
     refused: Counter,
-    /// Whether the cap was hit since the last connection under it: one `warn` per
-    /// episode, not one per refused connection.
-    saturated: AtomicBool,
+    idle_closed: Counter,
+    handshake_timeouts: Counter,
+    /// Whether the pool's cap was hit since the last connection under it: one `warn`
+    /// per episode, not one per refused connection.
+    saturated: [AtomicBool; 2],
 }
 
 impl Connections {
-    /// Takes a slot if fewer than `max` are open.
-    fn try_open(self: &Arc<Self>, max: usize) -> Option<ConnGuard> {
-        let taken = self
-            .open
+    /// Takes a slot of `pool` if fewer than `max` of its slots are open.
+    fn try_open(self: &Arc<Self>, pool: Pool, max: usize) -> Option<ConnGuard> {
+        let taken = self.open[pool as usize]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
             .is_ok();
         if taken {
             self.gauge.inc();
-            self.saturated.store(false, Ordering::Relaxed);
-            Some(ConnGuard(Arc::clone(self)))
+            self.saturated[pool as usize].store(false, Ordering::Relaxed);
+            Some(ConnGuard(Arc::clone(self), pool))
         } else {
             self.refused.inc();
-            if !self.saturated.swap(true, Ordering::Relaxed) {
+            if !self.saturated[pool as usize].swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     max_connections = max,
+                    listeners = ?pool,
                     "xDS server at its connection cap; closing new connections until one ends"
                 );
             }
@@ -282,11 +330,11 @@ impl Connections {
 /// One open connection's slot, given back on drop (when the connection ends, or when
 /// its TLS handshake fails).
 #[derive(Debug)]
-pub(crate) struct ConnGuard(Arc<Connections>);
+pub(crate) struct ConnGuard(Arc<Connections>, Pool);
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.open[self.1 as usize].fetch_sub(1, Ordering::AcqRel);
         self.0.gauge.dec();
     }
 }
@@ -294,11 +342,14 @@ impl Drop for ConnGuard {
 /// A listener the accept loop can poll.
 pub(crate) trait Accept: Send + Unpin + 'static {
     type Io: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static;
+    /// The connection cap its connections count against.
+    const POOL: Pool;
     fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Self::Io>>;
 }
 
 impl Accept for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
+    const POOL: Pool = Pool::Tcp;
     fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Self::Io>> {
         tokio::net::TcpListener::poll_accept(self, cx).map_ok(|(stream, _)| {
             // gRPC messages are small and latency-bound (Nagle would hold ACKs back).
@@ -310,6 +361,7 @@ impl Accept for tokio::net::TcpListener {
 
 impl Accept for tokio::net::UnixListener {
     type Io = tokio::net::UnixStream;
+    const POOL: Pool = Pool::Unix;
     fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Self::Io>> {
         tokio::net::UnixListener::poll_accept(self, cx).map_ok(|(stream, _)| stream)
     }
@@ -346,7 +398,11 @@ pub(crate) fn accept_error_action(e: &io::Error) -> AcceptErrorAction {
 pub(crate) struct Incoming<A> {
     listener: A,
     connections: Arc<Connections>,
+    pool: Pool,
     max_connections: usize,
+    idle_timeout: Option<Duration>,
+    /// Whether connections are ready for HTTP/2 at accept (not TLS).
+    established: bool,
     backoff: AcceptBackoff,
     errors: u32,
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -358,10 +414,28 @@ impl<A: Accept> Incoming<A> {
         connections: Arc<Connections>,
         limits: &ConnectionLimits,
     ) -> Self {
+        let (pool, max_connections) = match A::POOL {
+            // The bug: the unix socket shares the TCP/TLS listeners' cap, so clients
+            // without a certificate can take every slot the node's Envoy needs.
+            Pool::Unix if flock_core::reintroduced!("xds-shared-connection-pool") => {
+                (Pool::Tcp, limits.max_connections)
+            }
+            Pool::Unix => (Pool::Unix, limits.max_unix_connections),
+            Pool::Tcp => (Pool::Tcp, limits.max_connections),
+        };
+        let idle_timeout = match A::POOL {
+            Pool::Tcp if !flock_core::reintroduced!("xds-idle-connections-kept") => {
+                limits.idle_timeout
+            }
+            _ => None,
+        };
         Self {
             listener,
             connections,
-            max_connections: limits.max_connections,
+            pool,
+            max_connections,
+            idle_timeout,
+            established: true,
             backoff: limits.accept_error_backoff,
             errors: 0,
             pause: None,
@@ -382,10 +456,19 @@ impl<A: Accept> tokio_stream::Stream for Incoming<A> {
             match ready!(this.listener.poll_accept(cx)) {
                 Ok(io) => {
                     this.errors = 0;
-                    match this.connections.try_open(this.max_connections) {
+                    match this.connections.try_open(this.pool, this.max_connections) {
                         Some(slot) => {
+                            let state = ConnState::new(this.pool, this.established);
+                            let idle = this.idle_timeout.map(|timeout| IdleTimer {
+                                timeout,
+                                sleep: Box::pin(tokio::time::sleep(timeout)),
+                                busy: false,
+                                connections: Arc::clone(&this.connections),
+                            });
                             return Poll::Ready(Some(Ok(Counted {
                                 io: Coalescing::new(io),
+                                state,
+                                idle,
                                 _slot: slot,
                             })));
                         }
@@ -419,16 +502,70 @@ impl<A: Accept> tokio_stream::Stream for Incoming<A> {
 }
 
 /// An accepted connection holding its slot under the cap, its writes coalesced
-/// ([`Coalescing`]).
+/// ([`Coalescing`]), closed by its idle timer if it has one.
 pub(crate) struct Counted<Io> {
     io: Coalescing<Io>,
+    state: Arc<ConnState>,
+    idle: Option<IdleTimer>,
     _slot: ConnGuard,
 }
 
+/// Closes a connection that carries no authorized stream for `timeout` (see the
+/// module docs). Checked on every read: hyper and the TLS handshake always keep a read
+/// pending, and the end of the connection's last stream wakes that read.
+struct IdleTimer {
+    timeout: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Whether a stream was active at the last check (the timer restarts when the
+    /// last one ends).
+    busy: bool,
+    connections: Arc<Connections>,
+}
+
+impl IdleTimer {
+    fn check(&mut self, state: &ConnState, cx: &mut Context<'_>) -> io::Result<()> {
+        state.register(cx.waker());
+        if state.active() > 0 {
+            self.busy = true;
+            return Ok(());
+        }
+        if self.busy {
+            self.busy = false;
+            self.sleep
+                .as_mut()
+                .reset(tokio::time::Instant::now() + self.timeout);
+        }
+        if self.sleep.as_mut().poll(cx).is_pending() {
+            return Ok(());
+        }
+        let what = if state.established() {
+            self.connections.idle_closed.inc();
+            "carried no authorized stream"
+        } else {
+            self.connections.handshake_timeouts.inc();
+            "did not complete its TLS handshake"
+        };
+        tracing::debug!(timeout = ?self.timeout, "xDS connection {what}; closing it");
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the connection {what} within {:?}", self.timeout),
+        ))
+    }
+}
+
+impl<Io> Counted<Io> {
+    pub(crate) fn state(&self) -> &Arc<ConnState> {
+        &self.state
+    }
+}
+
 impl<Io: Connected> Connected for Counted<Io> {
-    type ConnectInfo = Io::ConnectInfo;
+    type ConnectInfo = ConnInfo<Io::ConnectInfo>;
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.get_ref().connect_info()
+        ConnInfo {
+            inner: self.io.get_ref().connect_info(),
+            state: Arc::clone(&self.state),
+        }
     }
 }
 
@@ -438,7 +575,11 @@ impl<Io: AsyncRead + Unpin> AsyncRead for Counted<Io> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        if let Some(idle) = this.idle.as_mut() {
+            idle.check(&this.state, cx)?;
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 
@@ -469,12 +610,11 @@ impl<Io: AsyncWrite + Unpin> AsyncWrite for Counted<Io> {
 }
 
 impl Server {
-    /// Serves `incoming` until `shutdown` resolves, then ends every stream (see
+    /// Serves `listener` until `shutdown` resolves, then ends every stream (see
     /// [`Server::shutdown`]).
     async fn serve_incoming<A: Accept>(
         &self,
         listener: A,
-        tls: Option<&TlsSettings>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> io::Result<()> {
         let incoming = Incoming::new(
@@ -482,14 +622,8 @@ impl Server {
             Arc::clone(&self.inner.metrics.transport.connections),
             &self.inner.connection_limits,
         );
-        let mut builder = self.transport_builder();
-        if let Some(tls) = tls {
-            builder = builder.tls_config(tls.server_config()?).map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidInput, format!("TLS settings: {e}"))
-            })?;
-        }
         let this = self.clone();
-        self.routes(builder)
+        self.routes(self.transport_builder())
             .serve_with_incoming_shutdown(incoming, async move {
                 shutdown.await;
                 this.shutdown();
@@ -508,7 +642,7 @@ impl Server {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> io::Result<()> {
-        self.serve_incoming(listener, None, shutdown).await
+        self.serve_incoming(listener, shutdown).await
     }
 
     /// Serves gRPC over mutual TLS on a bound TCP listener until `shutdown` resolves.
@@ -523,7 +657,73 @@ impl Server {
         tls: TlsSettings,
         shutdown: impl Future<Output = ()> + Send,
     ) -> io::Result<()> {
-        self.serve_incoming(listener, Some(&tls), shutdown).await
+        let tls = Arc::new(ServerTls::new(&tls)?);
+        self.serve_tls_reloadable(listener, tls, shutdown).await
+    }
+
+    /// [`serve_tls`](Self::serve_tls) with a configuration the caller may
+    /// [replace](ServerTls::replace) while it serves: every connection accepted after
+    /// a replacement is handshaken with the new certificate, key and client CA.
+    pub async fn serve_tls_reloadable(
+        &self,
+        listener: tokio::net::TcpListener,
+        tls: Arc<ServerTls>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> io::Result<()> {
+        let mut incoming = Incoming::new(
+            listener,
+            Arc::clone(&self.inner.metrics.transport.connections),
+            &self.inner.connection_limits,
+        );
+        incoming.established = false;
+        // The handshake's own bound: the idle timer ends a stalled handshake first
+        // (and counts it); this one is for a server without an idle timeout.
+        let handshake_timeout = match incoming.idle_timeout {
+            Some(idle) => idle + Duration::from_secs(1),
+            None => TLS_HANDSHAKE_TIMEOUT,
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(128);
+        let accept = tokio::spawn(async move {
+            use tokio_stream::StreamExt as _;
+            loop {
+                let conn = tokio::select! {
+                    _ = tx.closed() => return,
+                    conn = incoming.next() => conn,
+                };
+                let Some(Ok(conn)) = conn else { return };
+                let acceptor = tls.acceptor();
+                let tx = tx.clone();
+                // Handshakes run beside the loop: a client that stalls its handshake
+                // holds only its own slot, until the idle timer (or this bound) ends it.
+                tokio::spawn(async move {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(conn)).await {
+                        Ok(Ok(stream)) => {
+                            stream.get_ref().0.state().set_established();
+                            let _ = tx.send(Ok::<_, std::convert::Infallible>(stream)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!("xDS TLS handshake failed: {e}"),
+                        Err(_) => tracing::debug!(
+                            ?handshake_timeout,
+                            "xDS TLS handshake did not complete in time"
+                        ),
+                    }
+                });
+            }
+        });
+        let this = self.clone();
+        let result = self
+            .routes(self.transport_builder())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+                async move {
+                    shutdown.await;
+                    this.shutdown();
+                },
+            )
+            .await
+            .map_err(io::Error::other);
+        accept.abort();
+        result
     }
 
     /// Serves on a unix socket at `path`, bound by [`bind_unix`] (mode 0600, in a
@@ -546,7 +746,7 @@ impl Server {
         path: &Path,
         shutdown: impl Future<Output = ()> + Send,
     ) -> io::Result<()> {
-        let result = self.serve_incoming(listener, None, shutdown).await;
+        let result = self.serve_incoming(listener, shutdown).await;
         remove_socket(path);
         result
     }
@@ -772,6 +972,7 @@ mod tests {
 
     impl Accept for Failing {
         type Io = Duplex;
+        const POOL: Pool = Pool::Tcp;
         fn poll_accept(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<Duplex>> {
             self.calls.fetch_add(1, Ordering::Relaxed);
             if self.errors_left > 0 {
@@ -811,13 +1012,15 @@ mod tests {
     #[tokio::test]
     async fn the_cap_refuses_and_a_closed_connection_frees_its_slot() {
         let conns: Arc<Connections> = Arc::default();
-        let a = conns.try_open(2).unwrap();
-        let _b = conns.try_open(2).unwrap();
-        assert!(conns.try_open(2).is_none());
+        let a = conns.try_open(Pool::Tcp, 2).unwrap();
+        let _b = conns.try_open(Pool::Tcp, 2).unwrap();
+        assert!(conns.try_open(Pool::Tcp, 2).is_none());
         assert_eq!(conns.refused.get(), 1);
         assert_eq!(conns.gauge.get(), 2);
+        // The unix pool is separate.
+        let _u = conns.try_open(Pool::Unix, 2).unwrap();
         drop(a);
-        assert_eq!(conns.gauge.get(), 1);
-        assert!(conns.try_open(2).is_some());
+        assert_eq!(conns.gauge.get(), 2);
+        assert!(conns.try_open(Pool::Tcp, 2).is_some());
     }
 }

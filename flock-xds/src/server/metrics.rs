@@ -103,14 +103,18 @@ pub(crate) enum Refusal {
     SubscribedNames,
     /// A `Node` field over its length limit.
     NodeField,
+    /// A request would go over a subscription budget (per connection, per client or
+    /// total).
+    SubscriptionBudget,
 }
 
 impl Refusal {
-    const ALL: [Refusal; 4] = [
+    const ALL: [Refusal; 5] = [
         Refusal::OpenStreams,
         Refusal::FirstRequestTimeout,
         Refusal::SubscribedNames,
         Refusal::NodeField,
+        Refusal::SubscriptionBudget,
     ];
 
     fn as_str(self) -> &'static str {
@@ -119,6 +123,7 @@ impl Refusal {
             Refusal::FirstRequestTimeout => "first_request_timeout",
             Refusal::SubscribedNames => "max_subscribed_names",
             Refusal::NodeField => "node_field_too_long",
+            Refusal::SubscriptionBudget => "subscription_budget",
         }
     }
 }
@@ -329,7 +334,7 @@ impl Metrics {
 
     /// Streams ended by a server limit, by the `reason` label value
     /// (`"max_open_streams"`, `"first_request_timeout"`, `"max_subscribed_names"`,
-    /// `"node_field_too_long"`); 0 for any other.
+    /// `"node_field_too_long"`, `"subscription_budget"`); 0 for any other.
     pub fn refused_streams(&self, reason: &str) -> u64 {
         Refusal::ALL
             .into_iter()
@@ -508,6 +513,7 @@ mod tests {
                 "flock_xds_streams_refused_total{reason=\"first_request_timeout\"} 1",
                 "flock_xds_streams_refused_total{reason=\"max_subscribed_names\"} 0",
                 "flock_xds_streams_refused_total{reason=\"node_field_too_long\"} 0",
+                "flock_xds_streams_refused_total{reason=\"subscription_budget\"} 0",
             ]
         );
         assert_eq!(m.refused_streams("max_open_streams"), 2);

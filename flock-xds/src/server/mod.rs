@@ -23,14 +23,18 @@
 //! `listen.rs`'s docs, summarised at [`ConnectionLimits`] and [`bind_unix_with_mode`].
 
 pub mod auth;
+mod budget;
 mod coalesce;
+mod conn;
 mod convert;
 mod listen;
 mod metrics;
 mod peer;
 mod stream;
+mod tls;
 
 pub use auth::{AllowAll, Authorizer, GroupChoice, Principal};
+pub use budget::{SubscriptionBudget, Usage};
 pub use convert::Limits;
 pub use listen::{
     AcceptBackoff, ConnectionLimits, TlsSettings, bind_unix, bind_unix_with_mode,
@@ -38,6 +42,7 @@ pub use listen::{
 };
 pub use metrics::Metrics;
 pub use peer::{Peer, identity_of};
+pub use tls::ServerTls;
 
 use crate::cache::Cache;
 use crate::callbacks::{Callbacks, NoCallbacks, StreamKind};
@@ -85,6 +90,8 @@ pub(crate) struct Inner {
     next_stream: AtomicU64,
     /// Streams holding a slot of `limits.max_open_streams` (see `stream.rs`).
     open_streams: std::sync::atomic::AtomicUsize,
+    /// What every stream holds of `limits.subscription_budget` (see `budget.rs`).
+    budgets: Arc<budget::Budgets>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -190,6 +197,7 @@ impl ServerBuilder {
                 identifier: self.identifier,
                 next_stream: AtomicU64::new(0),
                 open_streams: Default::default(),
+                budgets: budget::Budgets::new(self.limits.subscription_budget),
                 shutdown: watch::Sender::new(false),
             }),
         }
@@ -283,12 +291,23 @@ impl Server {
         if let Some(t) = fixed_type {
             self.check_type(&principal, t)?;
         }
+        // An authorized stream keeps its connection out of the idle timeout, and its
+        // subscriptions count against the connection's and the client's budget.
+        let conn = conn::state_of(&request);
+        let active = conn.as_ref().map(|c| c.stream());
+        let budget = budget::StreamBudget::new(
+            &self.inner.budgets,
+            conn.as_ref().map(|c| c.id),
+            conn.as_ref().map_or(conn::Pool::Tcp, |c| c.pool),
+            &principal.name,
+        );
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(stream::run::<F>(
             Arc::clone(&self.inner),
             kind,
             fixed_type,
             principal,
+            (active, budget),
             request.into_inner(),
             tx,
         ));
@@ -302,6 +321,7 @@ impl Server {
     ) -> Result<DiscoveryResponse, Status> {
         let principal = self.authorize(request)?;
         self.check_type(&principal, type_url)?;
+        let _active = conn::state_of(request).map(|c| c.stream());
         let req = request.get_ref();
         let req_conv = convert::sotw_request(req, Some(type_url), &self.inner.limits)?;
         let node = req

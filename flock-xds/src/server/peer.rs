@@ -4,6 +4,7 @@
 //! socket, the verified client certificate on mTLS — never from anything the client
 //! writes into a request (`Node.id`, `user_agent_name`), which any client can forge.
 
+use super::conn::ConnInfo;
 use std::fmt;
 use std::net::SocketAddr;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
@@ -54,38 +55,64 @@ impl Peer {
     /// its extensions.
     pub fn of<T>(req: &tonic::Request<T>) -> Peer {
         let ext = req.extensions();
+        // This crate's listeners wrap the transport's connect info in `ConnInfo`; a
+        // caller's own listener (through `Server::router`) gives tonic's types.
+        if let Some(info) = ext.get::<ConnInfo<UdsConnectInfo>>() {
+            return Self::unix(info.get_ref());
+        }
         if let Some(info) = ext.get::<UdsConnectInfo>() {
-            return match info.peer_cred {
-                Some(cred) => Peer::Unix {
-                    uid: cred.uid(),
-                    gid: cred.gid(),
-                    pid: cred.pid(),
-                },
-                None => Peer::Unknown,
-            };
+            return Self::unix(info);
+        }
+        if let Some(info) = ext.get::<TlsConnectInfo<ConnInfo<TcpConnectInfo>>>() {
+            return Self::tls(info.get_ref().get_ref(), info.peer_certs());
         }
         if let Some(info) = ext.get::<TlsConnectInfo<TcpConnectInfo>>() {
-            let Some(addr) = info.get_ref().remote_addr() else {
-                return Peer::Unknown;
-            };
-            let leaf = info.peer_certs().and_then(|certs| certs.first().cloned());
-            let (spiffe_id, subject) = match leaf {
-                Some(der) => identity_of(der.as_ref()),
-                None => (None, String::new()),
-            };
-            return Peer::Tls {
-                addr,
-                spiffe_id,
-                subject,
-            };
+            return Self::tls(info.get_ref(), info.peer_certs());
+        }
+        if let Some(info) = ext.get::<ConnInfo<TcpConnectInfo>>() {
+            return Self::tcp(info.get_ref());
         }
         if let Some(info) = ext.get::<TcpConnectInfo>() {
-            return match info.remote_addr() {
-                Some(addr) => Peer::Tcp { addr },
-                None => Peer::Unknown,
-            };
+            return Self::tcp(info);
         }
         Peer::Unknown
+    }
+
+    fn unix(info: &UdsConnectInfo) -> Peer {
+        match info.peer_cred {
+            Some(cred) => Peer::Unix {
+                uid: cred.uid(),
+                gid: cred.gid(),
+                pid: cred.pid(),
+            },
+            None => Peer::Unknown,
+        }
+    }
+
+    fn tls(
+        info: &TcpConnectInfo,
+        certs: Option<std::sync::Arc<Vec<tonic::transport::CertificateDer<'static>>>>,
+    ) -> Peer {
+        let Some(addr) = info.remote_addr() else {
+            return Peer::Unknown;
+        };
+        let leaf = certs.and_then(|certs| certs.first().cloned());
+        let (spiffe_id, subject) = match leaf {
+            Some(der) => identity_of(der.as_ref()),
+            None => (None, String::new()),
+        };
+        Peer::Tls {
+            addr,
+            spiffe_id,
+            subject,
+        }
+    }
+
+    fn tcp(info: &TcpConnectInfo) -> Peer {
+        match info.remote_addr() {
+            Some(addr) => Peer::Tcp { addr },
+            None => Peer::Unknown,
+        }
     }
 
     /// Whether the peer presented a verified client certificate (TLS only).

@@ -22,10 +22,13 @@
 //! first request within [`first_request_timeout`](super::Limits::first_request_timeout)
 //! (`DEADLINE_EXCEEDED`), so streams that never speak cannot hold the slots; its
 //! node's fields are length-checked before they are kept, and every request is checked
-//! against the names the stream may subscribe to in total.
+//! against the names the stream may subscribe to in total, then against the
+//! subscription budget of its connection, its client and its pool (`budget.rs`).
 
 use super::Inner;
 use super::auth::{GroupChoice, Principal};
+use super::budget::{StreamBudget, Usage};
+use super::conn::StreamGuard;
 use super::convert;
 use super::metrics::{Event, Refusal, StreamNacks};
 use crate::callbacks::{NodeInfo, ResponseInfo, StreamId, StreamKind};
@@ -51,12 +54,14 @@ pub(crate) trait Flavor: Send + 'static {
     fn node(req: &Self::Req) -> Option<&Node>;
     /// The type URL as the client sent it (empty on a per-type service).
     fn type_url(req: &Self::Req) -> &str;
-    /// Checks and feeds one request.
+    /// Checks and feeds one request; `admit` is asked about what the stream would hold
+    /// once it is applied (the subscription budget), after the stream's own limits.
     fn on_request(
         &mut self,
         req: &Self::Req,
         fixed_type: Option<&str>,
         limits: &convert::Limits,
+        admit: &mut dyn FnMut(Usage) -> Result<(), Status>,
     ) -> Result<RequestOutcome, Status>;
     fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool;
     fn poll(&mut self, identifier: &str) -> Option<(Self::Resp, Summary)>;
@@ -102,10 +107,16 @@ macro_rules! flavor {
                 req: &$req,
                 fixed_type: Option<&str>,
                 limits: &convert::Limits,
+                admit: &mut dyn FnMut(Usage) -> Result<(), Status>,
             ) -> Result<RequestOutcome, Status> {
                 let req = $convert_req(req, fixed_type, limits)?;
                 admit_type(&mut self.types, &req.type_url, limits)?;
-                check_subscribed(self.ads.subscribed_names_after(&req), limits)?;
+                let names = self.ads.subscribed_names_after(&req);
+                check_subscribed(names, limits)?;
+                admit(Usage {
+                    names,
+                    bytes: self.ads.subscribed_bytes_after(&req),
+                })?;
                 Ok(self.ads.on_request(&req))
             }
             fn on_snapshot(&mut self, set: &ResourceSet<Any>, version: u64) -> bool {
@@ -215,6 +226,7 @@ pub(crate) async fn run<F: Flavor>(
     kind: StreamKind,
     fixed_type: Option<&'static str>,
     principal: Principal,
+    (_active, mut budget): (Option<StreamGuard>, StreamBudget),
     mut requests: Streaming<F::Req>,
     out: mpsc::Sender<Result<F::Resp, Status>>,
 ) {
@@ -310,6 +322,7 @@ pub(crate) async fn run<F: Flavor>(
         id,
         &node,
         &principal,
+        &mut budget,
         fixed_type,
         &mut machine,
         &mut nacks,
@@ -349,6 +362,7 @@ async fn drive<F: Flavor>(
     id: StreamId,
     node: &NodeInfo,
     principal: &Principal,
+    budget: &mut StreamBudget,
     fixed_type: Option<&'static str>,
     machine: &mut F,
     nacks: &mut StreamNacks,
@@ -362,7 +376,7 @@ async fn drive<F: Flavor>(
     machine.on_snapshot(current.state(), current.version());
     drop(current);
     on_request(
-        inner, id, node, principal, machine, nacks, &first, fixed_type,
+        inner, id, node, principal, budget, machine, nacks, &first, fixed_type,
     )?;
     // Whether polling may find something: set by every event, cleared when a poll
     // comes back empty, so an idle stream does not hold an outbound slot.
@@ -376,7 +390,7 @@ async fn drive<F: Flavor>(
             req = requests.message() => {
                 match req {
                     Ok(Some(req)) => {
-                        on_request(inner, id, node, principal, machine, nacks, &req, fixed_type)?;
+                        on_request(inner, id, node, principal, budget, machine, nacks, &req, fixed_type)?;
                         maybe_work = true;
                     }
                     Ok(None) => return Ok(()),
@@ -433,6 +447,7 @@ fn on_request<F: Flavor>(
     id: StreamId,
     node: &NodeInfo,
     principal: &Principal,
+    budget: &mut StreamBudget,
     machine: &mut F,
     nacks: &mut StreamNacks,
     req: &F::Req,
@@ -451,10 +466,14 @@ fn on_request<F: Flavor>(
             .refuse_secrets(principal, &status);
         return Err(status);
     }
+    let mut over_budget = false;
+    let mut admit = |after: Usage| budget.adjust(after).inspect_err(|_| over_budget = true);
     let outcome = machine
-        .on_request(req, fixed_type, &inner.limits)
+        .on_request(req, fixed_type, &inner.limits, &mut admit)
         .inspect_err(|status| {
-            if status.code() == tonic::Code::ResourceExhausted {
+            if over_budget {
+                inner.metrics.refused(Refusal::SubscriptionBudget);
+            } else if status.code() == tonic::Code::ResourceExhausted {
                 inner.metrics.refused(Refusal::SubscribedNames);
             }
         })?;
