@@ -58,6 +58,10 @@ pub const KNOWN: &[&str] = &[
     "undo-unconditional",
     "gc-unsubscribe-unconditional",
     "issuance-any-node",
+    "envoy-abstract-socket",
+    "envoy-socket-mode-open",
+    "envoy-control-dir-open",
+    "envoy-control-dir-foreign",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile
