@@ -683,21 +683,42 @@ fn bind_xds_socket(socket: &XdsSocket) -> anyhow::Result<tokio::net::UnixListene
     Ok(listener)
 }
 
+/// Where Envoy's admin listens, in the bootstrap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvoyAdmin {
+    /// A unix socket of mode 0600 (`admin.address.pipe`): the default, in
+    /// flock-supervisor's 0700 control directory, so only Envoy's uid reaches it.
+    Socket(PathBuf),
+    /// `127.0.0.1:PORT`: opt-in compatibility. Any process on the host (or a pod on the
+    /// host network) reaches a loopback port, and Envoy's admin can stop it
+    /// (`/quitquitquit`) and dump its config, secrets included.
+    LoopbackPort(u16),
+}
+
+/// The admin socket's mode: owner read and write only (Envoy's `pipe.mode`).
+pub const ENVOY_ADMIN_SOCKET_MODE: u32 = 0o600;
+
 /// The Envoy bootstrap (JSON) matching an agent's flags: ADS over Delta xDS on the
 /// agent's unix socket (Envoy's `pipe` address), node `node_id` of `cluster`, listeners
-/// and clusters over ADS, admin on `127.0.0.1:admin_port` (loopback only: Envoy's admin
-/// can stop it and dump its config, secrets included).
+/// and clusters over ADS, admin on `admin` (a 0600 unix socket by default: Envoy's
+/// admin can stop it and dump its config, secrets included).
 pub fn envoy_bootstrap(
     node_id: &str,
     cluster: &str,
     xds_socket: &Path,
-    admin_port: u16,
+    admin: &EnvoyAdmin,
 ) -> serde_json::Value {
+    let admin_address = match admin {
+        EnvoyAdmin::Socket(path) => serde_json::json!({
+            "pipe": { "path": path, "mode": ENVOY_ADMIN_SOCKET_MODE }
+        }),
+        EnvoyAdmin::LoopbackPort(port) => serde_json::json!({
+            "socket_address": { "address": "127.0.0.1", "port_value": port }
+        }),
+    };
     serde_json::json!({
         "node": { "id": node_id, "cluster": cluster },
-        "admin": {
-            "address": { "socket_address": { "address": "127.0.0.1", "port_value": admin_port } }
-        },
+        "admin": { "address": admin_address },
         "dynamic_resources": {
             "ads_config": {
                 "api_type": "DELTA_GRPC",

@@ -69,6 +69,10 @@ pub const KNOWN: &[&str] = &[
     "xds-idle-connections-kept",
     "xds-unbudgeted-subscriptions",
     "xds-tls-no-reload",
+    "envoy-abstract-socket",
+    "envoy-socket-mode-open",
+    "envoy-control-dir-open",
+    "envoy-control-dir-foreign",
 ];
 
 /// Whether `name` is in [`KNOWN`] (a `const fn`, so the macro checks it at compile

@@ -1,8 +1,11 @@
 //! A minimal client for Envoy's admin endpoint: `GET /server_info` (is epoch N LIVE?)
 //! and `POST /drain_listeners?graceful` (graceful shutdown).
 //!
-//! HTTP/1.1 through hyper's client over one short-lived TCP connection per request,
-//! bounded by a timeout (a wedged Envoy must not wedge the supervisor's loop) and by a
+//! HTTP/1.1 through hyper's client over one short-lived connection per request, to
+//! Envoy's admin unix socket (the default: `admin.address.pipe` in the bootstrap, mode
+//! `0600` in the supervisor's `0700` control directory, see [`crate::control`]) or,
+//! opted into for compatibility, a TCP `HOST:PORT` (which any local process can
+//! reach). Each request is bounded by a timeout (a wedged Envoy must not wedge the supervisor's loop) and by a
 //! body size limit (a misbehaving endpoint must not make it buffer without bound).
 //! Errors say which step failed (connect, request, status, body, JSON).
 //!
@@ -12,6 +15,7 @@
 
 use std::fmt;
 use std::io;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use flock_core::epoch::PredecessorStatus;
@@ -19,7 +23,8 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode, header};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
 
 /// The largest admin response read, in bytes (`/server_info` is ~120 KiB on 1.40).
 pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
@@ -67,16 +72,56 @@ impl fmt::Display for ServerInfo {
     }
 }
 
-/// A client of one admin address (`HOST:PORT`).
+/// Where Envoy's admin listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminAddress {
+    /// A unix socket (`admin.address.pipe`): the default, private to the uid that may
+    /// open it.
+    Unix(PathBuf),
+    /// `HOST:PORT` over TCP: opt-in compatibility; any process on the host can reach a
+    /// loopback port, stop Envoy (`/quitquitquit`) and read its config.
+    Tcp(String),
+}
+
+impl fmt::Display for AdminAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+            Self::Tcp(addr) => write!(f, "http://{addr}"),
+        }
+    }
+}
+
+impl From<PathBuf> for AdminAddress {
+    fn from(path: PathBuf) -> Self {
+        Self::Unix(path)
+    }
+}
+
+impl From<&std::path::Path> for AdminAddress {
+    fn from(path: &std::path::Path) -> Self {
+        Self::Unix(path.to_owned())
+    }
+}
+
+impl From<String> for AdminAddress {
+    /// `HOST:PORT` over TCP.
+    fn from(addr: String) -> Self {
+        Self::Tcp(addr)
+    }
+}
+
+/// A client of one admin address.
 #[derive(Clone, Debug)]
 pub struct AdminClient {
-    address: String,
+    address: AdminAddress,
     timeout: Duration,
 }
 
 impl AdminClient {
-    /// A client of `address` whose requests each take at most `timeout`.
-    pub fn new(address: impl Into<String>, timeout: Duration) -> Self {
+    /// A client of `address` (a unix socket path, or a `HOST:PORT` string for TCP)
+    /// whose requests each take at most `timeout`.
+    pub fn new(address: impl Into<AdminAddress>, timeout: Duration) -> Self {
         Self {
             address: address.into(),
             timeout,
@@ -84,8 +129,19 @@ impl AdminClient {
     }
 
     /// The admin address.
-    pub fn address(&self) -> &str {
+    pub fn address(&self) -> &AdminAddress {
         &self.address
+    }
+
+    /// `GET path`: the body of a 200 (at most [`MAX_RESPONSE_BYTES`]), for any admin
+    /// page (`/stats`, `/config_dump`, `/ready`...).
+    pub async fn get(&self, path: &str) -> io::Result<Vec<u8>> {
+        self.request(Method::GET, path).await
+    }
+
+    /// `POST path`: the body of a 200 (e.g. `/quitquitquit`).
+    pub async fn post(&self, path: &str) -> io::Result<Vec<u8>> {
+        self.request(Method::POST, path).await
     }
 
     /// `GET /server_info`.
@@ -113,48 +169,21 @@ impl AdminClient {
     /// One request on its own connection; the body of a 200, at most
     /// [`MAX_RESPONSE_BYTES`].
     async fn request(&self, method: Method, path: &str) -> io::Result<Vec<u8>> {
-        let what = format!("admin {method} http://{}{path}", self.address);
-        let fail =
-            |step: &str, e: &dyn fmt::Display| io::Error::other(format!("{what}: {step}: {e}"));
-        let exchange = async {
-            let stream = TcpStream::connect(&self.address)
-                .await
-                .map_err(|e| io::Error::new(e.kind(), format!("{what}: connect: {e}")))?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| fail("handshake", &e))?;
-            // Drives the connection; it ends when the response is read and `sender`
-            // dropped, or when the exchange is cancelled by the timeout.
-            let conn = tokio::spawn(conn);
-            let request = Request::builder()
-                .method(method.clone())
-                .uri(path)
-                .header(header::HOST, self.address.as_str())
-                .body(Empty::<Bytes>::new())
-                .map_err(|e| fail("request", &e))?;
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|e| fail("request", &e))?;
-            let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-                .collect()
-                .await
-                .map_err(|e| {
-                    fail(
-                        "body",
-                        &format!("{e} (the limit is {MAX_RESPONSE_BYTES} bytes)"),
-                    )
-                })?
-                .to_bytes();
-            drop(sender);
-            conn.abort();
-            if status != StatusCode::OK {
-                return Err(invalid(format!("{what}: HTTP {status}")));
+        let what = format!("admin {method} {}{path}", self.address);
+        let connect = |e: io::Error| io::Error::new(e.kind(), format!("{what}: connect: {e}"));
+        let attempt = async {
+            match &self.address {
+                AdminAddress::Unix(socket) => {
+                    let stream = UnixStream::connect(socket).await.map_err(connect)?;
+                    exchange(stream, "localhost", method, path, &what).await
+                }
+                AdminAddress::Tcp(addr) => {
+                    let stream = TcpStream::connect(addr).await.map_err(connect)?;
+                    exchange(stream, addr, method, path, &what).await
+                }
             }
-            Ok(body.to_vec())
         };
-        tokio::time::timeout(self.timeout, exchange)
+        tokio::time::timeout(self.timeout, attempt)
             .await
             .map_err(|_| {
                 io::Error::new(
@@ -163,6 +192,53 @@ impl AdminClient {
                 )
             })?
     }
+}
+
+/// One HTTP/1.1 exchange on `stream`; the body of a 200.
+async fn exchange<S>(
+    stream: S,
+    host: &str,
+    method: Method,
+    path: &str,
+    what: &str,
+) -> io::Result<Vec<u8>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let fail = |step: &str, e: &dyn fmt::Display| io::Error::other(format!("{what}: {step}: {e}"));
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| fail("handshake", &e))?;
+    // Drives the connection; it ends when the response is read and `sender`
+    // dropped, or when the exchange is cancelled by the timeout.
+    let conn = tokio::spawn(conn);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, host)
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| fail("request", &e))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| fail("request", &e))?;
+    let status = response.status();
+    let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            fail(
+                "body",
+                &format!("{e} (the limit is {MAX_RESPONSE_BYTES} bytes)"),
+            )
+        })?
+        .to_bytes();
+    drop(sender);
+    conn.abort();
+    if status != StatusCode::OK {
+        return Err(invalid(format!("{what}: HTTP {status}")));
+    }
+    Ok(body.to_vec())
 }
 
 fn invalid(msg: impl Into<String>) -> io::Error {
@@ -232,6 +308,40 @@ mod tests {
 
     const INFO: &str =
         r#"{"state":"LIVE","command_line_options":{"restart_epoch":3,"base_id":"7"}}"#;
+
+    /// The default transport: Envoy's admin on a unix socket (`admin.address.pipe`).
+    #[tokio::test]
+    async fn reads_server_info_over_a_unix_socket() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed before the request head");
+                head.extend_from_slice(&buf[..n]);
+            }
+            assert!(head.starts_with(b"GET /server_info HTTP/1.1\r\n"));
+            let raw = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{INFO}",
+                INFO.len()
+            );
+            stream.write_all(raw.as_bytes()).await.unwrap();
+        });
+        let client = AdminClient::new(path.clone(), Duration::from_secs(5));
+        assert_eq!(client.address(), &AdminAddress::Unix(path));
+        assert_eq!(
+            client.probe().await,
+            PredecessorStatus::Live {
+                epoch: 3,
+                base_id: 7
+            }
+        );
+    }
 
     #[tokio::test]
     async fn reads_a_chunked_server_info_as_envoy_sends_it() {

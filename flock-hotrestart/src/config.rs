@@ -6,11 +6,14 @@
 //! default and limit lives here so a library user gets the same ones.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flock_core::epoch::supervisor::Policy;
 use flock_core::epoch::{InvalidWriterId, MAX_WRITER_LEN, WriterId};
+
+use crate::admin::AdminAddress;
+use crate::control;
 
 /// Defaults, in the units of the binary's flags.
 pub mod defaults {
@@ -51,6 +54,8 @@ pub mod defaults {
     pub const VALIDATE_TIMEOUT_S: u64 = 30;
     /// Each admin request's time limit.
     pub const ADMIN_TIMEOUT_MS: u64 = 1_000;
+    /// `--control-dir` is this directory inside `--state-dir` when not given.
+    pub const CONTROL_DIR_NAME: &str = crate::control::DEFAULT_DIR_NAME;
     /// The host part of a default writer id is cut to this length, leaving room for
     /// `-<pid>` within the writer id's limit.
     pub const WRITER_HOST_LEN: usize = 48;
@@ -67,8 +72,12 @@ pub struct Config {
     pub base_id: u32,
     /// The state directory (`epoch`, `epoch.lock`).
     pub state_dir: PathBuf,
-    /// Envoy's admin address `HOST:PORT`, as in the bootstrap.
-    pub admin_address: String,
+    /// Envoy's private control directory (hot-restart sockets, admin socket; see
+    /// [`crate::control`]); `None`: `<state_dir>/control`.
+    pub control_dir: Option<PathBuf>,
+    /// Envoy's admin address, as in the bootstrap; `None`: the unix socket
+    /// `<control dir>/admin.sock`.
+    pub admin_address: Option<AdminAddress>,
     /// `--drain-time-s` for Envoy, and the drain at shutdown.
     pub drain_time_s: u64,
     /// `--parent-shutdown-time-s` for Envoy.
@@ -132,16 +141,19 @@ pub enum ConfigError {
         /// The heartbeat period.
         heartbeat: u64,
     },
+    /// The control directory's socket paths would not fit a unix socket address.
+    #[error("--control-dir: {0}")]
+    ControlDir(String),
 }
 
 impl Config {
     /// A configuration with every default, for `envoy_bin` running `config`, with its
-    /// state in `state_dir` and its admin endpoint at `admin_address`.
+    /// state in `state_dir`, Envoy's control directory `<state_dir>/control` and its
+    /// admin socket `<state_dir>/control/admin.sock`.
     pub fn new(
         envoy_bin: impl Into<PathBuf>,
         config: impl Into<PathBuf>,
         state_dir: impl Into<PathBuf>,
-        admin_address: impl Into<String>,
         writer: WriterId,
     ) -> Self {
         let s = Duration::from_secs;
@@ -151,7 +163,8 @@ impl Config {
             config: config.into(),
             base_id: defaults::BASE_ID,
             state_dir: state_dir.into(),
-            admin_address: admin_address.into(),
+            control_dir: None,
+            admin_address: None,
             drain_time_s: defaults::DRAIN_TIME_S,
             parent_shutdown_time_s: defaults::PARENT_SHUTDOWN_TIME_S,
             debounce_ms: defaults::DEBOUNCE_MS,
@@ -187,7 +200,23 @@ impl Config {
         if self.heartbeat_max_age_ms < min {
             return Err(ConfigError::HeartbeatMaxAge { min, heartbeat });
         }
+        control::check_path_length(&self.control_dir()).map_err(ConfigError::ControlDir)?;
         Ok(())
+    }
+
+    /// Envoy's private control directory: `control_dir`, else `<state_dir>/control`.
+    pub fn control_dir(&self) -> PathBuf {
+        self.control_dir
+            .clone()
+            .unwrap_or_else(|| default_control_dir(&self.state_dir))
+    }
+
+    /// Envoy's admin address: `admin_address`, else the unix socket
+    /// `<control dir>/admin.sock`.
+    pub fn admin(&self) -> AdminAddress {
+        self.admin_address
+            .clone()
+            .unwrap_or_else(|| AdminAddress::Unix(self.control_dir().join(control::ADMIN_SOCKET)))
     }
 
     /// The lifecycle machine's policy.
@@ -214,6 +243,11 @@ impl Config {
             ),
         }
     }
+}
+
+/// The control directory's default inside `state_dir`.
+pub fn default_control_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join(defaults::CONTROL_DIR_NAME)
 }
 
 /// `--max-debounce-ms`: as given, else [`defaults::MAX_DEBOUNCE_FACTOR`] debounces.
@@ -266,13 +300,7 @@ mod tests {
     use super::*;
 
     fn config() -> Config {
-        Config::new(
-            "envoy",
-            "envoy.yaml",
-            "/run/x",
-            "127.0.0.1:9901",
-            WriterId::new("w").unwrap(),
-        )
+        Config::new("envoy", "envoy.yaml", "/run/x", WriterId::new("w").unwrap())
     }
 
     #[test]
@@ -323,6 +351,22 @@ mod tests {
         c.heartbeat_max_age_ms = 3_000;
         assert_eq!(c.check(), Ok(()));
         assert_eq!(config().check(), Ok(()));
+    }
+
+    #[test]
+    fn the_admin_socket_and_control_dir_default_under_the_state_dir() {
+        let mut c = config();
+        assert_eq!(c.control_dir(), PathBuf::from("/run/x/control"));
+        assert_eq!(
+            c.admin(),
+            AdminAddress::Unix("/run/x/control/admin.sock".into())
+        );
+        c.control_dir = Some("/run/e".into());
+        assert_eq!(c.admin(), AdminAddress::Unix("/run/e/admin.sock".into()));
+        c.admin_address = Some(AdminAddress::Tcp("127.0.0.1:9901".into()));
+        assert_eq!(c.admin(), AdminAddress::Tcp("127.0.0.1:9901".into()));
+        c.control_dir = Some(format!("/{}", "d".repeat(90)).into());
+        assert!(matches!(c.check(), Err(ConfigError::ControlDir(_))));
     }
 
     #[test]

@@ -62,6 +62,11 @@ pub struct EnvoySpec {
     /// The exec shim (the supervisor binary) that sets the parent-death signal; `None`
     /// runs Envoy directly (children may then outlive a SIGKILLed supervisor).
     pub shim: Option<PathBuf>,
+    /// The private control directory ([`crate::control`]): every epoch gets
+    /// `--socket-path <dir>/envoy_domain_socket --socket-mode 600`. `None` leaves
+    /// Envoy's abstract `@envoy_domain_socket_*` sockets, which any uid can reach
+    /// (only for a test that runs Envoy without a supervisor).
+    pub control_dir: Option<PathBuf>,
 }
 
 /// `envoy --mode validate` rejected the config (or could not run).
@@ -92,6 +97,29 @@ impl EnvoySpec {
             "--parent-shutdown-time-s".into(),
             self.parent_shutdown_time_s.to_string().into(),
         ];
+        // Re-introduces the abstract hot-restart sockets so
+        // tests/envoy_private_control.rs can show it catches them; never in real
+        // builds: any uid on the host (or a hostNetwork pod) could send an epoch
+        // Terminate or DrainListeners, take a listen socket's fd, or squat the next
+        // epoch's socket name.
+        let abstract_sockets = flock_core::reintroduced!("envoy-abstract-socket");
+        if let Some(dir) = self.control_dir.as_ref().filter(|_| !abstract_sockets) {
+            let mode = if flock_core::reintroduced!("envoy-socket-mode-open") {
+                // Re-introduces sockets any uid may connect to (mode 666), for the
+                // same test; never in real builds.
+                "666"
+            } else {
+                crate::control::SOCKET_MODE
+            };
+            args.extend([
+                "--socket-path".into(),
+                crate::control::hot_restart_socket(dir).into(),
+                // Envoy 1.40's default is 600 too; explicit, so an Envoy with another
+                // default cannot open them up.
+                "--socket-mode".into(),
+                mode.into(),
+            ]);
+        }
         args.extend(self.extra_args.iter().cloned());
         args
     }
@@ -208,6 +236,7 @@ mod tests {
             parent_shutdown_time_s: 3,
             extra_args: vec!["--log-level".into(), "warn".into()],
             shim: None,
+            control_dir: Some("/run/flock/envoy/control".into()),
         };
         let args: Vec<String> = spec
             .args(4, 9)
@@ -217,7 +246,8 @@ mod tests {
         assert_eq!(
             args.join(" "),
             "-c /etc/envoy.yaml --base-id 9 --restart-epoch 4 --drain-time-s 2 \
-             --parent-shutdown-time-s 3 --log-level warn"
+             --parent-shutdown-time-s 3 --socket-path \
+             /run/flock/envoy/control/envoy_domain_socket --socket-mode 600 --log-level warn"
         );
         assert_eq!(
             shared_memory_path(9),

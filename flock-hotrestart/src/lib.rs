@@ -13,7 +13,8 @@
 //! |---|---|
 //! | [`config`] | the supervisor's configuration, defaults and limits, and its policy |
 //! | [`supervisor`] | the I/O loop around the lifecycle machine: signals, inotify, child exits, timers |
-//! | [`admin`] | `GET /server_info` (which epoch is LIVE), graceful drain |
+//! | [`admin`] | `GET /server_info` (which epoch is LIVE), graceful drain; over Envoy's admin unix socket (TCP opt-in) |
+//! | [`control`] | Envoy's private `0700` control directory: hot-restart sockets (`--socket-path`), admin socket |
 //! | [`envoys`] | the Envoy side behind one trait (real, or a test's fake): validate, spawn, signal, admin probe and drain |
 //! | [`envoy`] | `--mode validate`, spawning an epoch, the parent-death exec shim |
 //! | [`statefile`] | `<state-dir>/epoch`: lock-free reads, `flock(2)`-locked writes (R8) |
@@ -24,6 +25,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod control;
 pub mod envoy;
 pub mod envoys;
 pub mod metrics;

@@ -27,6 +27,7 @@ use tracing::{debug, error, info, warn};
 pub use flock_core::epoch::supervisor::Exit;
 
 use crate::config::Config;
+use crate::control::ensure_private_dir;
 use crate::envoy::{describe_exit, shared_memory_path};
 use crate::envoys::{Envoys, RealEnvoys};
 use crate::metrics::{Metrics, set_ready_file};
@@ -99,6 +100,9 @@ impl<E: Envoys> Io<E> {
         let state = StateDir::open(&cfg.state_dir).map_err(|e| {
             SupervisorError::Io(format!("state directory {}", cfg.state_dir.display()), e)
         })?;
+        // Before any epoch starts: its hot-restart and admin sockets go in here.
+        ensure_private_dir(&cfg.control_dir())
+            .map_err(|e| SupervisorError::Io("not starting Envoy".into(), e))?;
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let metrics = Metrics {
             current_epoch: -1,
@@ -149,7 +153,8 @@ impl<E: Envoys> Io<E> {
         info!(
             config = %self.cfg.config.display(),
             state_dir = %self.state.path().display(),
-            admin = %self.cfg.admin_address,
+            control_dir = %self.cfg.control_dir().display(),
+            admin = %self.cfg.admin(),
             writer = %self.cfg.writer,
             "flock-supervisor starting"
         );

@@ -588,6 +588,27 @@ fn daemonset_keeps_the_node_agent_invariants() {
             .map(|m| (m.name.clone(), m.mount_path.clone()))
     };
     let xds_dir = Path::new(xds).parent().unwrap();
+    // Envoy's admin: the bootstrap's unix socket is the one the supervisor talks to,
+    // inside its private control directory; no TCP admin port anywhere (any process
+    // on the host could stop Envoy through it).
+    let control = flag(envoy, "control-dir").expect("envoy: --control-dir");
+    let admin_socket = flag(envoy, "admin-socket").expect("envoy: --admin-socket");
+    assert_eq!(Path::new(admin_socket).parent(), Some(Path::new(control)));
+    assert!(
+        script.contains(&format!("--envoy-admin-socket {admin_socket}")),
+        "the bootstrap's --envoy-admin-socket is the supervisor's {admin_socket}: {script}"
+    );
+    assert!(!script.contains("--envoy-admin-port"), "{script}");
+    assert_eq!(flag(envoy, "admin-address"), None, "envoy: TCP admin");
+    assert!(
+        envoy.ports.as_deref().unwrap_or_default().is_empty(),
+        "envoy: no admin port"
+    );
+    assert_eq!(
+        mount_of(envoy, Path::new(control)).map(|(name, _)| name),
+        host_paths.get("/run/flock").cloned(),
+        "Envoy's control directory is on the host's /run/flock (the next pod hands over)"
+    );
     assert!(mount_of(agent, xds_dir).is_some());
     assert_eq!(mount_of(agent, xds_dir), mount_of(envoy, xds_dir));
     assert_eq!(

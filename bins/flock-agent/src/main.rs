@@ -51,7 +51,9 @@ struct Cli {
 enum Command {
     /// Print the Envoy bootstrap (JSON) matching these flags: ADS (Delta xDS) over the
     /// --xds-socket unix socket (Envoy's `pipe` address), node id = --node-name, cluster
-    /// --envoy-cluster, admin on 127.0.0.1:--envoy-admin-port. Example:
+    /// --envoy-cluster, admin on the 0600 unix socket --envoy-admin-socket (default
+    /// /run/flock/envoy/control/admin.sock, flock-supervisor's; TCP only with the
+    /// opt-in --envoy-admin-port). Example:
     /// `flock-agent --node-name "$NODE" envoy-bootstrap > envoy.json`.
     EnvoyBootstrap,
     /// Make a shared trust root for --ca-dir: `ca init` (a root CA), `ca issue` (a node
@@ -169,6 +171,7 @@ async fn run(mut opts: Options) -> anyhow::Result<()> {
             cni_socket = %rt.cni_socket.display(),
             xds_socket = %xds_path.map(|p| p.to_string()).unwrap_or_default(),
             admin = %rt.admin_address,
+            envoy_admin = ?opts.envoy_admin,
             envoy_bootstrap = %bootstrap.display(),
             "--dev: state and sockets in a temporary directory; registry {}; start Envoy \
              with `envoy -c {}`",

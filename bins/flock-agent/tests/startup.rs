@@ -148,7 +148,12 @@ fn envoy_bootstrap_matches_the_flags() {
             ["endpoint"]["address"]["pipe"]["path"],
         "/run/flock/xds.sock"
     );
-    assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 15000);
+    // The admin: a 0600 unix socket in flock-supervisor's control directory, no TCP
+    // port any local process could reach.
+    let admin = &b["admin"]["address"];
+    assert_eq!(admin["pipe"]["path"], "/run/flock/envoy/control/admin.sock");
+    assert_eq!(admin["pipe"]["mode"], 0o600);
+    assert!(admin.get("socket_address").is_none(), "{admin}");
     let out = Command::new(AGENT_BIN)
         .arg("envoy-bootstrap")
         .env_remove("FLOCK_NODE_NAME")

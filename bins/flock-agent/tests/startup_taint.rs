@@ -93,8 +93,12 @@ fn the_startup_taint_goes_only_after_envoy_acked_and_other_taints_stay() {
 
     // A real Envoy on the agent's own bootstrap connects and ACKs.
     let bootstrap = work.path().join("envoy.json");
-    // Envoy's admin on port 0: this test never calls it.
-    std::fs::write(&bootstrap, agent.envoy_bootstrap("n1", 0)).unwrap();
+    // This test never calls Envoy's admin.
+    std::fs::write(
+        &bootstrap,
+        agent.envoy_bootstrap("n1", &work.path().join("envoy-admin.sock")),
+    )
+    .unwrap();
     let mut cmd = Command::new(envoy_bin());
     cmd.arg("-c")
         .arg(&bootstrap)

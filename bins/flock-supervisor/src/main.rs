@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use flock_hotrestart::admin::AdminAddress;
 use flock_hotrestart::config::{self, defaults};
 use flock_hotrestart::envoy::{SHIM_ARG, exec_with_parent_death_signal};
 use flock_hotrestart::{Config, Exit};
@@ -24,9 +25,18 @@ use flock_hotrestart::{Config, Exit};
 /// Envoy dies with the supervisor (parent-death signal), so a killed supervisor
 /// leaves no orphan.
 ///
+/// Envoy's control plane is private to the supervisor's uid: every epoch gets
+/// `--socket-path <control-dir>/envoy_domain_socket --socket-mode 600` (no abstract
+/// `@envoy_domain_socket_*` sockets any uid could reach), and the supervisor talks to
+/// Envoy's admin on the unix socket `<control-dir>/admin.sock`. The control directory
+/// (default `<state-dir>/control`) is created 0700; a symlink or a directory owned by
+/// another uid is refused. Envoy's bootstrap must put the admin there, mode 0600:
+///   admin: {address: {pipe: {path: <control-dir>/admin.sock, mode: 384}}}
+/// (`flock-agent envoy-bootstrap` writes that by default).
+///
 /// Example:
 ///   flock-supervisor --envoy-bin /usr/local/bin/envoy --config /etc/envoy/envoy.yaml
-///     --admin-address 127.0.0.1:9901 --state-dir /run/flock/envoy --base-id 7
+///     --state-dir /run/flock/envoy --base-id 7
 ///     --ready-file /run/flock/envoy/ready -- --log-level info
 #[derive(Parser, Debug)]
 #[command(version, verbatim_doc_comment)]
@@ -52,10 +62,27 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     state_dir: PathBuf,
 
-    /// Envoy's admin address as configured in the bootstrap. `/server_info` there is
-    /// the authority on which epoch is LIVE.
+    /// Envoy's private control directory (default: `<state-dir>/control`): Envoy's
+    /// hot-restart sockets (`--socket-path DIR/envoy_domain_socket`, mode 600) and its
+    /// admin socket. Created 0700 and owned by the supervisor's uid; an existing one
+    /// that is a symlink or another uid's is refused, a looser mode is set back to
+    /// 0700. Every supervisor of one chain (a handoff during a rolling update) must
+    /// use the same directory, or the new epoch cannot find its predecessor.
+    #[arg(long, value_name = "DIR")]
+    control_dir: Option<PathBuf>,
+
+    /// Envoy's admin unix socket, as in the bootstrap's `admin.address.pipe.path`
+    /// (default: `<control-dir>/admin.sock`). `/server_info` there is the authority on
+    /// which epoch is LIVE; the graceful drain is asked there too.
+    #[arg(long, value_name = "PATH", conflicts_with = "admin_address")]
+    admin_socket: Option<PathBuf>,
+
+    /// Compatibility, opt-in: Envoy's admin on TCP `HOST:PORT` instead of the unix
+    /// socket. Any process on the host can reach a loopback port: it can stop Envoy
+    /// (`POST /quitquitquit`), drain it, and read its config. Only for a bootstrap
+    /// that cannot use a unix socket.
     #[arg(long, value_name = "HOST:PORT")]
-    admin_address: String,
+    admin_address: Option<String>,
 
     /// Envoy's `--drain-time-s`: how long a replaced epoch drains its listeners. Also
     /// the drain at SIGTERM.
@@ -163,13 +190,13 @@ fn main() -> ExitCode {
             }
         }
     };
-    let mut config = Config::new(
-        args.envoy_bin,
-        args.config,
-        args.state_dir,
-        args.admin_address,
-        writer,
-    );
+    let mut config = Config::new(args.envoy_bin, args.config, args.state_dir, writer);
+    config.control_dir = args.control_dir;
+    config.admin_address = match (args.admin_socket, args.admin_address) {
+        (Some(path), _) => Some(AdminAddress::Unix(path)),
+        (None, Some(tcp)) => Some(AdminAddress::Tcp(tcp)),
+        (None, None) => None,
+    };
     config.base_id = args.base_id;
     config.drain_time_s = args.drain_time_s;
     config.parent_shutdown_time_s = args.parent_shutdown_time_s;

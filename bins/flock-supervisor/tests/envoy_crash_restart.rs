@@ -46,12 +46,12 @@ async fn crashed_newest_epoch_is_restarted_then_the_supervisor_gives_up() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
     let backend = Backend::start("ok").await;
-    // Envoy binds both itself, and each hot-restart epoch binds them again.
-    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
-    let setup = Setup::new(tmp.path(), admin_port, base_id);
+    // Envoy binds it itself, and each hot-restart epoch binds it again.
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), base_id);
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, 0),
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, 0),
     );
     let ready = setup.ready.display().to_string();
     let metrics = setup.metrics.display().to_string();
@@ -120,7 +120,7 @@ async fn crashed_newest_epoch_is_restarted_then_the_supervisor_gives_up() {
     let held_port = held.local_addr().unwrap().port();
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, held_port, backend.port, 1),
+        &envoy_config(&setup.admin_socket(), held_port, backend.port, 1),
     );
     let log_before = sup.log_text().len();
     kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();

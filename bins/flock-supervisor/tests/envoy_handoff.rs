@@ -59,12 +59,12 @@ async fn second_supervisor_takes_over_at_the_next_epoch_without_failures() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
     let backend = Backend::start("ok").await;
-    // Envoy binds both itself, and each hot-restart epoch binds them again.
-    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
-    let setup = Setup::new(tmp.path(), admin_port, base_id);
+    // Envoy binds it itself, and each hot-restart epoch binds it again.
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), base_id);
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, 0),
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, 0),
     );
     let admin = setup.admin();
     let mut first = setup.spawn("first", &[]);
@@ -153,12 +153,12 @@ async fn stale_heartbeat_means_a_cold_start_at_epoch_zero() {
     let recorded = configured + 2;
     let _cleanup = EnvoyCleanup(vec![configured, recorded]);
     let backend = Backend::start("ok").await;
-    // Envoy binds both itself, and each hot-restart epoch binds them again.
-    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
-    let setup = Setup::new(tmp.path(), admin_port, configured);
+    // Envoy binds it itself, and each hot-restart epoch binds it again.
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), configured);
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, 0),
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, 0),
     );
     std::fs::create_dir_all(&setup.state_dir).unwrap();
     let stale = EpochRecord::new(7, recorded, UnixMs(1_000), WriterId::new("gone").unwrap());
@@ -189,12 +189,12 @@ async fn sigterm_during_a_handoff_waits_for_it_then_stops_cleanly() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
     let backend = Backend::start("ok").await;
-    // Envoy binds both itself, and each hot-restart epoch binds them again.
-    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
-    let setup = Setup::new(tmp.path(), admin_port, base_id);
+    // Envoy binds it itself, and each hot-restart epoch binds it again.
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), base_id);
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, 0),
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, 0),
     );
     let metrics = setup.metrics.display().to_string();
     let mut sup = setup.spawn("term", &["--metrics-file", &metrics, "--debounce-ms", "50"]);
@@ -202,7 +202,12 @@ async fn sigterm_during_a_handoff_waits_for_it_then_stops_cleanly() {
     wait_live(&admin, 0, base_id, LIVE_LIMIT).await;
 
     // The next epoch takes about a second to initialize.
-    let slow = with_slow_init(&envoy_config(admin_port, listen_port, backend.port, 1));
+    let slow = with_slow_init(&envoy_config(
+        &setup.admin_socket(),
+        listen_port,
+        backend.port,
+        1,
+    ));
     write_atomically(&setup.config, &slow);
     wait_for_async("epoch 1 forked", Duration::from_secs(20), || {
         metric(&setup.metrics, "flock_supervisor_current_epoch") == Some(1.0)
@@ -242,12 +247,12 @@ async fn sigkill_takes_the_envoys_along_and_a_new_supervisor_recovers() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id, base_id + 1]);
     let backend = Backend::start("ok").await;
-    // Envoy binds both itself, and each hot-restart epoch binds them again.
-    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
-    let setup = Setup::new(tmp.path(), admin_port, base_id);
+    // Envoy binds it itself, and each hot-restart epoch binds it again.
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), base_id);
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, 0),
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, 0),
     );
     let admin = setup.admin();
     let mut sup = setup.spawn("killed", &["--debounce-ms", "50"]);

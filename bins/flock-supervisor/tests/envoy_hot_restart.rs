@@ -20,13 +20,13 @@ async fn hot_restarts_under_load_fail_no_request() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
     let backend = Backend::start("ok").await;
-    // Envoy binds both itself, and each hot-restart epoch binds them again.
-    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
-    let setup = Setup::new(tmp.path(), admin_port, base_id);
+    // Envoy binds it itself, and each hot-restart epoch binds it again.
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), base_id);
     let mut version = 0;
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, version),
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, version),
     );
     let ready = setup.ready.display().to_string();
     let metrics = setup.metrics.display().to_string();
@@ -58,7 +58,7 @@ async fn hot_restarts_under_load_fail_no_request() {
             version += 1;
             write_atomically(
                 &setup.config,
-                &envoy_config(admin_port, listen_port, backend.port, version),
+                &envoy_config(&setup.admin_socket(), listen_port, backend.port, version),
             );
         }
         wait_live(&admin, epoch, base_id, LIVE_LIMIT).await;
@@ -133,12 +133,17 @@ async fn rapid_triggers_never_fork_an_initializing_epoch() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
     let backend = Backend::start("ok").await;
-    // Envoy binds both itself, and each hot-restart epoch binds them again.
-    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
-    let setup = Setup::new(tmp.path(), admin_port, base_id);
+    // Envoy binds it itself, and each hot-restart epoch binds it again.
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), base_id);
     write_atomically(
         &setup.config,
-        &with_slow_init(&envoy_config(admin_port, listen_port, backend.port, 0)),
+        &with_slow_init(&envoy_config(
+            &setup.admin_socket(),
+            listen_port,
+            backend.port,
+            0,
+        )),
     );
     let metrics = setup.metrics.display().to_string();
     let mut sup = setup.spawn(
@@ -236,12 +241,12 @@ async fn invalid_config_is_rejected_and_the_old_epoch_keeps_serving() {
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
     let backend = Backend::start("ok").await;
-    // Envoy binds both itself, and each hot-restart epoch binds them again.
-    let (_held, [admin_port, listen_port]) = reserve_ports_for_child();
-    let setup = Setup::new(tmp.path(), admin_port, base_id);
+    // Envoy binds it itself, and each hot-restart epoch binds it again.
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), base_id);
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, 0),
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, 0),
     );
     let metrics = setup.metrics.display().to_string();
     let mut sup = setup.spawn(
@@ -253,7 +258,7 @@ async fn invalid_config_is_rejected_and_the_old_epoch_keeps_serving() {
     let load = Load::start(listen_port, 2, 1);
 
     // A route to a cluster that does not exist: YAML-valid, rejected by Envoy.
-    let bad = envoy_config(admin_port, listen_port, backend.port, 1).replace(
+    let bad = envoy_config(&setup.admin_socket(), listen_port, backend.port, 1).replace(
         "route: {cluster: backend}",
         "route: {cluster: no-such-cluster}",
     );
@@ -282,7 +287,7 @@ async fn invalid_config_is_rejected_and_the_old_epoch_keeps_serving() {
     // A valid edit goes through.
     write_atomically(
         &setup.config,
-        &envoy_config(admin_port, listen_port, backend.port, 2),
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, 2),
     );
     wait_live(&admin, 1, base_id, LIVE_LIMIT).await;
     let (ok, failed, errors) = load.stop().await;

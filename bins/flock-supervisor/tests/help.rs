@@ -29,6 +29,8 @@ fn help_names_envoy_its_state_and_the_restart_policy() {
         "--envoy-bin <PATH>",
         "--config <FILE>",
         "--state-dir <DIR>",
+        "--control-dir <DIR>",
+        "--admin-socket <PATH>",
         "--admin-address <HOST:PORT>",
         "--base-id <N>",
         "--ready-file <PATH>",

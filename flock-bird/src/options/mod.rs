@@ -23,6 +23,12 @@ use std::time::Duration;
 
 /// The default `--xds-socket`.
 pub const DEFAULT_XDS_SOCKET: &str = "/run/flock/xds.sock";
+/// Envoy's admin socket in the bootstrap (`--envoy-admin-socket`): where
+/// flock-supervisor looks for it with `--state-dir /run/flock/envoy` (its control
+/// directory `<state-dir>/control`, 0700).
+pub const DEFAULT_ENVOY_ADMIN_SOCKET: &str = "/run/flock/envoy/control/admin.sock";
+/// The admin socket's name in the `--dev` directory.
+pub const DEV_ENVOY_ADMIN_SOCKET: &str = "envoy-admin.sock";
 /// The node name under `--dev` without `--node-name`.
 pub const DEV_NODE_NAME: &str = "flock-dev";
 /// The shortest liveness probe interval (`--probe-interval-ms` is raised to it): a
@@ -279,9 +285,18 @@ pub struct Flags {
     /// Envoy's cluster name in the bootstrap (`envoy-bootstrap`).
     #[arg(long, default_value = "flock", value_name = "NAME", global = true)]
     pub envoy_cluster: String,
-    /// Envoy's admin port in the bootstrap (`envoy-bootstrap`), on 127.0.0.1.
-    #[arg(long, default_value_t = 15000, value_name = "PORT", global = true)]
-    pub envoy_admin_port: u16,
+    /// Envoy's admin socket in the bootstrap (`envoy-bootstrap`): a unix socket of
+    /// mode 0600 (default /run/flock/envoy/control/admin.sock, inside flock-supervisor's
+    /// 0700 control directory with `--state-dir /run/flock/envoy`; with --dev,
+    /// `envoy-admin.sock` in the --dev directory). flock-supervisor's `--admin-socket`
+    /// must name the same path.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub envoy_admin_socket: Option<PathBuf>,
+    /// Compatibility, opt-in: Envoy's admin on TCP 127.0.0.1:PORT instead of the unix
+    /// socket (wins over --envoy-admin-socket). Any process on the host can reach it,
+    /// stop Envoy (`/quitquitquit`) and read its config, secrets included.
+    #[arg(long, value_name = "PORT", global = true)]
+    pub envoy_admin_port: Option<u16>,
     /// Try-it-out mode: state, CNI and xDS sockets in a fresh temporary directory, the
     /// embedded in-memory registry (the `--registry` default), everything on loopback,
     /// node name `flock-dev` unless --node-name is given; the Envoy bootstrap is
@@ -461,8 +476,10 @@ pub struct Options {
     pub xds_socket_given: bool,
     /// `--envoy-cluster`, for the bootstrap.
     pub envoy_cluster: String,
-    /// `--envoy-admin-port`, for the bootstrap.
-    pub envoy_admin_port: u16,
+    /// `--envoy-admin-socket` or `--envoy-admin-port`, for the bootstrap.
+    pub envoy_admin: runtime::EnvoyAdmin,
+    /// Either was given (under `--dev` it wins over the temporary directory).
+    pub envoy_admin_given: bool,
     /// `--log-format`: `text` or `json`.
     pub log_format: String,
     /// The capabilities kept while running besides `CAP_SYS_ADMIN`: `--keep-capability`,
@@ -559,7 +576,9 @@ impl Options {
             dev: flags.dev,
             xds_socket_given: flags.xds_socket.is_some(),
             envoy_cluster: flags.envoy_cluster.clone(),
-            envoy_admin_port: flags.envoy_admin_port,
+            envoy_admin: envoy_admin(flags),
+            envoy_admin_given: flags.envoy_admin_socket.is_some()
+                || flags.envoy_admin_port.is_some(),
             log_format: flags.log_format.clone(),
             keep_capabilities,
             bind_time_capabilities: bind_time_capabilities(flags),
@@ -581,11 +600,14 @@ impl Options {
             .as_ref()
             .map(|s| s.path.clone())
             .unwrap_or_default();
+        if !self.envoy_admin_given {
+            self.envoy_admin = runtime::EnvoyAdmin::Socket(dir.join(DEV_ENVOY_ADMIN_SOCKET));
+        }
         let doc = runtime::envoy_bootstrap(
             &rt.agent.node_name,
             &self.envoy_cluster,
             &xds_path,
-            self.envoy_admin_port,
+            &self.envoy_admin,
         );
         (dir.join("envoy-bootstrap.json"), doc)
     }
@@ -611,8 +633,18 @@ pub fn envoy_bootstrap(flags: &Flags) -> Result<serde_json::Value, OptionsError>
         &node,
         &flags.envoy_cluster,
         &socket,
-        flags.envoy_admin_port,
+        &envoy_admin(flags),
     ))
+}
+
+/// Envoy's admin in the bootstrap: the opt-in TCP port, else the socket (default
+/// [`DEFAULT_ENVOY_ADMIN_SOCKET`]).
+fn envoy_admin(flags: &Flags) -> runtime::EnvoyAdmin {
+    match (flags.envoy_admin_port, &flags.envoy_admin_socket) {
+        (Some(port), _) => runtime::EnvoyAdmin::LoopbackPort(port),
+        (None, Some(path)) => runtime::EnvoyAdmin::Socket(path.clone()),
+        (None, None) => runtime::EnvoyAdmin::Socket(PathBuf::from(DEFAULT_ENVOY_ADMIN_SOCKET)),
+    }
 }
 
 /// The node name: --node-name / $FLOCK_NODE_NAME, `flock-dev` under --dev; validated.

@@ -94,9 +94,13 @@ fn every_default_is_the_documented_one() {
     assert!(!rt.agent.publish_from_scratch);
     assert!(!o.dev && !o.xds_socket_given);
     assert_eq!(
-        (o.envoy_cluster.as_str(), o.envoy_admin_port),
-        ("flock", 15000)
+        (o.envoy_cluster.as_str(), &o.envoy_admin),
+        (
+            "flock",
+            &runtime::EnvoyAdmin::Socket(PathBuf::from(DEFAULT_ENVOY_ADMIN_SOCKET))
+        )
     );
+    assert!(!o.envoy_admin_given);
     assert_eq!(o.log_format, "text");
     assert!(o.keep_capabilities.is_empty());
     assert!(o.bind_time_capabilities.is_empty());
@@ -603,16 +607,42 @@ fn dev_puts_state_and_sockets_in_its_directory_unless_a_socket_is_given() {
     assert_eq!(o.runtime.cni_socket, dir.join("cni.sock"));
     let xds = dir.join("run/xds.sock");
     assert_eq!(o.runtime.xds_socket.as_ref().unwrap().path, xds);
+    let dev_admin = runtime::EnvoyAdmin::Socket(dir.join("envoy-admin.sock"));
     assert_eq!(
         doc,
-        runtime::envoy_bootstrap(DEV_NODE_NAME, "flock", &xds, 15000)
+        runtime::envoy_bootstrap(DEV_NODE_NAME, "flock", &xds, &dev_admin)
     );
     let mut o = Options::check(&flags(&["--dev", "--xds-socket", "/s.sock"]), &env()).unwrap();
     let (_, doc) = o.dev_layout(dir);
     assert_eq!(o.runtime.xds_socket.unwrap().path, PathBuf::from("/s.sock"));
     assert_eq!(
         doc,
-        runtime::envoy_bootstrap(DEV_NODE_NAME, "flock", Path::new("/s.sock"), 15000)
+        runtime::envoy_bootstrap(DEV_NODE_NAME, "flock", Path::new("/s.sock"), &dev_admin)
+    );
+    // An admin given explicitly wins over the directory, the TCP port over the socket.
+    let mut o = Options::check(
+        &flags(&["--dev", "--envoy-admin-socket", "/e/admin.sock"]),
+        &env(),
+    )
+    .unwrap();
+    assert_eq!(
+        o.dev_layout(dir).1["admin"]["address"]["pipe"]["path"],
+        "/e/admin.sock"
+    );
+    let mut o = Options::check(
+        &flags(&[
+            "--dev",
+            "--envoy-admin-socket",
+            "/e",
+            "--envoy-admin-port",
+            "9",
+        ]),
+        &env(),
+    )
+    .unwrap();
+    assert_eq!(
+        o.dev_layout(dir).1["admin"]["address"]["socket_address"]["port_value"],
+        9
     );
 }
 
@@ -629,7 +659,12 @@ fn the_bootstrap_needs_a_node_name_and_a_known_socket() {
     .unwrap();
     assert_eq!(
         doc,
-        runtime::envoy_bootstrap("n1", "c", Path::new(DEFAULT_XDS_SOCKET), 9901)
+        runtime::envoy_bootstrap(
+            "n1",
+            "c",
+            Path::new(DEFAULT_XDS_SOCKET),
+            &runtime::EnvoyAdmin::LoopbackPort(9901)
+        )
     );
     // The agent would refuse these flags; the bootstrap only needs the node and socket.
     assert!(envoy_bootstrap(&flags(&["--node-name", "n1", "--registry-user", "u"])).is_ok());
@@ -641,8 +676,18 @@ fn the_bootstrap_needs_a_node_name_and_a_known_socket() {
     let doc = envoy_bootstrap(&flags(&["--dev", "--xds-socket", "/s"])).unwrap();
     assert_eq!(
         doc,
-        runtime::envoy_bootstrap(DEV_NODE_NAME, "flock", Path::new("/s"), 15000)
+        runtime::envoy_bootstrap(
+            DEV_NODE_NAME,
+            "flock",
+            Path::new("/s"),
+            &runtime::EnvoyAdmin::Socket(PathBuf::from(DEFAULT_ENVOY_ADMIN_SOCKET))
+        )
     );
+    // The default admin: a 0600 unix socket, no TCP port.
+    let admin = &doc["admin"]["address"];
+    assert_eq!(admin["pipe"]["path"], DEFAULT_ENVOY_ADMIN_SOCKET);
+    assert_eq!(admin["pipe"]["mode"], 0o600);
+    assert!(admin.get("socket_address").is_none());
     let e = envoy_bootstrap(&flags(&[])).unwrap_err().to_string();
     assert!(e.starts_with("no node name"), "{e}");
 }

@@ -87,7 +87,6 @@ pub fn config(state_dir: &std::path::Path) -> Config {
         "/nonexistent/envoy",
         state_dir.join("envoy.yaml"),
         state_dir.join("state"),
-        "127.0.0.1:9",
         WriterId::new("paused-test").unwrap(),
     );
     c.base_id = 7;

@@ -255,10 +255,15 @@ pub fn stats_about(stats: &BTreeMap<String, u64>, needle: &str) -> String {
 /// Envoy's `/server_info` (fetched with curl: Envoy sends it chunked, which
 /// [`http_get`] does not decode); `None` while it does not answer.
 pub fn envoy_server_info(admin: &str) -> Option<Value> {
-    let out = Command::new("curl")
-        .args(["-sf", "-m", "2", &format!("http://{admin}/server_info")])
-        .output()
-        .ok()?;
+    let mut curl = Command::new("curl");
+    curl.args(["-sf", "-m", "2"]);
+    if admin.starts_with('/') {
+        // Envoy's admin unix socket.
+        curl.args(["--unix-socket", admin, "http://localhost/server_info"]);
+    } else {
+        curl.arg(format!("http://{admin}/server_info"));
+    }
+    let out = curl.output().ok()?;
     serde_json::from_slice(&out.stdout).ok()
 }
 

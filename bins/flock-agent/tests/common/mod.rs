@@ -37,18 +37,29 @@ pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_flock-agent");
 
 pub use flock_testkit::{ChildPort, reserve_port_for_child, wait_for};
 
-/// One HTTP/1.1 `GET path` to `addr` (`host:port`) with `Connection: close`; the status
-/// and the body (the rest of the stream after the headers, de-chunked when the server
-/// sends it chunked, as Envoy's admin does for large answers such as `/config_dump`).
+/// One HTTP/1.1 `GET path` to `addr` (`host:port`, or the path of a unix socket such
+/// as Envoy's admin socket) with `Connection: close`; the status and the body (the rest
+/// of the stream after the headers, de-chunked when the server sends it chunked, as
+/// Envoy's admin does for large answers such as `/config_dump`).
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
+    if addr.starts_with('/') {
+        let mut s = std::os::unix::net::UnixStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )?;
+        s.read_to_end(&mut raw)?;
+    } else {
+        let mut s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        s.read_to_end(&mut raw)?;
+    }
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head
@@ -266,13 +277,14 @@ impl Agent {
     }
 
     /// The Envoy bootstrap this agent prints (`flock-agent envoy-bootstrap` with its
-    /// node name and socket), with Envoy's admin on 127.0.0.1:`admin_port`.
-    pub fn envoy_bootstrap(&self, node: &str, admin_port: u16) -> String {
+    /// node name and socket), with Envoy's admin on the unix socket `admin` (0600).
+    pub fn envoy_bootstrap(&self, node: &str, admin: &Path) -> String {
         let out = Command::new(AGENT_BIN)
             .args(["--node-name", node])
             .arg("--xds-socket")
             .arg(&self.xds_socket)
-            .args(["--envoy-admin-port", &admin_port.to_string()])
+            .arg("--envoy-admin-socket")
+            .arg(admin)
             .arg("envoy-bootstrap")
             .output()
             .unwrap();
@@ -842,15 +854,15 @@ impl Cni {
 }
 
 /// Real Envoy under `flock-supervisor`, with the bootstrap the agent prints
-/// (`flock-agent envoy-bootstrap`: Delta ADS over the agent's unix socket), its own base id, state dir and a reserved admin port. On drop: the
-/// supervisor and every Envoy of its base ids are killed, and their `/dev/shm` files
-/// removed.
+/// (`flock-agent envoy-bootstrap`: Delta ADS over the agent's unix socket), its own
+/// base id and state dir, and its admin on the unix socket in the supervisor's private
+/// control directory (`<state dir>/control/admin.sock`). On drop: the supervisor and
+/// every Envoy of its base ids are killed, and their `/dev/shm` files removed.
 pub struct SupervisedEnvoy {
     /// First field: dropped (killed, log printed) before `dir` is removed.
     pub proc: ChildGuard,
+    /// Envoy's admin socket's path, for [`http_get`].
     pub admin: String,
-    /// Envoy's admin port, reserved while its epochs may bind it.
-    pub admin_port: ChildPort,
     pub base_id: u32,
     pub dir: tempfile::TempDir,
 }
@@ -864,13 +876,14 @@ impl SupervisedEnvoy {
             .prefix("flock-envoy-test-")
             .tempdir()
             .unwrap();
-        // Every hot-restart epoch binds the same admin address again.
-        let admin_port = reserve_port_for_child();
-        let admin = format!("127.0.0.1:{admin_port}");
+        // Where the supervisor looks for it by default.
+        let state = dir.path().join("state");
+        let admin_socket = state.join("control").join("admin.sock");
+        let admin = admin_socket.display().to_string();
         let config = dir.path().join("envoy.json");
         std::fs::write(
             &config,
-            agent.envoy_bootstrap("flock-mesh-test", admin_port.port()),
+            agent.envoy_bootstrap("flock-mesh-test", &admin_socket),
         )
         .unwrap();
         // Steps of 4 leave room for the supervisor's "next free base id".
@@ -883,9 +896,7 @@ impl SupervisedEnvoy {
             .arg("--base-id")
             .arg(base_id.to_string())
             .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .arg("--admin-address")
-            .arg(&admin)
+            .arg(&state)
             .args(["--drain-time-s", "1", "--parent-shutdown-time-s", "2"])
             .args(["--", "--log-level", "info", "--concurrency", "1"])
             .env("RUST_LOG", "info");
@@ -901,7 +912,6 @@ impl SupervisedEnvoy {
         });
         Self {
             admin,
-            admin_port,
             base_id,
             dir,
             proc,

@@ -114,12 +114,14 @@ pub fn is_gone(pid: i32) -> bool {
     !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid)
 }
 
-/// The Envoy bootstrap used by the tests: a listener proxying to `backend_port`,
-/// adding response header `x-config-version: <version>`.
-pub fn envoy_config(admin_port: u16, listen_port: u16, backend_port: u16, version: u32) -> String {
+/// The Envoy bootstrap used by the tests: admin on the unix socket `admin` (mode
+/// 0600, as `flock-agent envoy-bootstrap` writes it), a listener proxying to
+/// `backend_port`, adding response header `x-config-version: <version>`.
+pub fn envoy_config(admin: &Path, listen_port: u16, backend_port: u16, version: u32) -> String {
+    let admin = admin.display();
     format!(
         r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
+  address: {{pipe: {{path: "{admin}", mode: 384}}}}
 static_resources:
   listeners:
   - name: ingress
@@ -317,30 +319,35 @@ pub struct Setup {
     pub dir: PathBuf,
     pub config: PathBuf,
     pub state_dir: PathBuf,
-    pub admin_port: u16,
     pub base_id: u32,
     pub ready: PathBuf,
     pub metrics: PathBuf,
 }
 
 impl Setup {
-    pub fn new(dir: &Path, admin_port: u16, base_id: u32) -> Self {
+    pub fn new(dir: &Path, base_id: u32) -> Self {
         Self {
             dir: dir.to_owned(),
             config: dir.join("envoy.yaml"),
             state_dir: dir.join("state"),
-            admin_port,
             base_id,
             ready: dir.join("ready"),
             metrics: dir.join("metrics.prom"),
         }
     }
 
+    /// The supervisor's default control directory (`<state-dir>/control`).
+    pub fn control_dir(&self) -> PathBuf {
+        self.state_dir.join("control")
+    }
+
+    /// Envoy's admin socket, where the supervisor looks for it by default.
+    pub fn admin_socket(&self) -> PathBuf {
+        self.control_dir().join("admin.sock")
+    }
+
     pub fn admin(&self) -> AdminClient {
-        AdminClient::new(
-            format!("127.0.0.1:{}", self.admin_port),
-            Duration::from_secs(1),
-        )
+        AdminClient::new(self.admin_socket(), Duration::from_secs(1))
     }
 
     /// Starts `flock-supervisor` with short drain times; `name` tags its log and
@@ -364,8 +371,6 @@ impl Setup {
             .arg(self.base_id.to_string())
             .arg("--state-dir")
             .arg(&self.state_dir)
-            .arg("--admin-address")
-            .arg(format!("127.0.0.1:{}", self.admin_port))
             .args(["--shutdown-margin-s", "3", "--handoff-timeout-s", "20"])
             .arg("--writer-id")
             .arg(format!("{name}-{}", std::process::id()))
@@ -462,6 +467,7 @@ pub fn metric(path: &Path, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
+#[allow(unused_imports)]
 pub use flock_testkit::{eventually, wait_for, wait_for_async};
 
 /// p-th percentile (0..=100) of `samples` (sorted in place).
