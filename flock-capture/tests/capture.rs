@@ -73,6 +73,28 @@ impl Ns {
         .unwrap()
     }
 
+    /// Starts a connection from `src` to `dst` inside this netns on a thread of its own
+    /// and returns at once: for a SYN the rules drop, whose `connect` would block
+    /// through the kernel's retries. The test judges by the drop counter and the
+    /// listener, never by waiting on the thread.
+    fn connect_detached(&self, src: &str, dst: &str) {
+        let src: SocketAddr = src.parse().unwrap();
+        let dst: SocketAddr = dst.parse().unwrap();
+        let file = File::open(self.path()).unwrap();
+        std::thread::spawn(move || {
+            setns(file.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
+            let family = if dst.is_ipv4() {
+                AddressFamily::Inet
+            } else {
+                AddressFamily::Inet6
+            };
+            let fd =
+                socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+            socket::bind(fd.as_fd().as_raw_fd_compat(), &SockaddrStorage::from(src)).unwrap();
+            let _ = socket::connect(fd.as_fd().as_raw_fd_compat(), &SockaddrStorage::from(dst));
+        });
+    }
+
     fn listen(&self, addr: &str) -> TcpListener {
         let addr: SocketAddr = addr.parse().unwrap();
         let l = self.run(move || TcpListener::bind(addr)).unwrap();
@@ -436,4 +458,65 @@ fn permissive_lets_plaintext_that_escaped_the_redirect_reach_the_app() {
     let mut buf = [0u8; 9];
     server.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"plaintext");
+}
+
+/// Waits until the strict drop rule has counted more than `before` packets.
+fn wait_dropped(pod: &Ns, before: u64, what: &str) {
+    let start = Instant::now();
+    while dropped(pod) <= before {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the strict rule never dropped {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Strict capture is default deny: a port the pod never declared (a debug or JMX port
+/// its app opens on all addresses) and Envoy's outbound listener, which would proxy a
+/// caller's connection out with the pod's identity, are unreachable from outside; the
+/// declared port still lands on Envoy and the pod's own outbound connections still get
+/// their replies.
+#[test]
+fn strict_denies_every_undeclared_inbound_port_and_envoys_outbound_listener() {
+    let (pod, peer) = pair();
+    Nft::new().apply(&pod.path(), &spec(Mode::Strict)).unwrap();
+    let debug = pod.listen("[::]:9090");
+    let envoy_out = pod.listen("[::]:15001");
+    let envoy_in = pod.listen("[::]:15006");
+    for (p1, me) in [("10.77.0.1", "10.77.0.2"), ("[fd77::1]", "[fd77::2]")] {
+        for (port, listener) in [(9090, &debug), (15001, &envoy_out)] {
+            let before = dropped(&pod);
+            peer.connect_detached(&format!("{p1}:0"), &format!("{me}:{port}"));
+            wait_dropped(&pod, before, &format!("a SYN to undeclared port {port}"));
+            assert!(
+                matches!(listener.accept(), Err(e) if e.kind() == ErrorKind::WouldBlock),
+                "a caller reached port {port} of a strict pod around Envoy"
+            );
+        }
+        // The declared port is captured, not denied.
+        let c = peer.connect(Some(&format!("{p1}:0")), &format!("{me}:8080"), None);
+        lands_on(&c, &envoy_in, &[&debug]);
+    }
+    // Replies to the pod's own (marked, Envoy's) connection pass the filter.
+    let remote = peer.listen("10.77.0.1:80");
+    let mut c = pod.connect(None, "10.77.0.1:80", Some(MARK));
+    let (mut server, _) = accepted(&remote);
+    server.write_all(b"reply").unwrap();
+    c.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut buf = [0u8; 5];
+    c.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"reply");
+}
+
+/// Permissive capture leaves a port the pod never declared open: what strict closes.
+#[test]
+fn permissive_leaves_undeclared_ports_reachable() {
+    let (pod, peer) = pair();
+    Nft::new()
+        .apply(&pod.path(), &spec(Mode::Permissive))
+        .unwrap();
+    let debug = pod.listen("[::]:9090");
+    let c = peer.connect(Some("10.77.0.1:0"), "10.77.0.2:9090", None);
+    lands_on(&c, &debug, &[]);
 }

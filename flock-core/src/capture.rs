@@ -43,7 +43,9 @@
 //!         type filter hook input priority filter; policy accept;
 //!         iifname "lo" accept
 //!         ip saddr 10.0.0.1 accept
-//!         tcp dport 8080 counter packets 0 bytes 0 drop
+//!         ct direction reply accept
+//!         tcp dport 15006 accept
+//!         meta l4proto tcp counter packets 0 bytes 0 drop
 //!     }
 //! }
 //! ```
@@ -57,20 +59,25 @@
 //! * **prerouting_nat** (connections into the pod): probe sources (the node's IPs, so
 //!   kubelet's probes reach the app) pass; TCP to each app port is redirected to its
 //!   inbound listen port. App ports in `exclude_inbound_ports` are not captured.
-//! * **input_filter** (strict mode only): after prerouting's redirect a captured
-//!   connection's packets carry the listen port, so a TCP packet to an app port that
-//!   arrives on a non-loopback interface from a non-probe source escaped the redirect.
-//!   nat sees only a connection's first packet, so the case is a connection conntrack
-//!   tracked before its port was captured (opened while the port was excluded, or
-//!   before the rules while conntrack already ran in the netns); strict mode drops its
-//!   packets (counted, so a test and an operator can see them). A connection conntrack
-//!   did not track yet is picked up mid-stream as new and redirected to Envoy, which
-//!   resets it. Envoy reaches the app over `lo`, which is accepted.
+//! * **input_filter** (strict mode only): default deny for TCP from outside. Loopback
+//!   (Envoy reaching the app), probe sources, replies to connections the pod opened
+//!   (conntrack's reply direction: Envoy's upstreams, excluded destinations), the
+//!   captured ports' listen ports (after prerouting's redirect a captured connection's
+//!   packets carry them) and excluded inbound app ports pass; every other TCP packet
+//!   is counted and dropped. So an undeclared port (a debug or JMX port the app opens
+//!   without declaring it) is unreachable from outside, and so is Envoy's outbound
+//!   listener, which would proxy a caller's connections with the pod's identity. nat
+//!   sees only a connection's first packet, so a connection conntrack tracked before
+//!   its port was captured (opened while the port was excluded) keeps its "no
+//!   translation" and arrives on the app port: dropped too. A connection conntrack did
+//!   not track yet is picked up mid-stream as new and redirected to Envoy, which
+//!   resets it.
 //!   Permissive mode has no filter chain: such connections reach the app.
 //! * No established/related rule: nat chains see only a connection's first packet
 //!   (conntrack applies the recorded translation to the rest), so such a rule would
 //!   change nothing there; the filter chain deliberately has none, or a connection
-//!   opened before the rules could keep talking to the app around Envoy.
+//!   opened before the rules could keep talking to the app around Envoy. It accepts
+//!   the reply direction only, which no connection a caller opened is ever in.
 //!
 //! # IPv6
 //!
@@ -281,6 +288,8 @@ pub enum Field {
     Ip6Daddr,
     /// `tcp dport`
     TcpDport,
+    /// `ct direction` (`original` or `reply`)
+    CtDirection,
 }
 
 impl Field {
@@ -295,6 +304,7 @@ impl Field {
             Field::Ip6Saddr => json!({"payload": {"protocol": "ip6", "field": "saddr"}}),
             Field::Ip6Daddr => json!({"payload": {"protocol": "ip6", "field": "daddr"}}),
             Field::TcpDport => json!({"payload": {"protocol": "tcp", "field": "dport"}}),
+            Field::CtDirection => json!({"ct": {"key": "direction"}}),
         }
     }
 
@@ -311,6 +321,13 @@ impl Field {
                 "iifname" => Some(Field::IifName),
                 _ => None,
             };
+        }
+        if let Some(key) = v
+            .get("ct")
+            .and_then(|m| m.get("key"))
+            .and_then(Value::as_str)
+        {
+            return (key == "direction").then_some(Field::CtDirection);
         }
         let p = v.get("payload")?;
         match (p.get("protocol")?.as_str()?, p.get("field")?.as_str()?) {
@@ -341,6 +358,7 @@ impl Field {
             Field::Ip6Saddr => "ip6 saddr",
             Field::Ip6Daddr => "ip6 daddr",
             Field::TcpDport => "tcp dport",
+            Field::CtDirection => "ct direction",
         }
     }
 }
@@ -389,7 +407,7 @@ impl MatchValue {
         match (self, field) {
             (MatchValue::Int(n), Field::MetaMark) => write!(f, "0x{n:08x}"),
             (MatchValue::Int(n), _) => write!(f, "{n}"),
-            (MatchValue::Str(s), Field::L4Proto) => write!(f, "{s}"),
+            (MatchValue::Str(s), Field::L4Proto | Field::CtDirection) => write!(f, "{s}"),
             (MatchValue::Str(s), _) => write!(f, "{s:?}"),
             (MatchValue::Net(c), _) => write!(f, "{c}"),
         }
@@ -775,7 +793,7 @@ impl CaptureSpec {
                 rules: pre,
             },
         );
-        if self.mode == Mode::Strict && !captured.is_empty() {
+        if self.mode == Mode::Strict {
             let mut input = vec![Rule(vec![
                 Stmt::matching(Field::IifName, [MatchValue::Str("lo".into())]),
                 Stmt::Accept,
@@ -783,14 +801,38 @@ impl CaptureSpec {
             for c in &probes {
                 input.push(net_rule(*c, Field::IpSaddr, Field::Ip6Saddr, Stmt::Accept));
             }
+            // Replies to the pod's own connections (Envoy's upstreams, excluded
+            // destinations): conntrack knows the pod opened them. An inbound
+            // connection's packets are always in the original direction, so this
+            // admits nothing a caller started.
             input.push(Rule(vec![
+                Stmt::matching(Field::CtDirection, [MatchValue::Str("reply".into())]),
+                Stmt::Accept,
+            ]));
+            let open = self.open_inbound_ports(&captured);
+            if !open.is_empty() {
+                input.push(Rule(vec![
+                    Stmt::Match {
+                        field: Field::TcpDport,
+                        values: ports(open),
+                    },
+                    Stmt::Accept,
+                ]));
+            }
+            // Default deny: every other TCP packet from outside, to any port — not only
+            // the declared app ports, or an undeclared one (a debug or JMX port) would
+            // be reachable in plaintext around Envoy, as would Envoy's outbound
+            // listener (a proxy holding the pod's identity).
+            let denied = if crate::reintroduced!("capture-strict-declared-ports-only") {
+                // The mutant drops only what reached a declared app port, as before.
                 Stmt::Match {
                     field: Field::TcpDport,
                     values: ports(captured.keys().copied()),
-                },
-                Stmt::Counter,
-                Stmt::Drop,
-            ]));
+                }
+            } else {
+                Stmt::matching(Field::L4Proto, [MatchValue::Str("tcp".into())])
+            };
+            input.push(Rule(vec![denied, Stmt::Counter, Stmt::Drop]));
             chains.insert(
                 "input_filter".to_string(),
                 Chain {
@@ -800,6 +842,17 @@ impl CaptureSpec {
             );
         }
         Ok(Ruleset { chains })
+    }
+
+    /// The ports strict mode lets a caller's TCP reach: the captured ports' listen ports
+    /// (a redirected connection's packets carry them) and the excluded app ports (the
+    /// operator's choice to reach those directly).
+    fn open_inbound_ports(&self, captured: &BTreeMap<u16, u16>) -> BTreeSet<u16> {
+        captured
+            .values()
+            .copied()
+            .chain(self.exclude_inbound_ports.iter().copied())
+            .collect()
     }
 
     fn validate(&self) -> Result<(), SpecError> {
@@ -1089,7 +1142,9 @@ mod tests {
       {"rule":{"family":"inet","table":"flock_capture","chain":"prerouting_nat","handle":14,"expr":[{"match":{"op":"==","left":{"payload":{"protocol":"tcp","field":"dport"}},"right":8080}},{"redirect":{"port":15006}}]}},
       {"rule":{"family":"inet","table":"flock_capture","chain":"input_filter","handle":15,"expr":[{"match":{"op":"==","left":{"meta":{"key":"iifname"}},"right":"lo"}},{"accept":null}]}},
       {"rule":{"family":"inet","table":"flock_capture","chain":"input_filter","handle":16,"expr":[{"match":{"op":"==","left":{"payload":{"protocol":"ip","field":"saddr"}},"right":"10.0.0.1"}},{"accept":null}]}},
-      {"rule":{"family":"inet","table":"flock_capture","chain":"input_filter","handle":17,"expr":[{"match":{"op":"==","left":{"payload":{"protocol":"tcp","field":"dport"}},"right":8080}},{"counter":{"packets":3,"bytes":180}},{"drop":null}]}}]}"#;
+      {"rule":{"family":"inet","table":"flock_capture","chain":"input_filter","handle":17,"expr":[{"match":{"op":"==","left":{"ct":{"key":"direction"}},"right":"reply"}},{"accept":null}]}},
+      {"rule":{"family":"inet","table":"flock_capture","chain":"input_filter","handle":18,"expr":[{"match":{"op":"==","left":{"payload":{"protocol":"tcp","field":"dport"}},"right":15006}},{"accept":null}]}},
+      {"rule":{"family":"inet","table":"flock_capture","chain":"input_filter","handle":19,"expr":[{"match":{"op":"==","left":{"meta":{"key":"l4proto"}},"right":"tcp"}},{"counter":{"packets":3,"bytes":180}},{"drop":null}]}}]}"#;
 
     #[test]
     fn nfts_canonical_listing_of_the_sample_verifies() {
@@ -1110,7 +1165,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("        tcp dport 8080 counter drop\n"),
+            text.contains(
+                "        ct direction reply accept\n        tcp dport 15006 accept\n        meta l4proto tcp counter drop\n"
+            ),
             "{text}"
         );
     }
@@ -1351,13 +1408,27 @@ mod tests {
                     prop_assert!(redirects.is_empty());
                 }
             }
-            // Strict drops exactly the captured app ports.
+            // Strict is default deny: its last rule drops all TCP; before it, the only
+            // ports a caller reaches are the captured ports' listen ports and the
+            // excluded app ports.
             match set.chains.get("input_filter") {
                 Some(c) => {
                     prop_assert_eq!(spec.mode, Mode::Strict);
-                    prop_assert_eq!(dport_values(c.rules.last().unwrap()), captured.clone());
+                    let last = c.rules.last().unwrap();
+                    prop_assert_eq!(
+                        &last.0[0],
+                        &Stmt::matching(Field::L4Proto, [MatchValue::Str("tcp".into())])
+                    );
+                    prop_assert_eq!(last.0.last(), Some(&Stmt::Drop));
+                    let open: BTreeSet<u64> = c.rules.iter().flat_map(dport_values).collect();
+                    let want: BTreeSet<u64> = spec.inbound.iter()
+                        .filter(|(a, _)| !spec.exclude_inbound_ports.contains(a))
+                        .map(|(_, l)| u64::from(*l))
+                        .chain(spec.exclude_inbound_ports.iter().map(|p| u64::from(*p)))
+                        .collect();
+                    prop_assert_eq!(open, want);
                 }
-                None => prop_assert!(spec.mode == Mode::Permissive || captured.is_empty()),
+                None => prop_assert_eq!(spec.mode, Mode::Permissive),
             }
             // Excluded outbound ports are returned before the redirect, never redirected.
             let out = &set.chains["output_nat"].rules;

@@ -60,6 +60,7 @@ pub const KNOWN: &[&str] = &[
     "issuance-any-node",
     "netns-node-allowed",
     "capture-annotation-lowers-enforced",
+    "capture-strict-declared-ports-only",
     "registry-wildcard-identity",
     "noncanonical-address",
     "xds-union-peer-identities",
