@@ -65,30 +65,38 @@ pub fn envoy_bin() -> PathBuf {
 /// An Envoy bootstrap (YAML) that takes listeners and clusters over ADS from an xDS
 /// server on 127.0.0.1:`xds_port` (gRPC over HTTP/2, `api_type` `GRPC` for
 /// state-of-the-world or `DELTA_GRPC`), as node `node_id` of cluster `flock-test`,
-/// with its admin endpoint on 127.0.0.1:`admin_port`.
-pub fn ads_bootstrap(node_id: &str, api_type: &str, xds_port: u16, admin_port: u16) -> String {
+/// with its admin endpoint on the unix socket `admin` (mode 0600, as flock's own
+/// bootstrap has it: a TCP admin port would let any local process stop Envoy).
+/// `admin` must be a path without `"` or newlines.
+pub fn ads_bootstrap(node_id: &str, api_type: &str, xds_port: u16, admin: &Path) -> String {
     bootstrap_with_xds_address(
         node_id,
         api_type,
         &format!("socket_address: {{ address: 127.0.0.1, port_value: {xds_port} }}"),
-        admin_port,
+        admin,
     )
+}
+
+/// `path` as a double-quoted YAML string; panics on a path that needs escaping.
+fn yaml_path(path: &Path) -> &str {
+    let path = path.to_str().expect("a UTF-8 socket path");
+    assert!(
+        !path.contains(['"', '\n', '\\']),
+        "socket path {path:?} cannot be quoted in YAML as is"
+    );
+    path
 }
 
 /// Like [`ads_bootstrap`], with the xDS server on the unix socket `socket` (Envoy's
 /// `pipe` address), as the agent serves its node's Envoy. `socket` must be a path
 /// without `"` or newlines (the tests' temporary directories are).
-pub fn pipe_ads_bootstrap(node_id: &str, api_type: &str, socket: &Path, admin_port: u16) -> String {
-    let path = socket.to_str().expect("a UTF-8 socket path");
-    assert!(
-        !path.contains(['"', '\n', '\\']),
-        "socket path {path:?} cannot be quoted in YAML as is"
-    );
+pub fn pipe_ads_bootstrap(node_id: &str, api_type: &str, socket: &Path, admin: &Path) -> String {
+    let path = yaml_path(socket);
     bootstrap_with_xds_address(
         node_id,
         api_type,
         &format!("pipe: {{ path: \"{path}\" }}"),
-        admin_port,
+        admin,
     )
 }
 
@@ -96,12 +104,13 @@ fn bootstrap_with_xds_address(
     node_id: &str,
     api_type: &str,
     xds_address: &str,
-    admin_port: u16,
+    admin: &Path,
 ) -> String {
+    let admin = yaml_path(admin);
     format!(
         r#"node: {{ id: "{node_id}", cluster: "flock-test" }}
 admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }} }}
+  address: {{ pipe: {{ path: "{admin}", mode: 384 }} }}
 dynamic_resources:
   ads_config:
     api_type: {api_type}

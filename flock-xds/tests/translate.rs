@@ -1580,8 +1580,13 @@ mod live {
             let path = dir.join("bootstrap.yaml");
             std::fs::write(
                 &path,
-                // Admin on port 0: these tests never call it.
-                flock_testkit::ads_bootstrap("flock-e2e", "GRPC", xds_port, 0),
+                // These tests never call the admin.
+                flock_testkit::ads_bootstrap(
+                    "flock-e2e",
+                    "GRPC",
+                    xds_port,
+                    &dir.join("admin.sock"),
+                ),
             )
             .unwrap();
             let child = std::process::Command::new(&envoy)

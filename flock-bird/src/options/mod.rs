@@ -358,8 +358,10 @@ pub struct Flags {
     /// destination; destinations outside the mesh pass through) and inbound
     /// connections to the app ports through Envoy's inbound listeners. `off` (the
     /// default): no rules, apps call Envoy's outbound listener explicitly, and the xDS
-    /// output is the same as without this flag. `strict`: inbound listeners take mTLS
-    /// only, and a plaintext connection that escaped the redirect is dropped.
+    /// output is the same as without this flag. `strict`: default deny — inbound
+    /// listeners take mTLS only, and TCP from outside to any other port (an undeclared
+    /// one, Envoy's outbound listener, a connection that escaped the redirect) is
+    /// dropped; the probe sources and excluded inbound ports still pass.
     /// `permissive`: plaintext callers (not meshed yet) still reach the app, through
     /// Envoy. A pod's `flock.io/capture: off|strict|permissive` annotation overrides
     /// this (in kube mode the Pod's annotation), but no pod is captured while this is

@@ -83,8 +83,9 @@ pub enum Setting {
     /// No capture: apps use Envoy's outbound listener explicitly (the default).
     #[default]
     Off,
-    /// Captured; plaintext that escaped the redirect is dropped ([`Mode::Strict`]), and
-    /// the inbound listeners take mTLS only.
+    /// Captured, default deny ([`Mode::Strict`]): TCP from outside reaches only the
+    /// inbound listeners, which take mTLS only (and the probe sources and excluded
+    /// ports).
     Strict,
     /// Captured; plaintext callers still reach the app ([`Mode::Permissive`]).
     Permissive,

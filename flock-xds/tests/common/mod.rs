@@ -82,13 +82,20 @@ impl Drop for ChildGuard {
 
 /// One HTTP/1.1 exchange on a fresh connection: (status, body). `None` if the
 /// connection failed or the response was not HTTP.
+/// `addr` is `host:port`, or the path of a unix socket (Envoy's admin).
 pub async fn http_get(addr: &str, path: &str, host: &str) -> Option<(u16, String)> {
     let fut = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
         let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
         let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
+        if addr.starts_with('/') {
+            let mut s = tokio::net::UnixStream::connect(addr).await.ok()?;
+            s.write_all(req.as_bytes()).await.ok()?;
+            s.read_to_end(&mut buf).await.ok()?;
+        } else {
+            let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+            s.write_all(req.as_bytes()).await.ok()?;
+            s.read_to_end(&mut buf).await.ok()?;
+        }
         let text = String::from_utf8_lossy(&buf).to_string();
         let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
         let body = text
@@ -103,8 +110,10 @@ pub async fn http_get(addr: &str, path: &str, host: &str) -> Option<(u16, String
         .flatten()
 }
 
-/// Envoy with an ADS bootstrap pointing at `xds_port`, its admin on a port it picks.
+/// Envoy with an ADS bootstrap pointing at `xds_port`, its admin on a unix socket
+/// (mode 0600) in its temporary directory.
 pub struct Envoy {
+    /// The admin socket's path, for [`http_get`].
     pub admin: String,
     pub guard: ChildGuard,
     _dir: TempDir,
@@ -112,21 +121,19 @@ pub struct Envoy {
 
 impl Envoy {
     /// Starts Envoy (node id `node_id`, ADS `api_type` "GRPC" or "DELTA_GRPC") and
-    /// waits until its admin endpoint answers. The admin listens on port 0 and Envoy
-    /// writes the address it bound to `--admin-address-path`: no port picked for it in
-    /// advance, so none another process could take first.
+    /// waits until its admin endpoint answers. The admin is a unix socket in the
+    /// test's own directory: no port, so none another process could take first or
+    /// reach.
     pub async fn start(node_id: &str, api_type: &str, xds_port: u16) -> Self {
         let dir = TempDir::new("envoy");
-        let bootstrap = flock_testkit::ads_bootstrap(node_id, api_type, xds_port, 0);
+        let admin_socket = dir.0.join("admin.sock");
+        let bootstrap = flock_testkit::ads_bootstrap(node_id, api_type, xds_port, &admin_socket);
         let path = dir.0.join("bootstrap.yaml");
         std::fs::write(&path, bootstrap).unwrap();
         let log = dir.0.join("envoy.log");
-        let admin_file = dir.0.join("admin.address");
         let child = Command::new(envoy_bin())
             .arg("-c")
             .arg(&path)
-            .arg("--admin-address-path")
-            .arg(&admin_file)
             .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
@@ -138,7 +145,7 @@ impl Envoy {
             log: dir.0.join("envoy.err"),
         };
         let admin = eventually(
-            "Envoy's admin address file",
+            "Envoy's admin socket",
             Duration::from_secs(30),
             async || {
                 if let Ok(Some(status)) = guard.child.try_wait() {
@@ -147,10 +154,9 @@ impl Envoy {
                         guard.log_tail()
                     );
                 }
-                std::fs::read_to_string(&admin_file)
-                    .ok()
-                    .map(|a| a.trim().to_owned())
-                    .filter(|a| !a.is_empty())
+                admin_socket
+                    .exists()
+                    .then(|| admin_socket.display().to_string())
             },
         )
         .await;
