@@ -61,6 +61,7 @@ pub const KNOWN: &[&str] = &[
     "netns-node-allowed",
     "capture-annotation-lowers-enforced",
     "capture-strict-declared-ports-only",
+    "envoy-user-ignored",
     "registry-wildcard-identity",
     "noncanonical-address",
     "xds-union-peer-identities",

@@ -13,6 +13,8 @@ use flock_hotrestart::config::{self, defaults};
 use flock_hotrestart::envoy::{SHIM_ARG, exec_with_parent_death_signal};
 use flock_hotrestart::{Config, Exit};
 
+mod user;
+
 /// Runs Envoy and hot-restarts it without dropping a request.
 ///
 /// Starts Envoy at the epoch flock-core's start decision picks (epoch+1 of a LIVE
@@ -33,6 +35,13 @@ use flock_hotrestart::{Config, Exit};
 /// another uid is refused. Envoy's bootstrap must put the admin there, mode 0600:
 ///   admin: {address: {pipe: {path: <control-dir>/admin.sock, mode: 384}}}
 /// (`flock-agent envoy-bootstrap` writes that by default).
+///
+/// With `--user UID[:GID]` the supervisor switches to that uid at start, so every
+/// Envoy runs as it, not as root: the agent's CNI socket and state (uid 0's) refuse
+/// it, and `flock-agent --envoy-uid UID` hands it the xDS socket. Envoy keeps
+/// CAP_SYS_ADMIN, CAP_NET_ADMIN and CAP_NET_BIND_SERVICE (those the supervisor had)
+/// as ambient capabilities; the state and control directories must be the uid's to
+/// create.
 ///
 /// Example:
 ///   flock-supervisor --envoy-bin /usr/local/bin/envoy --config /etc/envoy/envoy.yaml
@@ -158,6 +167,12 @@ struct Args {
     #[arg(long)]
     no_parent_death_signal: bool,
 
+    /// Run as this uid (and gid; default the uid's number) instead of root, and every
+    /// Envoy with it. Numbers only; 0 is refused. Needs the supervisor started as root
+    /// with CAP_SETUID, CAP_SETGID and CAP_SETPCAP, which the switch drops.
+    #[arg(long, value_name = "UID[:GID]", value_parser = user::parse)]
+    user: Option<user::User>,
+
     /// Extra arguments passed to Envoy (after `--`), e.g. `-- --log-level warn`.
     #[arg(last = true, value_name = "ENVOY ARGS")]
     envoy_args: Vec<OsString>,
@@ -190,6 +205,29 @@ fn main() -> ExitCode {
             }
         }
     };
+    // Before any thread starts: capabilities and uids are per thread.
+    // The mutant keeps root: Envoy then passes every uid check of the agent's.
+    let user = args
+        .user
+        .filter(|_| !flock_core::reintroduced!("envoy-user-ignored"));
+    if let Some(u) = user {
+        match user::become_user(u) {
+            Ok(kept) => {
+                let mut kept: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
+                kept.sort();
+                tracing::info!(
+                    uid = u.uid,
+                    gid = u.gid,
+                    ambient = %kept.join(","),
+                    "running as Envoy's own uid"
+                );
+            }
+            Err(e) => {
+                eprintln!("flock-supervisor: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let mut config = Config::new(args.envoy_bin, args.config, args.state_dir, writer);
     config.control_dir = args.control_dir;
     config.admin_address = match (args.admin_socket, args.admin_address) {
