@@ -152,5 +152,8 @@ fn a_supervisor_that_cannot_switch_uids_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--user 1337:1337"), "{stderr}");
-    assert!(!setup.state_dir.exists(), "it went on after the failed switch");
+    assert!(
+        !setup.state_dir.exists(),
+        "it went on after the failed switch"
+    );
 }
