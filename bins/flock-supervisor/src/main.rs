@@ -2,6 +2,10 @@
 //!
 //! Argument parsing and wiring only; the supervisor is `flock_hotrestart::supervisor`.
 
+// The `Args` doc comment is clap's verbatim `--help` text, with `<placeholders>` a
+// terminal shows as typed; rustdoc would read them as HTML tags.
+#![allow(rustdoc::invalid_html_tags)]
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
