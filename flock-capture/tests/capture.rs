@@ -83,14 +83,7 @@ impl Ns {
         let file = File::open(self.path()).unwrap();
         std::thread::spawn(move || {
             setns(file.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
-            let family = if dst.is_ipv4() {
-                AddressFamily::Inet
-            } else {
-                AddressFamily::Inet6
-            };
-            let fd =
-                socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
-            socket::bind(fd.as_fd().as_raw_fd_compat(), &SockaddrStorage::from(src)).unwrap();
+            let fd = bound_socket(Some(src), dst, None);
             let _ = socket::connect(fd.as_fd().as_raw_fd_compat(), &SockaddrStorage::from(dst));
         });
     }
@@ -107,23 +100,32 @@ impl Ns {
         let src: Option<SocketAddr> = src.map(|s| s.parse().unwrap());
         let dst: SocketAddr = dst.parse().unwrap();
         self.run(move || {
-            let family = if dst.is_ipv4() {
-                AddressFamily::Inet
-            } else {
-                AddressFamily::Inet6
-            };
-            let fd =
-                socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
-            if let Some(mark) = mark {
-                socket::setsockopt(&fd, sockopt::Mark, &mark).unwrap();
-            }
-            if let Some(src) = src {
-                socket::bind(fd.as_fd().as_raw_fd_compat(), &SockaddrStorage::from(src)).unwrap();
-            }
+            let fd = bound_socket(src, dst, mark);
             socket::connect(fd.as_fd().as_raw_fd_compat(), &SockaddrStorage::from(dst)).unwrap();
             TcpStream::from(fd)
         })
     }
+}
+
+/// A TCP socket of `dst`'s family, with `SO_MARK` `mark`, bound to `src` if given.
+fn bound_socket(
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+    mark: Option<u32>,
+) -> std::os::fd::OwnedFd {
+    let family = if dst.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+    if let Some(mark) = mark {
+        socket::setsockopt(&fd, sockopt::Mark, &mark).unwrap();
+    }
+    if let Some(src) = src {
+        socket::bind(fd.as_fd().as_raw_fd_compat(), &SockaddrStorage::from(src)).unwrap();
+    }
+    fd
 }
 
 /// nix 0.32's bind/connect take a raw fd; the fd stays owned by the `OwnedFd`.
