@@ -361,9 +361,27 @@ pub(crate) fn parse_key(path: &Path, pem: &[u8]) -> Result<CaKey, CaDirError> {
 }
 
 fn parse_x509<'a>(path: &Path, der: &'a [u8]) -> Result<X509Certificate<'a>, CaDirError> {
-    X509Certificate::from_der(der)
+    let cert = X509Certificate::from_der(der)
         .map(|(_, c)| c)
-        .map_err(|e| err(path, format!("not an X.509 certificate: {e}")))
+        .map_err(|e| err(path, format!("not an X.509 certificate: {e}")))?;
+    // Signing writes the issuer's subject into every certificate it signs, and the DER
+    // writer panics on an attribute type OID it cannot encode (a first arc above 2, a
+    // second arc of 40 or more under arc 0 or 1, an arc beyond 64 bits) — which BER
+    // parsing accepts. Refused here, for every certificate the directory holds.
+    for attr in cert.subject().iter_attributes() {
+        let oid = attr.attr_type();
+        let arcs: Option<Vec<u64>> = oid.iter().map(Iterator::collect);
+        let encodable = arcs.is_some_and(|a| {
+            a.len() >= 2 && a[0] < 3 && (a[0] == 2 || a[1] < 40) && a[1] < u64::MAX - 80
+        });
+        if !encodable {
+            return Err(err(
+                path,
+                format!("its subject has an attribute type {oid} that DER cannot encode"),
+            ));
+        }
+    }
+    Ok(cert)
 }
 
 fn unix_ms_of(t: x509_parser::time::ASN1Time) -> UnixMs {
