@@ -262,12 +262,16 @@ fn a_captured_records_pod_model_carries_mode_and_mark() {
     );
     let pod = flock_core::pod::admit(&req).unwrap().unwrap();
     let capture =
-        flock_core::capture::policy::resolve(&cfg, &pod.capture, &req.gateways, &pod.ports)
+        flock_core::capture::policy::resolve(&cfg, &pod.capture, &pod.ports)
             .unwrap()
             .unwrap();
     assert_eq!(capture.mode, Mode::Permissive);
     assert_eq!(capture.exclude_outbound_ports, vec![5432, 6379]);
-    assert_eq!(capture.probe_sources, vec!["10.1.0.1".parse().unwrap()]);
+    // The gateway is never a probe source: only the link-local one kubelet is given.
+    assert_eq!(
+        capture.probe_sources,
+        flock_core::capture::policy::default_probe_sources()
+    );
     let mut rec = flock_bird::model::PodRecord::admitted(pod, flock_core::UnixMs::ZERO);
     rec.capture = Some(capture);
     let model = mesh::pod_model(&rec, None).unwrap().capture.unwrap();

@@ -63,7 +63,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+mod node;
+
 use flock_core::capture::{self, CaptureSpec, Drift, ParseError, Ruleset, SpecError};
+
+pub use node::probe_cgroups;
 
 pub use flock_core::capture::{Cidr, Mode};
 

@@ -91,6 +91,7 @@
 //! pod's path. Neither exists, so UDP is neither redirected nor dropped.
 
 pub mod policy;
+pub mod probe;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -61,6 +61,8 @@ pub const KNOWN: &[&str] = &[
     "netns-node-allowed",
     "capture-annotation-lowers-enforced",
     "capture-strict-declared-ports-only",
+    "probe-snat-any-host-socket",
+    "capture-probe-gateway-exempt",
     "envoy-user-ignored",
     "registry-wildcard-identity",
     "noncanonical-address",

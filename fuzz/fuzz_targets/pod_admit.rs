@@ -5,8 +5,8 @@
 //! quoted by prefix, so a huge annotation cannot make a huge CNI error).
 //!
 //! The capture annotations (`flock.io/capture`, `flock.io/capture-exclude-*`) are among
-//! them, and an admitted pod's capture is resolved against a node's settings and the
-//! CNI result's gateways as the agent does (`flock_core::capture::policy::resolve`,
+//! them, and an admitted pod's capture is resolved against a node's settings (never
+//! exempting the CNI result's gateways) as the agent does (`flock_core::capture::policy::resolve`,
 //! after `admit`): a resolved capture gives rules for the pod's ports, holds the pod's
 //! and the node's exclusions within the limit, and its mode is the pod's choice or the
 //! node's; a refusal names a capture annotation, briefly.
@@ -14,7 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use flock_core::capture::policy::{ANNOTATIONS, NodeCapture, Setting, resolve};
+use flock_core::capture::policy::{
+    ANNOTATIONS, NodeCapture, Setting, default_probe_sources, resolve,
+};
 use flock_core::capture::{Cidr, MAX_SPEC_ENTRIES};
 use flock_core::pod::{
     AddRequest, PORTS_ANNOTATION, SERVICE_ACCOUNT_ANNOTATION, SERVICE_ANNOTATION, admit, validate,
@@ -77,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
             if let Err(e) = validate(&pod.fields()) {
                 panic!("admit accepted a pod that validate refuses: {e}");
             }
-            match resolve(&node, &pod.capture, &req.gateways, &pod.ports) {
+            match resolve(&node, &pod.capture, &pod.ports) {
                 Ok(None) => assert_eq!(pod.capture.setting.unwrap_or(node.setting), Setting::Off),
                 Ok(Some(capture)) => {
                     let setting = pod.capture.setting.unwrap_or(node.setting);
@@ -108,8 +110,8 @@ fuzz_target!(|data: &[u8]| {
                         assert!(capture.exclude_inbound_ports.contains(port));
                     }
                     if node.probe_sources.is_empty() {
-                        let gateways = req.gateways.iter().filter(|g| !g.trim().is_empty());
-                        assert!(capture.probe_sources.len() <= gateways.count());
+                        // Never the gateways: only the link-local probe source.
+                        assert_eq!(capture.probe_sources, default_probe_sources());
                     } else {
                         assert_eq!(capture.probe_sources, node.probe_sources);
                     }

@@ -14,8 +14,11 @@
 //!   while it reaches a permissive pod's app (through Envoy's plaintext chain); A's
 //!   request to a server outside the mesh passes through Envoy's passthrough cluster
 //!   and the server sees A's own address; an excluded outbound port bypasses Envoy;
-//!   the node (the probe source) reaches B's app directly; Envoy hot-restarted by the
-//!   supervisor under a stream of captured requests fails none of them.
+//!   plaintext from the node itself (its gateway address: a hostNetwork process) is
+//!   refused like any outside caller's, while a kubelet-style probe (a process in the
+//!   `--capture-probe-cgroup` cgroup) reaches B's app directly from the link-local
+//!   probe source; Envoy hot-restarted by the supervisor under a stream of captured
+//!   requests fails none of them.
 //! * `agent_crash_leaves_one_table_and_check_and_restart_repair_drift`: SIGKILL and
 //!   restart leave exactly one flock table with the same rules; CNI CHECK (libcni)
 //!   fails with a message naming the netns and the missing table after the test
@@ -114,10 +117,16 @@ impl Mesh {
 }
 
 fn capture_agent() -> Agent {
+    capture_agent_with(&[])
+}
+
+fn capture_agent_with(extra: &[&str]) -> Agent {
     let _ = required_env("FLOCK_CNI_PLUGIN_DIR");
     let _ = required_env("FLOCK_CNITOOL");
     let _ = envoy_bin();
-    Agent::start(&["--capture", "strict", "--trust-domain", TRUST_DOMAIN])
+    let mut args = vec!["--capture", "strict", "--trust-domain", TRUST_DOMAIN];
+    args.extend_from_slice(extra);
+    Agent::start(&args)
 }
 
 /// Waits until A's unmodified request to `url` is answered 200 (Envoy has the routes).
@@ -130,10 +139,20 @@ fn until_ok(ns: &NetNs, url: &str) -> String {
 
 #[test]
 fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
-    let agent = capture_agent();
+    let probe_cgroup = ProbeCgroup::new("e2e");
+    let agent = capture_agent_with(&["--capture-probe-cgroup", &probe_cgroup.name]);
     let envoy = SupervisedEnvoy::start(&agent);
     let mesh = Mesh::start(&agent, "e2e");
     let (a, b, p, n) = (&mesh.a, &mesh.b, &mesh.p, &mesh.n);
+    // Every pod on a Kubernetes pod network has a default route via the node (this
+    // test's bridge conflist gives none): B answers kubelet's probe source through it.
+    for pod in [a, b, p, n] {
+        let route = std::process::Command::new("ip")
+            .args(["-n", &pod.ns.name, "route", "replace", "default", "via", &pod.gateway])
+            .status()
+            .unwrap();
+        assert!(route.success(), "adding {}'s default route", pod.name);
+    }
 
     // The rules are in every meshed pod's netns once ADD has answered; N has none.
     for pod in [a, b, p] {
@@ -274,15 +293,37 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
         "the excluded port's connection reached an Envoy listener"
     );
 
-    // ---- The node (the probe source: the pod network's gateway) reaches B's app
-    // directly, as kubelet's probes must.
+    // ---- The node's own processes are callers like any other: plaintext from the
+    // node (a hostNetwork process, whose source is the node's address on the pod
+    // network, the gateway — where kube-proxy-SNATed traffic comes from too) lands on
+    // B's inbound listener and is refused; B's app never sees it.
     assert!(!b.gateway.is_empty(), "no gateway in B's ADD result");
     let before = envoy_stats(&envoy.admin);
     let (status, body) = curl_from_node(&url_b);
+    assert_ne!(
+        status, 200,
+        "strict: plaintext from the node's gateway address reached B's app: {body}"
+    );
+    let after = envoy_stats(&envoy.admin);
+    assert!(
+        after.get(&inbound_cx_b).copied().unwrap_or(0)
+            > before.get(&inbound_cx_b).copied().unwrap_or(0),
+        "strict: the node's plaintext did not land on B's inbound listener"
+    );
+    let seen = peers_seen(&mesh.b_app);
+    assert!(
+        !seen.iter().any(|s| s.starts_with(&format!("{}:", b.gateway))),
+        "strict: B's app saw the node's gateway address: {seen:?}"
+    );
+
+    // ---- Kubelet's probes (a process in the probe cgroup) leave the node from the
+    // link-local probe source and reach B's app directly, not through Envoy.
+    let before = envoy_stats(&envoy.admin);
+    let (status, body) = probe_cgroup.curl(&url_b);
     assert_eq!(status, 200, "{body}");
     assert!(
-        body.starts_with(&format!("web-0 saw {}:", b.gateway)),
-        "the probe did not reach B's app directly: {body}"
+        body.starts_with("web-0 saw 169.254.7.127:"),
+        "the probe did not reach B's app from the probe source: {body}"
     );
     let after = envoy_stats(&envoy.admin);
     assert_eq!(

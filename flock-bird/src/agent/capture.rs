@@ -12,6 +12,7 @@ use super::Agent;
 use crate::model::PodRecord;
 use flock_capture::{CaptureError, Nft};
 use flock_core::capture::policy::PodCapture;
+use flock_core::capture::probe::NodeProbeTable;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -46,6 +47,9 @@ impl Agent {
         let Some(capture) = &rec.capture else {
             return Ok(());
         };
+        // Kubelet's probes get the probe source on their way to this pod before its
+        // containers start (they start after the ADD is answered).
+        self.refresh_node_table().await?;
         let netns = PathBuf::from(&rec.netns);
         let spec = capture.spec(&rec.ports);
         match blocking(move |nft| nft.apply(&netns, &spec)).await {
@@ -69,6 +73,9 @@ impl Agent {
         if rec.capture.is_none() {
             return;
         }
+        if let Err(e) = self.refresh_node_table().await {
+            tracing::warn!(pod = %rec.pod_ref(), "{e}");
+        }
         let netns = PathBuf::from(&rec.netns);
         if !netns.exists() {
             return;
@@ -80,6 +87,40 @@ impl Agent {
             Err(e) => {
                 self.metrics.capture.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(pod = %rec.pod_ref(), netns = %rec.netns, "removing the capture rules failed: {e}");
+            }
+        }
+    }
+
+    /// Rebuilds the node's probe table (`inet`/`bridge flock_node`, see
+    /// `flock_core::capture::probe`) from the live captured pods' addresses, when the
+    /// node names probe cgroups (`--capture-probe-cgroup`); nothing otherwise. The
+    /// pods are read after the lock is taken, so the last rebuild always reflects
+    /// every change that finished before it.
+    pub(super) async fn refresh_node_table(&self) -> Result<(), String> {
+        let cgroups = &self.cfg.capture.probe_cgroups;
+        if cgroups.is_empty() {
+            return Ok(());
+        }
+        let _turn = self.node_table.lock().await;
+        let table = NodeProbeTable {
+            cgroups: cgroups.iter().cloned().collect(),
+            targets: self
+                .core()
+                .pods()
+                .iter()
+                .filter(|(_, rec)| rec.capture.is_some())
+                .flat_map(|(_, rec)| rec.ips.iter().map(|ip| ip.to_canonical()))
+                .collect(),
+        };
+        let targets = table.targets.len();
+        match blocking(move |nft| nft.apply_node(None, &table)).await {
+            Ok(()) => {
+                tracing::debug!(targets, "node probe table rebuilt");
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.capture.errors.fetch_add(1, Ordering::Relaxed);
+                Err(format!("the node's probe table (inet flock_node): {e}"))
             }
         }
     }

@@ -137,6 +137,10 @@ impl Agent {
             .map(|rec| PodRecord::clone(&rec))
             .collect();
         let repaired = self.capture_repair(&captured).await;
+        if let Err(e) = self.refresh_node_table().await {
+            // The next captured ADD or DEL rebuilds it again.
+            tracing::error!("kubelet's probes to captured pods may be refused: {e}");
+        }
         self.store_loaded.store(true, Ordering::Release);
         tracing::info!(
             captured = captured.len(),

@@ -140,6 +140,10 @@ pub struct Agent {
     /// How the xDS clients answer (NACKs, slow ACKs): the server's hook, read by
     /// `/readyz` and `/metrics`.
     xds_answers: Arc<crate::xds_answers::XdsAnswers>,
+    /// Held across each rebuild of the node's probe table (read the live pods, then
+    /// apply): without it two ADDs could read the pods in one order and apply in the
+    /// other, and the table would keep the older pod set.
+    node_table: tokio::sync::Mutex<()>,
     /// The metrics.
     pub metrics: AgentMetrics,
 }
@@ -167,6 +171,7 @@ impl Agent {
             sync: Arc::new(regsync::RegSync::new()),
             registry_synced_once: AtomicBool::new(false),
             xds_answers: Arc::default(),
+            node_table: tokio::sync::Mutex::new(()),
             metrics: AgentMetrics::default(),
         }
     }

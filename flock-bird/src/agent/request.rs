@@ -35,28 +35,30 @@ impl Agent {
 
 impl Agent {
     /// The record of an admitted pod (from its annotations or, in kube mode, from the
-    /// API), with its capture resolved against this node's settings and the CNI
-    /// result's gateways ([`flock_core::capture::policy::resolve`]). A pod asking for
+    /// API), with its capture resolved against this node's settings
+    /// ([`flock_core::capture::policy::resolve`]). A pod asking for
     /// what this node cannot give is refused, naming the annotation.
     pub(super) fn admitted_record(
         &self,
         pod: AdmittedPod,
         input: &AddPodInput,
     ) -> Result<PodRecord, PodError> {
-        let capture = resolve(&self.cfg.capture, &pod.capture, &input.gateways, &pod.ports)
-            .map_err(|e| {
-                PodError::Invalid(format!(
-                    "pod {}/{} cannot be meshed: {e}",
-                    bounded(&input.namespace),
-                    bounded(&input.name)
-                ))
-            })?;
-        if let Some(c) = &capture
-            && c.probe_sources.is_empty()
+        let mut capture = resolve(&self.cfg.capture, &pod.capture, &pod.ports).map_err(|e| {
+            PodError::Invalid(format!(
+                "pod {}/{} cannot be meshed: {e}",
+                bounded(&input.namespace),
+                bounded(&input.name)
+            ))
+        })?;
+        if let Some(c) = &mut capture
+            && flock_core::reintroduced!("capture-probe-gateway-exempt")
         {
-            // Kubelet's probes then go through Envoy like any caller: in strict mode
-            // an mTLS-only listener refuses them and the pod never becomes ready.
-            tracing::warn!(pod = %format!("{}/{}", input.namespace, input.name), "captured pod without probe sources: no --capture-probe-source and no gateway in the CNI result; kubelet's probes are captured too");
+            // The mutant exempts the node's address on the pod network again.
+            for g in &input.gateways {
+                if let Ok(ip) = g.trim().parse() {
+                    c.probe_sources.push(flock_core::capture::Cidr::host(ip));
+                }
+            }
         }
         let mut rec = PodRecord::admitted(pod, flock_clock::unix_now());
         rec.capture = capture;

@@ -371,17 +371,31 @@ pub struct Flags {
     #[arg(long, default_value = "off", value_name = "MODE", value_parser = ["off", "strict", "permissive"], help_heading = "Transparent capture")]
     pub capture: String,
     /// A source address or prefix whose connections reach captured pods' apps directly,
-    /// not through Envoy: where kubelet's liveness and readiness probes come from
-    /// (repeatable; a comma list works too). Default: the gateway address(es) of each
-    /// pod's interfaces in the CNI result — the node's own address on the pod network,
-    /// which is where kubelet's probes come from. Set it when probes come from
-    /// elsewhere (e.g. the node's primary IP with a routed pod network).
+    /// not through Envoy (repeatable; a comma list works too). Default: only the
+    /// link-local probe source (169.254.7.127, fd16:9254:7127:1337:ffff:ffff:ffff:ffff)
+    /// that the node gives the sockets of `--capture-probe-cgroup` (kubelet's probes).
+    /// The node's own address on the pod network is never exempt by default: every
+    /// hostNetwork process and all traffic kube-proxy SNATs to the node comes from it.
     #[arg(
         long = "capture-probe-source",
         value_name = "CIDR",
         help_heading = "Transparent capture"
     )]
     pub capture_probe_sources: Vec<String>,
+    /// A cgroup v2 path, relative to the cgroup root, whose processes' connections to
+    /// captured pods leave the node from the link-local probe source, which captured
+    /// pods let reach their apps directly: kubelet's, for its liveness, readiness and
+    /// startup probes (repeatable; typically `system.slice/kubelet.service`, the last
+    /// field of the `0::` line of `/proc/<kubelet pid>/cgroup`). Must exist at start;
+    /// needs cgroup v2 at `/sys/fs/cgroup` (or `/sys/fs/cgroup/unified`). None: no
+    /// socket gets the probe source, and strict pods refuse kubelet's plaintext
+    /// probes like any other caller's.
+    #[arg(
+        long = "capture-probe-cgroup",
+        value_name = "PATH",
+        help_heading = "Transparent capture"
+    )]
+    pub capture_probe_cgroups: Vec<String>,
     /// Destination ports (comma list, e.g. `5432,6379`) captured pods' apps reach
     /// directly, not through Envoy (node-wide; a pod's
     /// `flock.io/capture-exclude-outbound-ports` adds to it). Repeatable.
@@ -685,6 +699,14 @@ fn node_capture(flags: &Flags) -> Result<NodeCapture, OptionsError> {
     for v in &flags.capture_probe_sources {
         node.probe_sources
             .extend(parse_cidr_list(v).map_err(flag("--capture-probe-source"))?);
+    }
+    if node.setting != Setting::Off {
+        node.probe_cgroups = flock_capture::probe_cgroups(&flags.capture_probe_cgroups)
+            .map_err(|e| OptionsError(format!("--capture-probe-cgroup: {e}")))?;
+    } else if !flags.capture_probe_cgroups.is_empty() {
+        return Err(OptionsError(
+            "--capture-probe-cgroup: capture is off (--capture strict or permissive)".into(),
+        ));
     }
     for v in &flags.capture_exclude_outbound_ports {
         node.exclude_outbound_ports

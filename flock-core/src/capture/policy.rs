@@ -8,9 +8,9 @@
 //! * A pod's annotations ([`parse_annotations`]: [`CAPTURE_ANNOTATION`] and the
 //!   `flock.io/capture-exclude-*` ones) override the mode and **add** to the node's
 //!   exclusions, like Istio's `traffic.sidecar.istio.io/excludeOutboundPorts`.
-//! * [`resolve`] combines them with the gateways of the pod's interfaces (from the
-//!   CNI result: the node's address on the pod network, where kubelet's probes come
-//!   from — the probe sources when the node names none).
+//! * [`resolve`] combines them; the probe sources, when the node names none, are the
+//!   link-local addresses the node gives kubelet's sockets alone ([`super::probe`]),
+//!   never the node's address on the pod network.
 //!
 //! A node whose mode is off has no capture machinery (no nft probe at start, no
 //! `CAP_NET_ADMIN`): a pod asking for capture there is refused with a message that
@@ -34,11 +34,14 @@
 //! ]))
 //! .unwrap();
 //! let ports = parse_ports("8080").unwrap();
-//! let capture = resolve(&node, &pod, &["10.1.0.1".to_string()], &ports).unwrap().unwrap();
+//! let capture = resolve(&node, &pod, &ports).unwrap().unwrap();
 //! assert_eq!(capture.mode, Mode::Permissive);
 //! assert_eq!(capture.exclude_outbound_ports, vec![5432, 6379]);
-//! // No --capture-probe-source: the pod network's gateway (the node) is the probe source.
-//! assert_eq!(capture.probe_sources, vec!["10.1.0.1".parse().unwrap()]);
+//! // No --capture-probe-source: only the link-local probe source kubelet is given.
+//! assert_eq!(capture.probe_sources, vec![
+//!     "169.254.7.127".parse().unwrap(),
+//!     "fd16:9254:7127:1337:ffff:ffff:ffff:ffff".parse().unwrap(),
+//! ]);
 //! assert_eq!(capture.spec(&ports).inbound, vec![(8080, 15006)]);
 //! ```
 
@@ -144,8 +147,13 @@ pub struct NodeCapture {
     /// The `SO_MARK` of Envoy's sockets in captured pods (not 0).
     pub mark: u32,
     /// `--capture-probe-source`: sources whose connections reach apps directly. Empty:
-    /// each pod's gateways (from the CNI result).
+    /// [`default_probe_sources`], the link-local probe source the node gives
+    /// kubelet's sockets only.
     pub probe_sources: Vec<Cidr>,
+    /// `--capture-probe-cgroup`: the cgroups whose sockets (kubelet's) the node gives
+    /// the probe source on their way to captured pods ([`super::probe`]). Empty: no
+    /// socket is, and a strict pod's app ports refuse kubelet's probes.
+    pub probe_cgroups: Vec<super::probe::CgroupMatch>,
     /// `--capture-exclude-outbound-ports`.
     pub exclude_outbound_ports: Vec<u16>,
     /// `--capture-exclude-outbound-cidrs`.
@@ -170,6 +178,7 @@ impl Default for NodeCapture {
             setting: Setting::Off,
             mark: DEFAULT_MARK,
             probe_sources: Vec::new(),
+            probe_cgroups: Vec::new(),
             exclude_outbound_ports: Vec::new(),
             exclude_outbound_cidrs: Vec::new(),
             exclude_inbound_ports: Vec::new(),
@@ -424,18 +433,26 @@ fn enforced(node: &NodeCapture, pod: &PodOverrides) -> Result<(), CaptureRefused
     Ok(())
 }
 
+/// The probe sources of a node that names none: the link-local addresses
+/// ([`super::probe::PROBE_SOURCE_V4`], [`super::probe::PROBE_SOURCE_V6`]) the node
+/// gives kubelet's probe sockets, and nothing else.
+pub fn default_probe_sources() -> Vec<Cidr> {
+    vec![
+        Cidr::host(IpAddr::V4(super::probe::PROBE_SOURCE_V4)),
+        Cidr::host(IpAddr::V6(super::probe::PROBE_SOURCE_V6)),
+    ]
+}
+
 /// A pod's capture: the node's settings, overridden and extended by the pod's
-/// annotations, with the pod's gateways (the CNI result's, as given: empty strings
-/// are none) as probe sources when the node names none. `Ok(None)`: not captured.
+/// annotations, with [`default_probe_sources`] when the node names none.
+/// `Ok(None)`: not captured.
 ///
-/// Refused: the pod asks for capture on a node whose capture is off; a gateway that is
-/// not an address; a combined exclusion list over [`MAX_SPEC_ENTRIES`]; settings that
+/// Refused: the pod asks for capture on a node whose capture is off; a combined exclusion list over [`MAX_SPEC_ENTRIES`]; settings that
 /// give no rules for `ports`; on a node that enforces capture, a weaker mode or an
 /// exclusion in the pod's annotations.
 pub fn resolve(
     node: &NodeCapture,
     pod: &PodOverrides,
-    gateways: &[String],
     ports: &[PodPort],
 ) -> Result<Option<PodCapture>, CaptureRefused> {
     if node.enforce {
@@ -454,20 +471,12 @@ pub fn resolve(
             ),
         });
     }
+    // Nothing but the probe source is exempt by default: the node's address on the
+    // pod network (the gateway) is also where every hostNetwork process and every
+    // connection kube-proxy SNATs to the node comes from. The node gives kubelet's
+    // sockets alone the probe source (`super::probe`).
     let probe_sources = if node.probe_sources.is_empty() {
-        let mut out = BTreeSet::new();
-        for g in gateways.iter().map(|g| g.trim()).filter(|g| !g.is_empty()) {
-            let ip: IpAddr = g.parse().map_err(|_| CaptureRefused {
-                annotation: CAPTURE_ANNOTATION,
-                message: format!(
-                    "the CNI result's gateway {:?} (the default probe source) is not an IP \
-                     address",
-                    bounded(g)
-                ),
-            })?;
-            out.insert(Cidr::host(ip));
-        }
-        out.into_iter().collect()
+        default_probe_sources()
     } else {
         sorted(node.probe_sources.iter().copied())
     };
@@ -574,13 +583,13 @@ mod tests {
     fn without_annotations_the_node_decides() {
         let ports = parse_ports("8080").unwrap();
         let none = PodOverrides::default();
-        assert_eq!(resolve(&node(Setting::Off), &none, &[], &ports), Ok(None));
-        let c = resolve(&node(Setting::Strict), &none, &[], &ports)
+        assert_eq!(resolve(&node(Setting::Off), &none, &ports), Ok(None));
+        let c = resolve(&node(Setting::Strict), &none, &ports)
             .unwrap()
             .unwrap();
         assert_eq!(c.mode, Mode::Strict);
         assert_eq!(c.mark, DEFAULT_MARK);
-        let c = resolve(&node(Setting::Permissive), &none, &[], &ports)
+        let c = resolve(&node(Setting::Permissive), &none, &ports)
             .unwrap()
             .unwrap();
         assert_eq!(c.mode, Mode::Permissive);
@@ -590,10 +599,10 @@ mod tests {
     fn the_annotation_overrides_the_nodes_mode() {
         let ports = parse_ports("8080").unwrap();
         let off = parse_annotations(&annotations(&[(CAPTURE_ANNOTATION, "off")])).unwrap();
-        assert_eq!(resolve(&node(Setting::Strict), &off, &[], &ports), Ok(None));
+        assert_eq!(resolve(&node(Setting::Strict), &off, &ports), Ok(None));
         let perm =
             parse_annotations(&annotations(&[(CAPTURE_ANNOTATION, " permissive ")])).unwrap();
-        let c = resolve(&node(Setting::Strict), &perm, &[], &ports)
+        let c = resolve(&node(Setting::Strict), &perm, &ports)
             .unwrap()
             .unwrap();
         assert_eq!(c.mode, Mode::Permissive);
@@ -602,7 +611,7 @@ mod tests {
     #[test]
     fn a_pod_asking_for_capture_on_a_node_without_it_is_refused() {
         let strict = parse_annotations(&annotations(&[(CAPTURE_ANNOTATION, "strict")])).unwrap();
-        let e = resolve(&node(Setting::Off), &strict, &[], &[]).unwrap_err();
+        let e = resolve(&node(Setting::Off), &strict, &[]).unwrap_err();
         assert_eq!(e.annotation, CAPTURE_ANNOTATION);
         assert!(e.message.contains("capture is off on this node"), "{e}");
         assert!(e.message.contains("--capture"), "{e}");
@@ -621,7 +630,7 @@ mod tests {
         ]))
         .unwrap();
         let ports = parse_ports("8080,8081").unwrap();
-        let c = resolve(&n, &pod, &[], &ports).unwrap().unwrap();
+        let c = resolve(&n, &pod, &ports).unwrap().unwrap();
         assert_eq!(c.exclude_outbound_ports, vec![3306, 5432, 6379]);
         assert_eq!(
             c.exclude_outbound_cidrs,
@@ -636,31 +645,23 @@ mod tests {
     }
 
     #[test]
-    fn probe_sources_default_to_the_gateways_unless_the_node_names_them() {
+    fn probe_sources_default_to_the_link_local_probe_source_unless_the_node_names_them() {
         let ports = parse_ports("8080").unwrap();
         let none = PodOverrides::default();
-        let gws = ["10.1.0.1".to_string(), String::new(), "fd00::1".to_string()];
-        let c = resolve(&node(Setting::Strict), &none, &gws, &ports)
+        let c = resolve(&node(Setting::Strict), &none, &ports)
             .unwrap()
             .unwrap();
         assert_eq!(
             c.probe_sources,
             vec![
-                "10.1.0.1".parse::<Cidr>().unwrap(),
-                "fd00::1".parse::<Cidr>().unwrap()
+                "169.254.7.127".parse::<Cidr>().unwrap(),
+                "fd16:9254:7127:1337:ffff:ffff:ffff:ffff".parse::<Cidr>().unwrap()
             ]
         );
         let mut n = node(Setting::Strict);
         n.probe_sources = vec!["192.168.0.0/24".parse().unwrap()];
-        let c = resolve(&n, &none, &gws, &ports).unwrap().unwrap();
+        let c = resolve(&n, &none, &ports).unwrap().unwrap();
         assert_eq!(c.probe_sources, n.probe_sources);
-        let e = resolve(&node(Setting::Strict), &none, &["nope".into()], &ports).unwrap_err();
-        assert!(e.message.contains("gateway \"nope\""), "{e}");
-        // A node that does not capture does not read the gateways.
-        assert_eq!(
-            resolve(&node(Setting::Off), &none, &["nope".into()], &ports),
-            Ok(None)
-        );
     }
 
     #[test]
@@ -723,7 +724,7 @@ mod tests {
             "60000",
         )]))
         .unwrap();
-        let e = resolve(&n, &pod, &[], &[]).unwrap_err();
+        let e = resolve(&n, &pod, &[]).unwrap_err();
         assert_eq!(e.annotation, EXCLUDE_OUTBOUND_PORTS_ANNOTATION);
         assert!(e.message.contains("257 entries"), "{e}");
     }
@@ -746,7 +747,6 @@ mod tests {
         let c = resolve(
             &node(Setting::Permissive),
             &PodOverrides::default(),
-            &["10.1.0.1".into()],
             &parse_ports("8080").unwrap(),
         )
         .unwrap()
@@ -771,7 +771,7 @@ mod tests {
         };
         let strict = enforcing(Setting::Strict);
         for lower in [Setting::Off, Setting::Permissive] {
-            let e = resolve(&strict, &with(lower), &[], &ports).unwrap_err();
+            let e = resolve(&strict, &with(lower), &ports).unwrap_err();
             assert_eq!(e.annotation, CAPTURE_ANNOTATION);
             assert!(
                 e.message
@@ -783,17 +783,17 @@ mod tests {
             exclude_inbound_ports: vec![6060],
             ..PodOverrides::default()
         };
-        let e = resolve(&strict, &excluded, &[], &ports).unwrap_err();
+        let e = resolve(&strict, &excluded, &ports).unwrap_err();
         assert_eq!(e.annotation, EXCLUDE_INBOUND_PORTS_ANNOTATION);
         assert!(e.message.contains("--capture-enforce"), "{e}");
         // Raising and restating are the pod's to choose.
         let permissive = enforcing(Setting::Permissive);
-        let raised = resolve(&permissive, &with(Setting::Strict), &[], &ports).unwrap();
+        let raised = resolve(&permissive, &with(Setting::Strict), &ports).unwrap();
         assert_eq!(raised.unwrap().mode, Mode::Strict);
-        assert!(resolve(&strict, &with(Setting::Strict), &[], &ports).is_ok());
+        assert!(resolve(&strict, &with(Setting::Strict), &ports).is_ok());
         // Without enforcement the annotation is the pod's (as before).
         assert_eq!(
-            resolve(&node(Setting::Strict), &with(Setting::Off), &[], &ports),
+            resolve(&node(Setting::Strict), &with(Setting::Off), &ports),
             Ok(None)
         );
         // Enforcing nothing is a flag error.
@@ -823,7 +823,7 @@ mod tests {
             let pod = PodOverrides { exclude_outbound_ports: pod_ports.clone(), ..PodOverrides::default() };
             let spec = app.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
             let ports = parse_ports(&spec).unwrap();
-            let c = resolve(&n, &pod, &[], &ports).unwrap().unwrap();
+            let c = resolve(&n, &pod, &ports).unwrap().unwrap();
             let union: BTreeSet<u16> = node_ports.iter().chain(&pod_ports).copied().collect();
             prop_assert_eq!(&c.exclude_outbound_ports, &union.into_iter().collect::<Vec<_>>());
             prop_assert!(c.spec(&ports).ruleset().is_ok());
@@ -850,7 +850,7 @@ mod tests {
                 ..PodOverrides::default()
             };
             let ports = parse_ports("8080").unwrap();
-            if let Ok(c) = resolve(&n, &pod, &[], &ports) {
+            if let Ok(c) = resolve(&n, &pod, &ports) {
                 let c = c.expect("an enforcing node always captures");
                 prop_assert!(c.mode == Mode::Strict || !node_strict);
                 prop_assert_eq!(c.exclude_outbound_ports, n.exclude_outbound_ports.clone());

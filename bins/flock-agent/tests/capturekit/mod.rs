@@ -305,3 +305,58 @@ pub fn cnitool_adds(
         .map(|x| x.as_f64().unwrap() / 1e3)
         .collect()
 }
+
+/// A cgroup v2 group standing in for kubelet's (`system.slice/kubelet.service` on a
+/// systemd node): the agent is started with `--capture-probe-cgroup <name>`, and
+/// [`ProbeCgroup::curl`] runs a request from inside it, as kubelet's prober would.
+/// Dropping it removes the group and the node tables the agent installed in the host
+/// netns (`inet`/`bridge flock_node`).
+pub struct ProbeCgroup {
+    /// The path relative to the cgroup v2 root (what the flag takes).
+    pub name: String,
+    dir: std::path::PathBuf,
+}
+
+impl ProbeCgroup {
+    pub fn new(tag: &str) -> Self {
+        // A hybrid host mounts the v2 hierarchy at /sys/fs/cgroup/unified.
+        let root = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .find(|r| Path::new(r).join("cgroup.procs").exists() && is_cgroup2(r))
+            .expect("a cgroup v2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified");
+        let name = format!("flock-test-kubelet-{tag}-{}", std::process::id());
+        let dir = Path::new(root).join(&name);
+        std::fs::create_dir_all(&dir).expect("creating the test cgroup");
+        Self { name, dir }
+    }
+
+    /// `curl url` from a process in this cgroup, in the host netns.
+    pub fn curl(&self, url: &str) -> (u16, String) {
+        let procs = self.dir.join("cgroup.procs");
+        let out = Command::new("sh")
+            .args(["-c", r#"echo $$ > "$1" && exec curl -sS -m 5 -o - -w "\n%{http_code}" "$2""#])
+            .arg("sh")
+            .arg(&procs)
+            .arg(url)
+            .output()
+            .expect("curl is needed (apt-get install curl)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.trim().parse().unwrap_or(0), body.to_owned())
+    }
+}
+
+fn is_cgroup2(dir: &str) -> bool {
+    Path::new(dir).join("cgroup.controllers").exists()
+}
+
+impl Drop for ProbeCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+        for family in ["inet", "bridge"] {
+            let _ = Command::new("nft")
+                .args(["delete", "table", family, "flock_node"])
+                .output();
+        }
+    }
+}
