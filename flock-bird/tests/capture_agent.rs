@@ -261,10 +261,9 @@ fn a_captured_records_pod_model_carries_mode_and_mark() {
         "6379".into(),
     );
     let pod = flock_core::pod::admit(&req).unwrap().unwrap();
-    let capture =
-        flock_core::capture::policy::resolve(&cfg, &pod.capture, &pod.ports)
-            .unwrap()
-            .unwrap();
+    let capture = flock_core::capture::policy::resolve(&cfg, &pod.capture, &pod.ports)
+        .unwrap()
+        .unwrap();
     assert_eq!(capture.mode, Mode::Permissive);
     assert_eq!(capture.exclude_outbound_ports, vec![5432, 6379]);
     // The gateway is never a probe source: only the link-local one kubelet is given.

@@ -148,7 +148,15 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
     // test's bridge conflist gives none): B answers kubelet's probe source through it.
     for pod in [a, b, p, n] {
         let route = std::process::Command::new("ip")
-            .args(["-n", &pod.ns.name, "route", "replace", "default", "via", &pod.gateway])
+            .args([
+                "-n",
+                &pod.ns.name,
+                "route",
+                "replace",
+                "default",
+                "via",
+                &pod.gateway,
+            ])
             .status()
             .unwrap();
         assert!(route.success(), "adding {}'s default route", pod.name);
@@ -312,7 +320,9 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
     );
     let seen = peers_seen(&mesh.b_app);
     assert!(
-        !seen.iter().any(|s| s.starts_with(&format!("{}:", b.gateway))),
+        !seen
+            .iter()
+            .any(|s| s.starts_with(&format!("{}:", b.gateway))),
         "strict: B's app saw the node's gateway address: {seen:?}"
     );
 

@@ -655,7 +655,9 @@ mod tests {
             c.probe_sources,
             vec![
                 "169.254.7.127".parse::<Cidr>().unwrap(),
-                "fd16:9254:7127:1337:ffff:ffff:ffff:ffff".parse::<Cidr>().unwrap()
+                "fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+                    .parse::<Cidr>()
+                    .unwrap()
             ]
         );
         let mut n = node(Setting::Strict);

@@ -34,14 +34,14 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-
 /// The node table's name (in the `inet` and `bridge` families).
 pub const NODE_TABLE: &str = "flock_node";
 /// The IPv4 source kubelet's probes are given: link-local, never a pod's or node's.
 pub const PROBE_SOURCE_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
 /// The IPv6 source kubelet's probes are given (a ULA address no CNI hands out).
-pub const PROBE_SOURCE_V6: Ipv6Addr =
-    Ipv6Addr::new(0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff);
+pub const PROBE_SOURCE_V6: Ipv6Addr = Ipv6Addr::new(
+    0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff,
+);
 /// The packet-mark bit the output chain gives a probe socket's packets so the nat
 /// chain can rewrite their source (bit 13: clear of kube-proxy's 0x4000/0x8000,
 /// Calico's 0xffff0000, Cilium's 0x0f00 and the capture mark 0x539's bits are only
@@ -82,7 +82,9 @@ impl CgroupMatch {
         let parts: Vec<&str> = trimmed.split('/').collect();
         for p in &parts {
             if p.is_empty() || *p == "." || *p == ".." {
-                return Err(format!("probe cgroup path {trimmed:?}: empty, . or .. component"));
+                return Err(format!(
+                    "probe cgroup path {trimmed:?}: empty, . or .. component"
+                ));
             }
             if !p
                 .chars()
@@ -144,14 +146,25 @@ impl NodeProbeTable {
             }
         };
         let _ = writeln!(out, "table inet {NODE_TABLE} {{");
-        let _ = writeln!(out, "    set targets4 {{ type ipv4_addr;{} }}", elements(true));
-        let _ = writeln!(out, "    set targets6 {{ type ipv6_addr;{} }}", elements(false));
+        let _ = writeln!(
+            out,
+            "    set targets4 {{ type ipv4_addr;{} }}",
+            elements(true)
+        );
+        let _ = writeln!(
+            out,
+            "    set targets6 {{ type ipv6_addr;{} }}",
+            elements(false)
+        );
         // The kernel matches a socket's cgroup only in the prerouting, input and
         // output hooks, and rewrites a source only in postrouting: the output chain
         // marks a probe socket's packets with one bit, the nat chain rewrites what
         // carries it.
         let _ = writeln!(out, "    chain probe_mark {{");
-        let _ = writeln!(out, "        type filter hook output priority -150; policy accept;");
+        let _ = writeln!(
+            out,
+            "        type filter hook output priority -150; policy accept;"
+        );
         let cgroup_any = crate::reintroduced!("probe-snat-any-host-socket");
         for cg in &self.cgroups {
             let socket = if cgroup_any {
@@ -169,7 +182,10 @@ impl NodeProbeTable {
         }
         let _ = writeln!(out, "    }}");
         let _ = writeln!(out, "    chain probe_snat {{");
-        let _ = writeln!(out, "        type nat hook postrouting priority 100; policy accept;");
+        let _ = writeln!(
+            out,
+            "        type nat hook postrouting priority 100; policy accept;"
+        );
         if !self.cgroups.is_empty() {
             let _ = writeln!(
                 out,
@@ -183,7 +199,10 @@ impl NodeProbeTable {
         let _ = writeln!(out, "    }}");
         let antispoof = |out: &mut String| {
             let _ = writeln!(out, "    chain antispoof {{");
-            let _ = writeln!(out, "        type filter hook prerouting priority -300; policy accept;");
+            let _ = writeln!(
+                out,
+                "        type filter hook prerouting priority -300; policy accept;"
+            );
             let _ = writeln!(out, "        ip saddr {PROBE_SOURCE_V4} counter drop");
             let _ = writeln!(out, "        ip6 saddr {PROBE_SOURCE_V6} counter drop");
             let _ = writeln!(out, "    }}");
@@ -201,7 +220,9 @@ impl NodeProbeTable {
 pub fn remove_node_script() -> String {
     let mut out = String::new();
     for family in ["inet", "bridge"] {
-        out.push_str(&format!("add table {family} {NODE_TABLE}\ndelete table {family} {NODE_TABLE}\n"));
+        out.push_str(&format!(
+            "add table {family} {NODE_TABLE}\ndelete table {family} {NODE_TABLE}\n"
+        ));
     }
     out
 }
@@ -248,7 +269,8 @@ mod tests {
         let hybrid = "30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
                       31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw\n";
         assert_eq!(cgroup2_prefix(hybrid).as_deref(), Some("unified"));
-        let pure = "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
+        let pure =
+            "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
         assert_eq!(cgroup2_prefix(pure).as_deref(), Some(""));
         let elsewhere = "31 30 0:27 / /run/cilium/cgroupv2 rw - cgroup2 none rw\n";
         assert_eq!(cgroup2_prefix(elsewhere), None);
@@ -259,16 +281,31 @@ mod tests {
     fn the_script_rewrites_only_the_named_cgroups_sockets_to_captured_pods() {
         let t = NodeProbeTable {
             cgroups: [CgroupMatch::new("", "system.slice/kubelet.service").unwrap()].into(),
-            targets: ["10.1.0.5".parse().unwrap(), "10.1.0.6".parse().unwrap(), "fd00::5".parse().unwrap()].into(),
+            targets: [
+                "10.1.0.5".parse().unwrap(),
+                "10.1.0.6".parse().unwrap(),
+                "fd00::5".parse().unwrap(),
+            ]
+            .into(),
         };
         let script = t.to_nft_script();
-        assert!(script.contains("set targets4 { type ipv4_addr; elements = { 10.1.0.5, 10.1.0.6 }; }"), "{script}");
-        assert!(script.contains("set targets6 { type ipv6_addr; elements = { fd00::5 }; }"), "{script}");
-        let marks: Vec<&str> = script.lines().filter(|l| l.contains("meta mark set")).collect();
+        assert!(
+            script.contains("set targets4 { type ipv4_addr; elements = { 10.1.0.5, 10.1.0.6 }; }"),
+            "{script}"
+        );
+        assert!(
+            script.contains("set targets6 { type ipv6_addr; elements = { fd00::5 }; }"),
+            "{script}"
+        );
+        let marks: Vec<&str> = script
+            .lines()
+            .filter(|l| l.contains("meta mark set"))
+            .collect();
         assert_eq!(marks.len(), 2, "{script}");
         for l in &marks {
             assert!(
-                l.trim_start().starts_with(r#"socket cgroupv2 level 2 "system.slice/kubelet.service" "#),
+                l.trim_start()
+                    .starts_with(r#"socket cgroupv2 level 2 "system.slice/kubelet.service" "#),
                 "a probe mark not scoped to the cgroup: {l}"
             );
             assert!(l.ends_with("meta mark set meta mark | 0x00002000"), "{l}");
@@ -276,12 +313,21 @@ mod tests {
         let snat: Vec<&str> = script.lines().filter(|l| l.contains(" snat ")).collect();
         assert_eq!(snat.len(), 2, "{script}");
         for l in &snat {
-            assert!(l.trim_start().starts_with("meta mark & 0x00002000 == 0x00002000 "), "{l}");
+            assert!(
+                l.trim_start()
+                    .starts_with("meta mark & 0x00002000 == 0x00002000 "),
+                "{l}"
+            );
         }
         assert!(snat[0].ends_with("snat ip to 169.254.7.127"), "{}", snat[0]);
         assert!(snat[1].ends_with("snat ip6 to fd16:9254:7127:1337:ffff:ffff:ffff:ffff"));
         // Both families drop a packet that arrives with the probe source.
-        assert_eq!(script.matches("ip saddr 169.254.7.127 counter drop").count(), 2);
+        assert_eq!(
+            script
+                .matches("ip saddr 169.254.7.127 counter drop")
+                .count(),
+            2
+        );
         // No cgroup: no rewriting at all, the antispoof rules stay; no targets: empty sets.
         let none = NodeProbeTable::default().to_nft_script();
         assert!(!none.contains(" snat "), "{none}");

@@ -334,7 +334,10 @@ impl ProbeCgroup {
     pub fn curl(&self, url: &str) -> (u16, String) {
         let procs = self.dir.join("cgroup.procs");
         let out = Command::new("sh")
-            .args(["-c", r#"echo $$ > "$1" && exec curl -sS -m 5 -o - -w "\n%{http_code}" "$2""#])
+            .args([
+                "-c",
+                r#"echo $$ > "$1" && exec curl -sS -m 5 -o - -w "\n%{http_code}" "$2""#,
+            ])
             .arg("sh")
             .arg(&procs)
             .arg(url)
