@@ -699,6 +699,12 @@ async fn a_tls_flood_does_not_keep_envoy_from_its_clusters_and_budgets_hold() {
     wait_for("the TLS listener's slots to fill", WAIT, || {
         sample(&agent.metrics(), "flock_xds_connections_open").is_some_and(|n| n >= 1024)
     });
+    // The cap is in force (the flood is being refused at accept) before Envoy starts:
+    // a full table alone is not enough, the idle timeout frees slots between bursts.
+    let initially = sample(&agent.metrics(), "flock_xds_connections_refused_total");
+    wait_for("the flood to be refused at the cap", WAIT, || {
+        sample(&agent.metrics(), "flock_xds_connections_refused_total") > initially
+    });
     let refused_before = sample(&agent.metrics(), "flock_xds_connections_refused_total");
 
     // Real Envoy on the unix socket.
@@ -733,8 +739,14 @@ async fn a_tls_flood_does_not_keep_envoy_from_its_clusters_and_budgets_hold() {
         envoy_clusters(&envoy_admin) > 0
     });
     let to_clusters = started.elapsed();
-    let metrics = agent.metrics();
-    let refused_after = sample(&metrics, "flock_xds_connections_refused_total");
+    // ... and still is once Envoy has its clusters (the flood goes on meanwhile; its
+    // bursts are 100 ms apart, so a fast Envoy can finish between two of them).
+    let mut refused_after = sample(&agent.metrics(), "flock_xds_connections_refused_total");
+    let deadline = Instant::now() + WAIT;
+    while refused_after <= refused_before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        refused_after = sample(&agent.metrics(), "flock_xds_connections_refused_total");
+    }
     stop.store(true, Ordering::Relaxed);
     // The flood's connections stay open (and silent) until the server closes them.
     let (opened, flooded) = flood.join().unwrap();
