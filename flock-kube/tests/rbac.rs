@@ -386,8 +386,8 @@ fn daemonset_keeps_the_node_agent_invariants() {
     let expected_caps: BTreeMap<&str, &[&str]> = BTreeMap::from([
         ("envoy-bootstrap", &[][..]),
         ("install-cni", &["CHOWN", "DAC_OVERRIDE"][..]),
-        ("agent", &["SYS_ADMIN"][..]),
-        ("envoy", &["SYS_ADMIN"][..]),
+        ("agent", &["CHOWN", "SYS_ADMIN"][..]),
+        ("envoy", &["SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"][..]),
     ]);
     let init = pod.init_containers.clone().unwrap_or_default();
     let all: Vec<&Container> = pod.containers.iter().chain(init.iter()).collect();
@@ -604,11 +604,36 @@ fn daemonset_keeps_the_node_agent_invariants() {
         envoy.ports.as_deref().unwrap_or_default().is_empty(),
         "envoy: no admin port"
     );
+    // Envoy is not root: the supervisor switches to --user, and the agent hands that
+    // uid the xDS socket. Its state, control directory and ready file are the pod's own
+    // (an emptyDir it can create its 0700 directories in), never the agent's uid-0
+    // /run/flock, which Envoy mounts read-only for the xDS socket alone.
+    let user = flag(envoy, "user").expect("envoy: flock-supervisor --user (Envoy as root)");
+    let uid = user.split(':').next().unwrap();
+    assert_ne!(uid, "0", "envoy: --user {user}");
     assert_eq!(
-        mount_of(envoy, Path::new(control)).map(|(name, _)| name),
-        host_paths.get("/run/flock").cloned(),
-        "Envoy's control directory is on the host's /run/flock (the next pod hands over)"
+        flag(agent, "envoy-uid"),
+        Some(uid),
+        "the agent hands the xDS socket to Envoy's uid"
     );
+    let state = flag(envoy, "state-dir").expect("envoy: --state-dir");
+    let envoy_ready = flag(envoy, "ready-file").expect("envoy: --ready-file");
+    for path in [control, state, envoy_ready] {
+        let (name, _) = mount_of(envoy, Path::new(path)).unwrap_or_else(|| panic!("{path}"));
+        assert!(
+            volumes
+                .iter()
+                .any(|v| v.name == name && v.empty_dir.is_some()),
+            "{path}: on an emptyDir Envoy's uid can write"
+        );
+    }
+    let run = envoy
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| Some(&m.name) == host_paths.get("/run/flock"))
+        .expect("envoy mounts /run/flock for the xDS socket");
+    assert_eq!(run.read_only, Some(true), "envoy: /run/flock read-only");
     assert!(mount_of(agent, xds_dir).is_some());
     assert_eq!(mount_of(agent, xds_dir), mount_of(envoy, xds_dir));
     assert_eq!(

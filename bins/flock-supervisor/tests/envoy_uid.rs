@@ -130,6 +130,72 @@ async fn envoy_runs_as_its_own_uid_through_a_hot_restart() {
     assert_eq!(sup.wait_exit(Duration::from_secs(30)), Some(0));
 }
 
+/// The envoy container of `deploy/daemonset.yaml`, as the kubelet starts it: uid 0
+/// with no_new_privs (`allowPrivilegeEscalation: false`) and exactly the container's
+/// capabilities (SYS_ADMIN, SETUID, SETGID, SETPCAP), its state and control
+/// directories created in a root-owned 0777 directory (an emptyDir). The supervisor
+/// switches to 1337 and Envoy comes up LIVE, serving, as 1337 with SYS_ADMIN alone:
+/// the switch's own capabilities are gone, and no_new_privs does not cost Envoy the
+/// ambient one across its exec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemonsets_envoy_container_runs_envoy_as_1337_with_sys_admin_alone() {
+    /// What the manifest's envoy container adds (`capabilities.add`), after `drop: ALL`.
+    const CONTAINER_CAPS: &str = "-all,+sys_admin,+setuid,+setgid,+setpcap";
+    const SYS_ADMIN: u64 = 1 << 21;
+    let tmp = TempDir::new("uid-ds");
+    let base_id = unique_base_id();
+    let _cleanup = EnvoyCleanup(vec![base_id]);
+    let backend = Backend::start("ok").await;
+    let (_held, [listen_port]) = reserve_ports_for_child();
+    let setup = Setup::new(tmp.path(), base_id);
+    // An emptyDir: root's, writable by every uid.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    write_atomically(
+        &setup.config,
+        &envoy_config(&setup.admin_socket(), listen_port, backend.port, 0),
+    );
+    let ready = setup.ready.to_str().unwrap().to_owned();
+    let mut sup = setup.spawn_under(
+        &[
+            "setpriv",
+            "--no-new-privs",
+            "--inh-caps=-all",
+            &format!("--bounding-set={CONTAINER_CAPS}"),
+        ],
+        "uid-ds",
+        &["--user", "1337:1337", "--ready-file", &ready],
+    );
+    wait_live(&setup.admin(), 0, base_id, LIVE_LIMIT).await;
+    let (uids, gids, eff, amb, bnd) = credentials(envoys(&sup, 1)[0]);
+    assert_eq!((uids, gids), (vec![ENVOY_UID; 4], vec![ENVOY_UID; 4]));
+    assert_eq!(
+        (eff, amb, bnd),
+        (SYS_ADMIN, SYS_ADMIN, SYS_ADMIN),
+        "Envoy's capabilities (effective, ambient, bounding) under the container's set"
+    );
+    use std::os::unix::fs::MetadataExt;
+    for dir in [&setup.state_dir, &setup.control_dir()] {
+        let meta = std::fs::symlink_metadata(dir).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.mode() & 0o777),
+            (ENVOY_UID, 0o700),
+            "{}",
+            dir.display()
+        );
+    }
+    wait_for("the ready file", Duration::from_secs(10), || {
+        setup.ready.exists().then_some(())
+    });
+    let load = Load::start(listen_port, 1, 0);
+    wait_for("requests through Envoy", Duration::from_secs(10), || {
+        (load.ok.load(std::sync::atomic::Ordering::Relaxed) > 0).then_some(())
+    });
+    let (_, failed, errors) = load.stop().await;
+    assert_eq!(failed, 0, "{errors:?}");
+    sup.signal(Signal::SIGTERM);
+    assert_eq!(sup.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
 /// `--user` asks for a uid switch the supervisor must be able to make: as root
 /// without CAP_SETUID it exits 2 before starting any Envoy, naming what it lacks.
 #[test]

@@ -353,6 +353,12 @@ impl Setup {
     /// Starts `flock-supervisor` with short drain times; `name` tags its log and
     /// writer id; `extra` are additional supervisor flags.
     pub fn spawn(&self, name: &str, extra: &[&str]) -> Supervisor {
+        self.spawn_under(&[], name, extra)
+    }
+
+    /// [`Setup::spawn`] with the supervisor exec'd by `wrapper` (e.g. `setpriv` and its
+    /// flags, which keeps the pid).
+    pub fn spawn_under(&self, wrapper: &[&str], name: &str, extra: &[&str]) -> Supervisor {
         let log = self.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).unwrap();
         // Short drains keep the tests fast; a test may override them.
@@ -362,7 +368,15 @@ impl Setup {
                 defaults.extend([flag, value]);
             }
         }
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flock-supervisor"));
+        let supervisor = env!("CARGO_BIN_EXE_flock-supervisor");
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(supervisor),
+            Some((program, flags)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(flags).arg(supervisor);
+                cmd
+            }
+        };
         cmd.arg("--envoy-bin")
             .arg(envoy_bin())
             .arg("--config")
