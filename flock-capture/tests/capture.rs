@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use flock_capture::{CaptureError, Mode, Nft};
-use flock_core::capture::{CaptureSpec, Drift};
+use flock_core::capture::{CaptureSpec, Drift, ORIGINAL_SRC_MARK, OriginalSrc};
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage, sockopt};
 
@@ -113,6 +113,17 @@ fn bound_socket(
     dst: SocketAddr,
     mark: Option<u32>,
 ) -> std::os::fd::OwnedFd {
+    bound_socket_with(src, dst, mark, false)
+}
+
+/// [`bound_socket`], `IP_TRANSPARENT` if `transparent` (so `src` may be an address
+/// this netns does not have, as Envoy's `original_src` binds the caller's).
+fn bound_socket_with(
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+    mark: Option<u32>,
+    transparent: bool,
+) -> std::os::fd::OwnedFd {
     let family = if dst.is_ipv4() {
         AddressFamily::Inet
     } else {
@@ -121,6 +132,11 @@ fn bound_socket(
     let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
     if let Some(mark) = mark {
         socket::setsockopt(&fd, sockopt::Mark, &mark).unwrap();
+    }
+    if transparent {
+        // IP_TRANSPARENT: Linux sets the one transparency flag IPV6_TRANSPARENT sets
+        // too, for either family.
+        socket::setsockopt(&fd, sockopt::IpTransparent, &true).unwrap();
     }
     if let Some(src) = src {
         socket::bind(fd.as_fd().as_raw_fd_compat(), &SockaddrStorage::from(src)).unwrap();
@@ -179,6 +195,15 @@ fn spec(mode: Mode) -> CaptureSpec {
         exclude_inbound_ports: vec![],
         probe_sources: vec!["10.77.0.3".parse().unwrap(), "fd77::3".parse().unwrap()],
         mode,
+        original_src: None,
+    }
+}
+
+/// [`spec`] with the original-source route for a pod of `v6`'s family.
+fn spec_original_src(mode: Mode, v6: bool) -> CaptureSpec {
+    CaptureSpec {
+        original_src: Some(OriginalSrc { ipv6: v6 }),
+        ..spec(mode)
     }
 }
 
@@ -240,6 +265,141 @@ fn apply_installs_one_table_idempotently() {
     nft.remove(&pod.path()).unwrap();
     assert_eq!(pod.nft(&["list", "ruleset"]), "");
     nft.remove(&pod.path()).unwrap();
+}
+
+/// With the original-source route: apply installs one rule and one route of table
+/// 1338 for the pod's family (no second copy on a second apply), check names a
+/// missing or changed rule and a missing route, apply repairs them, and remove takes
+/// them away with the table.
+#[test]
+fn the_original_source_route_is_installed_once_checked_repaired_and_removed() {
+    let (pod, _peer) = pair();
+    let nft = Nft::new();
+    let ip = |args: &[&str]| {
+        let mut all = vec!["ip", "-n", &pod.0];
+        all.extend_from_slice(args);
+        sh(&all)
+    };
+    for v6 in [false, true] {
+        let fam = if v6 { "-6" } else { "-4" };
+        let spec = spec_original_src(Mode::Strict, v6);
+        nft.apply(&pod.path(), &spec).unwrap();
+        nft.apply(&pod.path(), &spec).unwrap();
+        let rules = ip(&[fam, "rule", "show", "pref", "1338"]);
+        assert_eq!(rules.lines().count(), 1, "{rules}");
+        assert!(rules.contains("fwmark 0x53a lookup 1338"), "{rules}");
+        let routes = ip(&[fam, "route", "show", "table", "1338"]);
+        assert!(routes.starts_with("local default dev lo"), "{routes}");
+        nft.check(&pod.path(), &spec).unwrap();
+
+        ip(&[fam, "rule", "del", "pref", "1338"]);
+        let e = nft.check(&pod.path(), &spec).unwrap_err();
+        assert!(
+            matches!(e, CaptureError::RouteDrifted { .. })
+                && e.to_string().contains("fwmark 0x53a"),
+            "{e}"
+        );
+        ip(&[
+            fam, "rule", "add", "fwmark", "0x99", "lookup", "1338", "pref", "1338",
+        ]);
+        let e = nft.check(&pod.path(), &spec).unwrap_err();
+        assert!(e.to_string().contains("0x99"), "{e}");
+        nft.apply(&pod.path(), &spec).unwrap();
+        nft.check(&pod.path(), &spec).unwrap();
+        ip(&[fam, "route", "flush", "table", "1338"]);
+        let e = nft.check(&pod.path(), &spec).unwrap_err();
+        assert!(e.to_string().contains("local default dev lo"), "{e}");
+        nft.apply(&pod.path(), &spec).unwrap();
+        nft.check(&pod.path(), &spec).unwrap();
+
+        nft.remove(&pod.path()).unwrap();
+        assert_eq!(ip(&[fam, "rule", "show", "pref", "1338"]), "");
+        assert_eq!(pod.nft(&["list", "ruleset"]), "");
+        nft.remove(&pod.path()).unwrap();
+    }
+}
+
+/// What the route is for: a connection made inside the pod from the caller's address
+/// (`IP_TRANSPARENT`, marked [`ORIGINAL_SRC_MARK`], as Envoy's `original_src` makes
+/// it) to the app on the pod's address. The app sees the caller's address, and its
+/// reply, addressed to the caller, comes back to that socket instead of leaving
+/// through the pod's interface: without the route it leaves, and the connection never
+/// completes.
+fn original_source(v6: bool) {
+    let (pod, _peer) = pair();
+    let (caller, app_addr, listen) = if v6 {
+        ("[fd77::1]:0", "[fd77::2]:8080", "[fd77::2]:8080")
+    } else {
+        ("10.77.0.1:0", "10.77.0.2:8080", "10.77.0.2:8080")
+    };
+    let app = pod.listen(listen);
+    let connect_transparent = |pod: &Ns| {
+        let src: SocketAddr = caller.parse().unwrap();
+        let dst: SocketAddr = app_addr.parse().unwrap();
+        pod.run(move || {
+            let fd = bound_socket_with(Some(src), dst, Some(ORIGINAL_SRC_MARK), true);
+            let sock = TcpStream::from(fd);
+            // connect(2) through std for its timeout: a SYN-ACK that leaves the pod
+            // never comes back.
+            let raw = socket2_connect(&sock, dst);
+            (sock, raw)
+        })
+    };
+    // Without the route (capture rules alone): the reply leaves, no connection.
+    Nft::new().apply(&pod.path(), &spec(Mode::Strict)).unwrap();
+    let (_sock, connected) = connect_transparent(&pod);
+    assert!(
+        connected.is_err(),
+        "without the policy route the app's reply still reached the caller's socket"
+    );
+    // With it: the app sees the caller's own address and the connection works.
+    Nft::new()
+        .apply(&pod.path(), &spec_original_src(Mode::Strict, v6))
+        .unwrap();
+    let (mut sock, connected) = connect_transparent(&pod);
+    connected.expect("the app's reply came back to the transparent socket");
+    let (mut server, peer) = accepted(&app);
+    assert_eq!(peer.ip(), caller.parse::<SocketAddr>().unwrap().ip());
+    server.write_all(b"reply").unwrap();
+    let mut buf = [0u8; 5];
+    sock.set_read_timeout(Some(DEADLINE)).unwrap();
+    sock.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"reply");
+}
+
+/// `connect(2)` on `sock` to `dst`, non-blocking, waiting at most two seconds for it
+/// to complete.
+fn socket2_connect(sock: &TcpStream, dst: SocketAddr) -> std::io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsRawFd;
+    sock.set_nonblocking(true)?;
+    match socket::connect(sock.as_raw_fd(), &SockaddrStorage::from(dst)) {
+        Ok(()) => {}
+        Err(nix::errno::Errno::EINPROGRESS) => {
+            let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLOUT)];
+            let n = poll(&mut fds, PollTimeout::from(2000u16)).map_err(std::io::Error::from)?;
+            if n == 0 {
+                return Err(std::io::Error::new(ErrorKind::TimedOut, "no SYN-ACK"));
+            }
+            let err =
+                socket::getsockopt(sock, sockopt::SocketError).map_err(std::io::Error::from)?;
+            if err != 0 {
+                return Err(std::io::Error::from_raw_os_error(err));
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    sock.set_nonblocking(false)
+}
+
+#[test]
+fn the_app_sees_the_callers_address_and_its_reply_returns_to_envoy_ipv4() {
+    original_source(false);
+}
+
+#[test]
+fn the_app_sees_the_callers_address_and_its_reply_returns_to_envoy_ipv6() {
+    original_source(true);
 }
 
 #[test]

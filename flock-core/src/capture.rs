@@ -73,6 +73,13 @@
 //!   not track yet is picked up mid-stream as new and redirected to Envoy, which
 //!   resets it.
 //!   Permissive mode has no filter chain: such connections reach the app.
+//! * **output_route** (with [`CaptureSpec::original_src`]): Envoy connects to the app
+//!   from the caller's own address, marked [`ORIGINAL_SRC_MARK`]; the chain saves the
+//!   mark on the connection and restores it on the app's replies, which the policy
+//!   route ([`OriginalSrc::routes`], installed with the table) delivers to Envoy
+//!   instead of sending them out to the caller:
+//!   `meta mark 0x0000053a ct mark set meta mark`, `ct mark 0x0000053a meta mark set
+//!   ct mark` (type route, hook output, priority mangle).
 //! * No established/related rule: nat chains see only a connection's first packet
 //!   (conntrack applies the recorded translation to the rest), so such a rule would
 //!   change nothing there; the filter chain deliberately has none, or a connection
@@ -246,6 +253,58 @@ pub struct CaptureSpec {
     /// See [`Mode`].
     #[serde(default)]
     pub mode: Mode,
+    /// Envoy connects to the app from the caller's own address ([`OriginalSrc`]):
+    /// the `output_route` chain and the policy route send the app's replies to
+    /// that address back to Envoy. `None`: Envoy connects from the pod's loopback.
+    #[serde(default)]
+    pub original_src: Option<OriginalSrc>,
+}
+
+/// The `SO_MARK` of Envoy's connections to an app that carry the caller's address
+/// (Envoy's `original_src` listener filter): the pod's `output_route` chain keeps it
+/// on the connection and gives it to the app's replies, which the policy route
+/// ([`OriginalSrc::routes`]) then delivers to Envoy instead of sending them out to
+/// the caller's address. Not the capture mark: those connections are the app's own
+/// replies' way back, not Envoy's upstreams.
+pub const ORIGINAL_SRC_MARK: u32 = 0x53a;
+/// The routing table (and the rule's priority) of [`ORIGINAL_SRC_MARK`]'s policy
+/// route in a captured pod's netns.
+pub const ORIGINAL_SRC_TABLE: u32 = 1338;
+
+/// The app sees each caller's own address: Envoy's inbound connections to the app
+/// are made from it (`IP_TRANSPARENT`, marked [`ORIGINAL_SRC_MARK`]). The app's
+/// replies go to that address, which is not the pod's, so without help they would
+/// leave through the pod's interface; the mark, saved on the connection and restored
+/// on every reply (`output_route`), selects a table whose one route delivers locally
+/// (`local default dev lo`), where Envoy's socket takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OriginalSrc {
+    /// The pod's address family (the routes are for it alone: a pod without IPv6
+    /// has no IPv6 routes to add, and its callers are of its own family).
+    pub ipv6: bool,
+}
+
+/// A policy route: `ip [-6] rule add fwmark <mark> lookup <table> pref <table>` and
+/// `ip [-6] route replace local <default> dev lo table <table>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyRoute {
+    /// IPv6 (`ip -6`) or IPv4.
+    pub ipv6: bool,
+    /// The firewall mark the rule selects.
+    pub mark: u32,
+    /// The table, and the rule's priority.
+    pub table: u32,
+}
+
+impl OriginalSrc {
+    /// The policy route the pod's netns needs.
+    pub fn routes(&self) -> PolicyRoute {
+        PolicyRoute {
+            ipv6: self.ipv6,
+            mark: ORIGINAL_SRC_MARK,
+            table: ORIGINAL_SRC_TABLE,
+        }
+    }
 }
 
 /// Why a [`CaptureSpec`] has no ruleset.
@@ -263,6 +322,12 @@ pub enum SpecError {
     /// A listen port that is also a captured app port (the redirect would loop).
     #[error("capture spec: port {0} is both an app port and a listen port")]
     ListenIsAppPort(u16),
+    /// The capture mark is [`ORIGINAL_SRC_MARK`]: the app's replies would be routed as
+    /// Envoy's.
+    #[error(
+        "capture spec: envoy_mark must not be {ORIGINAL_SRC_MARK:#x}, the original-source mark"
+    )]
+    MarkCollision,
     /// More entries than [`MAX_SPEC_ENTRIES`].
     #[error("capture spec: {0} has more than {MAX_SPEC_ENTRIES} entries")]
     TooMany(&'static str),
@@ -291,6 +356,8 @@ pub enum Field {
     TcpDport,
     /// `ct direction` (`original` or `reply`)
     CtDirection,
+    /// `ct mark`
+    CtMark,
 }
 
 impl Field {
@@ -306,6 +373,7 @@ impl Field {
             Field::Ip6Daddr => json!({"payload": {"protocol": "ip6", "field": "daddr"}}),
             Field::TcpDport => json!({"payload": {"protocol": "tcp", "field": "dport"}}),
             Field::CtDirection => json!({"ct": {"key": "direction"}}),
+            Field::CtMark => json!({"ct": {"key": "mark"}}),
         }
     }
 
@@ -328,7 +396,11 @@ impl Field {
             .and_then(|m| m.get("key"))
             .and_then(Value::as_str)
         {
-            return (key == "direction").then_some(Field::CtDirection);
+            return match key {
+                "direction" => Some(Field::CtDirection),
+                "mark" => Some(Field::CtMark),
+                _ => None,
+            };
         }
         let p = v.get("payload")?;
         match (p.get("protocol")?.as_str()?, p.get("field")?.as_str()?) {
@@ -360,6 +432,7 @@ impl Field {
             Field::Ip6Daddr => "ip6 daddr",
             Field::TcpDport => "tcp dport",
             Field::CtDirection => "ct direction",
+            Field::CtMark => "ct mark",
         }
     }
 }
@@ -406,7 +479,7 @@ impl MatchValue {
 
     fn fmt_for(&self, field: Field, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self, field) {
-            (MatchValue::Int(n), Field::MetaMark) => write!(f, "0x{n:08x}"),
+            (MatchValue::Int(n), Field::MetaMark | Field::CtMark) => write!(f, "0x{n:08x}"),
             (MatchValue::Int(n), _) => write!(f, "{n}"),
             (MatchValue::Str(s), Field::L4Proto | Field::CtDirection) => write!(f, "{s}"),
             (MatchValue::Str(s), _) => write!(f, "{s:?}"),
@@ -435,6 +508,11 @@ pub enum Stmt {
     Drop,
     /// `redirect to :port`
     Redirect(u16),
+    /// `ct mark set meta mark`: the connection keeps the mark of its first packet.
+    SaveMark,
+    /// `meta mark set ct mark`: a packet gets its connection's mark (a `route` chain
+    /// then routes it again, by the mark).
+    RestoreMark,
     /// A statement this module does not generate (listed rules only), as nft's JSON.
     Other(String),
 }
@@ -466,6 +544,8 @@ impl Stmt {
             Stmt::Accept => json!({"accept": null}),
             Stmt::Drop => json!({"drop": null}),
             Stmt::Redirect(port) => json!({"redirect": {"port": port}}),
+            Stmt::SaveMark => mangle("ct", "meta"),
+            Stmt::RestoreMark => mangle("meta", "ct"),
             Stmt::Other(text) => serde_json::from_str(text).unwrap_or(Value::Null),
         }
     }
@@ -481,6 +561,8 @@ impl Stmt {
             "accept" if body.is_null() => Stmt::Accept,
             "drop" if body.is_null() => Stmt::Drop,
             "counter" => Stmt::Counter,
+            "mangle" if *v == mangle("ct", "meta") => Stmt::SaveMark,
+            "mangle" if *v == mangle("meta", "ct") => Stmt::RestoreMark,
             "redirect" => {
                 let port = body
                     .as_object()
@@ -539,9 +621,16 @@ impl fmt::Display for Stmt {
             Stmt::Accept => f.write_str("accept"),
             Stmt::Drop => f.write_str("drop"),
             Stmt::Redirect(p) => write!(f, "redirect to :{p}"),
+            Stmt::SaveMark => f.write_str("ct mark set meta mark"),
+            Stmt::RestoreMark => f.write_str("meta mark set ct mark"),
             Stmt::Other(json) => write!(f, "<{json}>"),
         }
     }
+}
+
+/// `<to> mark set <from> mark` as nft's JSON (`to`, `from`: `ct` or `meta`).
+fn mangle(to: &str, from: &str) -> Value {
+    json!({"mangle": {"key": {to: {"key": "mark"}}, "value": {from: {"key": "mark"}}}})
 }
 
 /// One rule: its statements in order.
@@ -563,7 +652,7 @@ impl fmt::Display for Rule {
 /// A base chain's hook.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hook {
-    /// `nat` or `filter`.
+    /// `nat`, `filter` or `route`.
     pub kind: String,
     /// `output`, `prerouting`, `input`.
     pub hook: String,
@@ -590,7 +679,12 @@ pub struct Ruleset {
 }
 
 /// The chains in the order they are created and printed.
-const CHAIN_ORDER: [&str; 3] = ["output_nat", "prerouting_nat", "input_filter"];
+const CHAIN_ORDER: [&str; 4] = [
+    "output_nat",
+    "prerouting_nat",
+    "input_filter",
+    "output_route",
+];
 
 fn chain_rank(name: &str) -> (usize, &str) {
     (
@@ -842,6 +936,29 @@ impl CaptureSpec {
                 },
             );
         }
+        if self.original_src.is_some() {
+            // Envoy's connection to the app carries the caller's address and this
+            // mark; the connection keeps it (conntrack), and each of the app's replies
+            // gets it back, so the policy route delivers them to Envoy. A `route`
+            // chain: a mark changed there makes the kernel route the packet again.
+            let mark = || [MatchValue::Int(ORIGINAL_SRC_MARK.into())];
+            chains.insert(
+                "output_route".to_string(),
+                Chain {
+                    hook: base("route", "output", -150),
+                    rules: vec![
+                        Rule(vec![
+                            Stmt::matching(Field::MetaMark, mark()),
+                            Stmt::SaveMark,
+                        ]),
+                        Rule(vec![
+                            Stmt::matching(Field::CtMark, mark()),
+                            Stmt::RestoreMark,
+                        ]),
+                    ],
+                },
+            );
+        }
         Ok(Ruleset { chains })
     }
 
@@ -873,6 +990,9 @@ impl CaptureSpec {
         }
         if self.envoy_mark == 0 {
             return Err(SpecError::ZeroMark);
+        }
+        if self.original_src.is_some() && self.envoy_mark == ORIGINAL_SRC_MARK {
+            return Err(SpecError::MarkCollision);
         }
         if self.exclude_outbound_ports.contains(&0) || self.exclude_inbound_ports.contains(&0) {
             return Err(SpecError::ZeroPort("an excluded port"));
@@ -1119,7 +1239,64 @@ mod tests {
             exclude_inbound_ports: vec![],
             probe_sources: vec!["10.0.0.1".parse().unwrap()],
             mode: Mode::Strict,
+            original_src: None,
         }
+    }
+
+    /// What nft 1.0.6 printed for the `output_route` chain (`nft -j list table`):
+    /// the mark saved on the connection, and restored on its packets.
+    const LISTED_OUTPUT_ROUTE: &str = r#"{"nftables":[{"metainfo":{"version":"1.0.6","json_schema_version":1}},
+      {"table":{"family":"inet","name":"flock_capture","handle":1}},
+      {"chain":{"family":"inet","table":"flock_capture","name":"output_route","handle":1,"type":"route","hook":"output","prio":-150,"policy":"accept"}},
+      {"rule":{"family":"inet","table":"flock_capture","chain":"output_route","handle":2,"expr":[{"match":{"op":"==","left":{"meta":{"key":"mark"}},"right":1338}},{"mangle":{"key":{"ct":{"key":"mark"}},"value":{"meta":{"key":"mark"}}}}]}},
+      {"rule":{"family":"inet","table":"flock_capture","chain":"output_route","handle":3,"expr":[{"match":{"op":"==","left":{"ct":{"key":"mark"}},"right":1338}},{"mangle":{"key":{"meta":{"key":"mark"}},"value":{"ct":{"key":"mark"}}}}]}}]}"#;
+
+    #[test]
+    fn original_src_adds_a_route_chain_that_round_trips_through_nfts_listing() {
+        let spec = CaptureSpec {
+            original_src: Some(OriginalSrc { ipv6: false }),
+            ..sample()
+        };
+        let set = spec.ruleset().unwrap();
+        let route = &set.chains["output_route"];
+        assert_eq!(
+            route
+                .rules
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            [
+                "meta mark 0x0000053a ct mark set meta mark",
+                "ct mark 0x0000053a meta mark set ct mark"
+            ]
+        );
+        let listed = parse_listed(LISTED_OUTPUT_ROUTE).unwrap();
+        assert_eq!(listed.chains["output_route"], *route);
+        assert_eq!(parse_listed(&set.to_listing().to_string()).unwrap(), set);
+        // Without it, no chain; with the capture mark equal to its mark, no ruleset.
+        assert!(
+            !sample()
+                .ruleset()
+                .unwrap()
+                .chains
+                .contains_key("output_route")
+        );
+        assert_eq!(
+            CaptureSpec {
+                envoy_mark: ORIGINAL_SRC_MARK,
+                ..spec
+            }
+            .ruleset(),
+            Err(SpecError::MarkCollision)
+        );
+        assert_eq!(
+            OriginalSrc { ipv6: true }.routes(),
+            PolicyRoute {
+                ipv6: true,
+                mark: 0x53a,
+                table: 1338
+            }
+        );
     }
 
     /// What nft 1.0.6 printed (`nft -j list table inet flock_capture`) for the sample's
@@ -1354,12 +1531,18 @@ mod tests {
             proptest::collection::vec(prop_oneof![cidr, cidr6], 0..4),
             any::<bool>(),
             1u32..,
+            proptest::option::of(any::<bool>()),
         )
             .prop_map(
-                |(inbound, exo, cidrs, exi, probes, strict, mark)| CaptureSpec {
+                |(inbound, exo, cidrs, exi, probes, strict, mark, original_src)| CaptureSpec {
                     outbound_port: 15001,
                     inbound: inbound.into_iter().collect(),
-                    envoy_mark: mark,
+                    envoy_mark: if mark == ORIGINAL_SRC_MARK {
+                        mark + 1
+                    } else {
+                        mark
+                    },
+                    original_src: original_src.map(|ipv6| OriginalSrc { ipv6 }),
                     exclude_outbound_ports: exo,
                     exclude_outbound_cidrs: cidrs,
                     exclude_inbound_ports: exi,

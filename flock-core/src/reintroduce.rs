@@ -63,6 +63,8 @@ pub const KNOWN: &[&str] = &[
     "capture-strict-declared-ports-only",
     "probe-snat-any-host-socket",
     "capture-probe-gateway-exempt",
+    "capture-inbound-from-loopback",
+    "capture-outbound-from-node",
     "envoy-user-ignored",
     "registry-wildcard-identity",
     "noncanonical-address",

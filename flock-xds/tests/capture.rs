@@ -10,13 +10,22 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::{
+    DataSource, data_source, substitution_format_string,
+};
+use envoy_types::pb::envoy::config::core::v3::{
     SocketAddress, SocketOption, address, socket_address, socket_option,
 };
-use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint;
+use envoy_types::pb::envoy::config::listener::v3::{
+    FilterChain, Listener, filter, listener_filter,
+};
 use envoy_types::pb::envoy::config::route::v3::{route, route_action};
+use envoy_types::pb::envoy::extensions::filters::common::set_filter_state::v3::filter_state_value;
+use envoy_types::pb::envoy::extensions::filters::listener::original_src::v3::OriginalSrc;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager::RouteSpecifier,
 };
+use envoy_types::pb::envoy::extensions::filters::network::set_filter_state::v3::Config as SetFilterState;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use flock_core::ContentHash;
 use flock_xds::cache::check_consistency;
@@ -116,9 +125,16 @@ enum Action {
     Tcp(String),
 }
 
+/// What a filter chain does; a captured pod's outbound chains start with the filter
+/// naming the pod's netns for their upstreams ([`upstream_netns`]), which is skipped.
 fn action(chain: &FilterChain) -> Action {
-    assert_eq!(chain.filters.len(), 1, "{chain:?}");
-    let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+    let filters: Vec<_> = chain
+        .filters
+        .iter()
+        .filter(|f| f.name != "envoy.filters.network.set_filter_state")
+        .collect();
+    assert_eq!(filters.len(), 1, "{chain:?}");
+    let Some(filter::ConfigType::TypedConfig(any)) = &filters[0].config_type else {
         panic!("{chain:?}")
     };
     if any.type_url == type_urls::TCP_PROXY {
@@ -167,6 +183,45 @@ fn matched(chain: &FilterChain) -> (u32, Vec<String>) {
         .collect();
     prefixes.sort();
     (m.destination_port.unwrap().value, prefixes)
+}
+
+/// The netns a chain's `set_filter_state` filter names for its upstreams, if any.
+fn upstream_netns(chain: &FilterChain) -> Option<String> {
+    let f = chain
+        .filters
+        .iter()
+        .find(|f| f.name == "envoy.filters.network.set_filter_state")?;
+    let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+        panic!("{f:?}")
+    };
+    assert_eq!(any.type_url, type_urls::SET_FILTER_STATE);
+    let config = SetFilterState::decode(any.value.as_slice()).unwrap();
+    let [value] = config.on_new_connection.as_slice() else {
+        panic!("{config:?}")
+    };
+    assert_eq!(
+        value.key,
+        Some(filter_state_value::Key::ObjectKey(
+            "envoy.network.upstream_bind_override.network_namespace".into()
+        ))
+    );
+    // Hashable: pods never share an upstream connection.
+    assert_eq!(value.factory_key, "envoy.hashable_string");
+    assert_eq!(
+        value.shared_with_upstream,
+        filter_state_value::SharedWithUpstream::Once as i32
+    );
+    let Some(filter_state_value::Value::FormatString(f)) = &value.value else {
+        panic!("{value:?}")
+    };
+    let Some(substitution_format_string::Format::TextFormatSource(DataSource {
+        specifier: Some(data_source::Specifier::InlineString(netns)),
+        ..
+    })) = &f.format
+    else {
+        panic!("{f:?}")
+    };
+    Some(netns.clone())
 }
 
 fn http(cluster: &str) -> Action {
@@ -241,6 +296,15 @@ fn a_captured_pods_outbound_listener_routes_by_original_destination() {
         ((15001, vec![]), Action::Tcp("blackhole".into())),
     ];
     assert_eq!(chains, want);
+    // Every chain names the pod's netns for its upstreams.
+    for c in &l.filter_chains {
+        assert_eq!(
+            upstream_netns(c).as_deref(),
+            Some("/run/netns/client"),
+            "{}",
+            c.name
+        );
+    }
     let default = l.default_filter_chain.as_ref().expect("a default chain");
     assert!(default.filter_chain_match.is_none());
     assert_eq!(
@@ -295,10 +359,26 @@ fn envoys_sockets_in_a_captured_pod_carry_its_mark() {
         );
         assert_eq!(mark_of(&bind.socket_options), Some(i64::from(mark)));
     }
+    // The captured pod's app cluster connects from the caller's address (the
+    // original_src filter marks it with its own mark) to the pod's address.
     let app: Cluster = decode(find(&rs, CLUSTER, "inbound|8080|default/web-0"));
+    let bind = app.upstream_bind_config.as_ref().unwrap();
+    assert_eq!(mark_of(&bind.socket_options), None);
+    let src = bind.source_address.as_ref().unwrap();
     assert_eq!(
-        mark_of(&app.upstream_bind_config.unwrap().socket_options),
-        Some(7)
+        (
+            src.address.as_str(),
+            src.network_namespace_filepath.as_str()
+        ),
+        ("0.0.0.0", "/run/netns/web-0")
+    );
+    let endpoint = app.load_assignment.as_ref().unwrap().endpoints[0].lb_endpoints[0].clone();
+    let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = endpoint.host_identifier else {
+        panic!("{endpoint:?}")
+    };
+    assert_eq!(
+        (sock(&e.address).address.as_str(), port_of(sock(&e.address))),
+        ("10.0.0.2", 8080)
     );
     let old: Cluster = decode(find(&rs, CLUSTER, "inbound|8080|default/old"));
     assert_eq!(
@@ -317,7 +397,13 @@ fn permissive_inbound_takes_plaintext_next_to_mtls_strict_only_mtls() {
     let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
     let l: Listener = decode(find(&rs, LISTENER, "inbound|default/web-0|8080"));
     let filters: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
-    assert_eq!(filters, ["envoy.filters.listener.tls_inspector"]);
+    assert_eq!(
+        filters,
+        [
+            "envoy.filters.listener.tls_inspector",
+            "envoy.filters.listener.original_src"
+        ]
+    );
     let by_protocol: Vec<(&str, bool)> = l
         .filter_chains
         .iter()
@@ -354,11 +440,75 @@ fn permissive_inbound_takes_plaintext_next_to_mtls_strict_only_mtls() {
         "inbound|default/web-0|8080",
     )
     .clone();
-    assert_eq!(strict.any, uncaptured.any);
+    // Strict: the uncaptured pod's listener, plus the caller's address for the app.
     let l: Listener = decode(&strict);
-    assert!(l.listener_filters.is_empty());
+    let plain: Listener = decode(&uncaptured);
+    assert!(plain.listener_filters.is_empty());
+    assert_eq!(l.filter_chains, plain.filter_chains);
     assert_eq!(l.filter_chains.len(), 1);
     assert!(l.filter_chains[0].transport_socket.is_some());
+    let [original_src] = l.listener_filters.as_slice() else {
+        panic!("{:?}", l.listener_filters)
+    };
+    assert_eq!(original_src.name, "envoy.filters.listener.original_src");
+    let Some(listener_filter::ConfigType::TypedConfig(any)) = &original_src.config_type else {
+        panic!("{original_src:?}")
+    };
+    assert_eq!(any.type_url, type_urls::ORIGINAL_SRC);
+    assert_eq!(
+        OriginalSrc::decode(any.value.as_slice()).unwrap(),
+        OriginalSrc {
+            bind_port: false,
+            mark: flock_core::capture::ORIGINAL_SRC_MARK
+        }
+    );
+}
+
+/// With capture on the node (`capture_mark`), every mTLS cluster connects from the
+/// netns its caller's outbound listener names (the `filter_state_override` local
+/// address selector over wildcard addresses of both families), marked; without,
+/// from the node's netns, unmarked.
+#[test]
+fn on_a_capturing_node_mtls_clusters_connect_from_the_callers_netns() {
+    let m = mesh();
+    let mtls = format!("outbound|8080|web.default|{CLIENT_ID}");
+    let plain: Cluster = decode(find(
+        &translate::envoy_resources(&m, &EnvoyOptions::default()),
+        CLUSTER,
+        &mtls,
+    ));
+    assert!(plain.upstream_bind_config.is_none());
+    let opts = EnvoyOptions {
+        capture_mark: Some(0x539),
+        ..EnvoyOptions::default()
+    };
+    let rs = translate::envoy_resources(&m, &opts);
+    for name in [mtls, format!("outbound|5432|db.default|{CLIENT_ID}")] {
+        let c: Cluster = decode(find(&rs, CLUSTER, &name));
+        let bind = c.upstream_bind_config.expect("a bind config");
+        let sources: Vec<(&str, &str)> = std::iter::once(bind.source_address.as_ref().unwrap())
+            .chain(
+                bind.extra_source_addresses
+                    .iter()
+                    .map(|e| e.address.as_ref().unwrap()),
+            )
+            .map(|a| (a.address.as_str(), a.network_namespace_filepath.as_str()))
+            .collect();
+        assert_eq!(sources, [("0.0.0.0", ""), ("::", "")], "{name}");
+        let selector = bind.local_address_selector.expect("a selector");
+        assert_eq!(
+            selector.name,
+            "envoy.upstream.local_address_selector.filter_state_override"
+        );
+        assert_eq!(
+            selector.typed_config.unwrap().type_url,
+            type_urls::FILTER_STATE_OVERRIDE_SELECTOR
+        );
+        assert_eq!(mark_of(&bind.socket_options), Some(0x539), "{name}");
+    }
+    // The plain (non-mTLS) service clusters, shared with proxyless gRPC, are unchanged.
+    let plain_cluster: Cluster = decode(find(&rs, CLUSTER, "outbound|9000|plain.default"));
+    assert!(plain_cluster.upstream_bind_config.is_none());
 }
 
 /// Capture is off by default and changes nothing else: without it a mesh

@@ -2714,15 +2714,17 @@ fn the_validator_checks_identity_prefixes_and_vips() {
 /// Transparent capture, live (the Envoy side; the packet rules here are a minimal
 /// stand-in for the real capture rules: in the client pod's netns every TCP
 /// connection except to loopback and except sockets marked 0x539 is redirected to
-/// 15001). Two pods in their own netns (veth to the host): a captured client
-/// (strict, with an identity) and a web pod (captured, permissive, with an
-/// identity, its app on its loopback). Envoy ACKs both; the client's plain
-/// connection to the service VIP, and to the web pod's IP on the service port, is
-/// routed by original destination over mTLS to the web app (any `Host`); its
-/// connection to an address outside the mesh passes through, made from inside the
-/// pod (the server sees the pod's IP) and not redirected again (the mark); a
-/// plaintext caller from the host reaches the permissive web pod's app. Needs root,
-/// `ip`, `nft`, `python3` and Envoy: `scripts/test` provides all of these.
+/// 15001; in the web pod's netns the `output_route` chain and policy route that bring
+/// the app's replies to a caller's address back to Envoy). Two pods in their own
+/// netns (veth to the host): a captured client (strict, with an identity) and a web
+/// pod (captured, permissive, with an identity, its app on all addresses). Envoy ACKs
+/// both; the client's plain connection to the service VIP, and to the web pod's IP on
+/// the service port, is routed by original destination over mTLS to the web app (any
+/// `Host`); its connection to an address outside the mesh passes through, made from
+/// inside the pod (the server sees the pod's IP) and not redirected again (the
+/// mark); a plaintext caller from the host reaches the permissive web pod's app,
+/// which sees the caller's own address (Envoy's `original_src`). Needs root, `ip`,
+/// `nft`, `python3` and Envoy: `scripts/test` provides all of these.
 #[test]
 fn envoy_routes_captured_connections_by_original_destination() {
     use std::process::Command;
@@ -2800,7 +2802,34 @@ fn envoy_routes_captured_connections_by_original_destination() {
         (guard, host_ip, pod_ip)
     };
     let (client_ns, client_host_ip, client_ip) = pod_netns("c", 214);
-    let (web_ns, _, web_ip) = pod_netns("w", 215);
+    let (web_ns, web_host_ip, web_ip) = pod_netns("w", 215);
+    run(
+        "ip",
+        &["netns", "exec", &web_ns.0, "nft", "-f", "-"],
+        Some(
+            "table inet flock_test {
+               chain output_route {
+                 type route hook output priority mangle; policy accept;
+                 meta mark 0x53a ct mark set meta mark
+                 ct mark 0x53a meta mark set ct mark
+               }
+             }",
+        ),
+    );
+    for args in [
+        [
+            "rule", "add", "fwmark", "0x53a", "lookup", "1338", "pref", "1338",
+        ]
+        .as_slice(),
+        [
+            "route", "add", "local", "default", "dev", "lo", "table", "1338",
+        ]
+        .as_slice(),
+    ] {
+        let mut all = vec!["-n", web_ns.0.as_str()];
+        all.extend_from_slice(args);
+        run("ip", &all, None);
+    }
     run(
         "ip",
         &["netns", "exec", &client_ns.0, "nft", "-f", "-"],
@@ -2827,10 +2856,10 @@ fn envoy_routes_captured_connections_by_original_destination() {
 import http.server
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        b = b"hello-from-web"
+        b = ("hello-from-web saw " + self.client_address[0]).encode()
         self.send_response(200); self.send_header("content-length", str(len(b))); self.end_headers(); self.wfile.write(b)
     def log_message(self, *a): pass
-http.server.HTTPServer(("127.0.0.1", 8080), H).serve_forever()
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
 "#;
     let _app = Kill(
         Command::new("ip")
@@ -2913,8 +2942,9 @@ sys.stdout.write(out.decode())
     let envoy = live::LiveEnvoy::start(&mesh);
     let ok = |r: &str, body: &str| r.starts_with("HTTP/1.1 200") && r.ends_with(body);
 
-    // Permissive: a plaintext caller (the host, outside the mesh) reaches the app.
-    envoy.wait_for_answer("hello-from-web", || {
+    // Permissive: a plaintext caller (the host, outside the mesh) reaches the app,
+    // which sees the caller's address.
+    envoy.wait_for_answer(&format!("hello-from-web saw {web_host_ip}"), || {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect((web_ip.as_str(), 15006)).ok()?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
@@ -2927,10 +2957,13 @@ sys.stdout.write(out.decode())
     });
     // The VIP and the endpoint's own address on the service port: by original
     // destination, over mTLS (the web pod's inbound listener), to the app.
+    // (Without `EnvoyOptions::capture_mark` the client's mTLS connection is made from
+    // the host: the app sees the host's address on the web pod's link.)
+    let from_host = format!("hello-from-web saw {web_host_ip}");
     for addr in ["10.96.77.10", web_ip.as_str()] {
-        let last = envoy.wait_for_answer("hello-from-web", || client(addr, 80));
+        let last = envoy.wait_for_answer(&from_host, || client(addr, 80));
         assert!(
-            ok(&last, "hello-from-web"),
+            ok(&last, &from_host),
             "{addr}:80 from the captured client: {last:?}\nEnvoy log:\n{}",
             envoy.log()
         );

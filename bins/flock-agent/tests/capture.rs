@@ -9,9 +9,11 @@
 //! * `unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy`:
 //!   A's plain request to B's pod address goes through A's captured outbound listener
 //!   and A's mTLS cluster to B's inbound listener (Envoy's TLS handshake counters on
-//!   both ends move) and B's app sees Envoy's connection from B's loopback, never A's
-//!   address; a client outside the mesh dialling B's app port is refused (strict),
-//!   while it reaches a permissive pod's app (through Envoy's plaintext chain); A's
+//!   both ends move), and B's app sees A's own pod address as the caller (A's mTLS
+//!   connection is made from A's netns; B's Envoy connects to the app from the
+//!   caller's address); a client outside the mesh dialling B's app port is refused
+//!   (strict), while it reaches a permissive pod's app through Envoy's plaintext
+//!   chain, and that app sees the outside client's own address; A's
 //!   request to a server outside the mesh passes through Envoy's passthrough cluster
 //!   and the server sees A's own address; an excluded outbound port bypasses Envoy;
 //!   plaintext from the node itself (its gateway address: a hostNetwork process) is
@@ -216,12 +218,25 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
     );
     // (What the excluded-port and probe checks below count does move with mesh traffic.)
     assert!(mesh_connections(&after) > mesh_connections(&before));
-    // B's app saw Envoy (its inbound app cluster connects from B's loopback), never A.
-    assert!(first.starts_with("web-0 saw 127.0.0.1:"), "{first}");
-    let seen = peers_seen(&mesh.b_app);
+    // B's app saw A's own pod address: A's mTLS connection left from A's netns, and
+    // B's Envoy connected to the app from the caller's address (not its loopback, not
+    // the node's gateway).
+    let from_a = format!("web-0 saw {}:", a.ip);
     assert!(
-        !seen.iter().any(|s| s.starts_with(&format!("{}:", a.ip))),
-        "B's app saw A's own address: {seen:?}"
+        first.starts_with(&from_a),
+        "B's app did not see A's own pod address {}: {first}",
+        a.ip
+    );
+    // (Its own readiness check came from its loopback, before any of A's requests.)
+    let seen = peers_seen(&mesh.b_app);
+    let callers: Vec<&String> = seen
+        .iter()
+        .filter(|s| !s.starts_with("127.0.0.1:"))
+        .collect();
+    assert!(
+        !callers.is_empty() && callers.iter().all(|s| s.starts_with(&format!("{}:", a.ip))),
+        "B's app did not see A's own pod address {} on every connection: {seen:?}",
+        a.ip
     );
 
     // ---- A client outside the mesh dials the app port directly. Strict: the
@@ -252,9 +267,9 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
         let (status, body) = curl_in(&n.ns, &url_p);
         (status == 200).then_some(body)
     });
-    // It came through Envoy's plaintext chain (P's inbound listener forwards from P's
-    // loopback), not around it.
-    assert!(body.starts_with("lax-0 saw 127.0.0.1:"), "{body}");
+    // It came through Envoy's plaintext chain, not around it (the stats below), and
+    // P's app sees the outside client's own address.
+    assert!(body.starts_with(&format!("lax-0 saw {}:", n.ip)), "{body}");
     let stats = envoy_stats(&envoy.admin);
     assert!(
         stats
@@ -352,6 +367,7 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
         let (stop, ns, url) = (stop.clone(), a.ns.name.clone(), url_b.clone());
+        let from_a = from_a.clone();
         std::thread::spawn(move || {
             let (mut ok, mut failed) = (0u32, Vec::new());
             while !stop.load(Ordering::Relaxed) {
@@ -361,7 +377,7 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
                     .output()
                     .unwrap();
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                if text.ends_with("\n200") && text.starts_with("web-0 saw 127.0.0.1:") {
+                if text.ends_with("\n200") && text.starts_with(&from_a) {
                     ok += 1;
                 } else {
                     failed.push(format!("{text:?} {}", String::from_utf8_lossy(&out.stderr)));
@@ -406,10 +422,7 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
     assert!(ok >= 20, "too little traffic to mean anything: {ok}");
     // After the restart the new epoch still routes captured connections over mTLS.
     let (status, body) = curl_in(&a.ns, &url_b);
-    assert_eq!(
-        (status, body.starts_with("web-0 saw 127.0.0.1:")),
-        (200, true)
-    );
+    assert_eq!((status, body.starts_with(&from_a)), (200, true), "{body}");
 
     drop(mesh);
     drop(envoy);
@@ -548,7 +561,7 @@ fn agent_crash_leaves_one_table_and_check_and_restart_repair_drift() {
     assert!(repairs >= 1.0, "repairs counted: {repairs}");
     // And the repaired capture still meshes A's unmodified client.
     let body = until_ok(&a.ns, &url_b);
-    assert!(body.starts_with("web-0 saw 127.0.0.1:"), "{body}");
+    assert!(body.starts_with(&format!("web-0 saw {}:", a.ip)), "{body}");
 
     drop(mesh);
     drop(envoy);
@@ -650,7 +663,10 @@ fn a_service_vip_is_routed_to_the_service_over_mtls() {
 
     let before = envoy_stats(&envoy.admin);
     let body = until_ok(&a.ns, &format!("http://{vip}/"));
-    assert!(body.starts_with("web-0 saw 127.0.0.1:"), "{body}");
+    assert!(
+        body.starts_with(&format!("web-0 saw {}:", a.ip)),
+        "B's app did not see A's own pod address: {body}"
+    );
     let after = envoy_stats(&envoy.admin);
     let mtls_cluster = ["outbound|80|web.shop|", "ns/shop/sa/client"];
     assert!(
@@ -668,9 +684,13 @@ fn a_service_vip_is_routed_to_the_service_over_mtls() {
         "no TLS handshake on B's inbound listener"
     );
     let seen = peers_seen(&b_app);
+    let callers: Vec<&String> = seen
+        .iter()
+        .filter(|s| !s.starts_with("127.0.0.1:"))
+        .collect();
     assert!(
-        !seen.iter().any(|s| s.starts_with(&format!("{}:", a.ip))),
-        "B's app saw A's own address: {seen:?}"
+        !callers.is_empty() && callers.iter().all(|s| s.starts_with(&format!("{}:", a.ip))),
+        "B's app saw another address than A's: {seen:?}"
     );
 
     drop((a, b, b_app, net));

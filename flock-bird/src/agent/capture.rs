@@ -51,7 +51,7 @@ impl Agent {
         // containers start (they start after the ADD is answered).
         self.refresh_node_table().await?;
         let netns = PathBuf::from(&rec.netns);
-        let spec = capture.spec(&rec.ports);
+        let spec = capture.spec(rec.ip(), &rec.ports);
         match blocking(move |nft| nft.apply(&netns, &spec)).await {
             Ok(()) => {
                 self.metrics.capture.applied.fetch_add(1, Ordering::Relaxed);
@@ -132,7 +132,7 @@ impl Agent {
             return Ok(());
         };
         let netns = PathBuf::from(&rec.netns);
-        let spec = capture.spec(&rec.ports);
+        let spec = capture.spec(rec.ip(), &rec.ports);
         blocking(move |nft| nft.check(&netns, &spec))
             .await
             .map_err(|e| {
@@ -172,7 +172,7 @@ impl Agent {
     /// Whether `rec`'s table had to be re-applied.
     async fn repair_one(&self, rec: &PodRecord, capture: &PodCapture) -> Result<bool, String> {
         let netns = PathBuf::from(&rec.netns);
-        let spec = capture.spec(&rec.ports);
+        let spec = capture.spec(rec.ip(), &rec.ports);
         let drift = {
             let (netns, spec) = (netns.clone(), spec.clone());
             match blocking(move |nft| match nft.check(&netns, &spec) {

@@ -56,6 +56,10 @@ impl Agent {
                 zone: config.zone.clone(),
                 sub_zone: String::new(),
             }),
+            // With capture on, a captured pod's mTLS connections are made from its
+            // own netns, so the callee's app sees the caller's pod address.
+            capture_mark: (config.capture.setting != flock_core::capture::policy::Setting::Off)
+                .then_some(config.capture.mark),
             ..EnvoyOptions::default()
         };
         let mut version = 0;

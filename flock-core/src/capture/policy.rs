@@ -42,7 +42,7 @@
 //!     "169.254.7.127".parse().unwrap(),
 //!     "fd16:9254:7127:1337:ffff:ffff:ffff:ffff".parse().unwrap(),
 //! ]);
-//! assert_eq!(capture.spec(&ports).inbound, vec![(8080, 15006)]);
+//! assert_eq!(capture.spec("10.88.0.5".parse().ok(), &ports).inbound, vec![(8080, 15006)]);
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,7 +52,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{CaptureSpec, Cidr, MAX_SPEC_ENTRIES, Mode};
+use super::{CaptureSpec, Cidr, MAX_SPEC_ENTRIES, Mode, OriginalSrc};
 use crate::pod::{OUTBOUND_PORT, PodPort};
 
 /// The annotation choosing a pod's capture: `off`, `strict` or `permissive`
@@ -360,9 +360,12 @@ pub struct PodCapture {
 }
 
 impl PodCapture {
-    /// The rules for a pod with `ports`: outbound TCP to Envoy's
-    /// [`OUTBOUND_PORT`], each app port to its inbound listener.
-    pub fn spec(&self, ports: &[PodPort]) -> CaptureSpec {
+    /// The rules for a pod at `pod_ip` with `ports`: outbound TCP to Envoy's
+    /// [`OUTBOUND_PORT`], each app port to its inbound listener, and the route that
+    /// brings the app's replies to its callers' own addresses back to Envoy (the app
+    /// sees each caller's address: [`OriginalSrc`]; a pod without an address has no
+    /// inbound listener, so no route).
+    pub fn spec(&self, pod_ip: Option<IpAddr>, ports: &[PodPort]) -> CaptureSpec {
         CaptureSpec {
             outbound_port: OUTBOUND_PORT,
             inbound: ports.iter().map(|p| (p.app_port, p.listen_port)).collect(),
@@ -372,13 +375,14 @@ impl PodCapture {
             exclude_inbound_ports: self.exclude_inbound_ports.clone(),
             probe_sources: self.probe_sources.clone(),
             mode: self.mode,
+            original_src: pod_ip.map(|ip| OriginalSrc { ipv6: ip.is_ipv6() }),
         }
     }
 
     /// Whether the settings give rules for a pod with `ports` (a stored record is
     /// checked with this when it is loaded).
     pub fn check(&self, ports: &[PodPort]) -> Result<(), String> {
-        self.spec(ports)
+        self.spec(Some(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)), ports)
             .ruleset()
             .map(drop)
             .map_err(|e| e.to_string())
@@ -639,7 +643,7 @@ mod tests {
                 .to_vec()
         );
         assert_eq!(c.exclude_inbound_ports, vec![8081, 9090]);
-        let spec = c.spec(&ports);
+        let spec = c.spec("10.88.0.5".parse().ok(), &ports);
         assert_eq!(spec.inbound, vec![(8080, 15006), (8081, 15007)]);
         assert_eq!(spec.outbound_port, OUTBOUND_PORT);
     }
@@ -828,7 +832,7 @@ mod tests {
             let c = resolve(&n, &pod, &ports).unwrap().unwrap();
             let union: BTreeSet<u16> = node_ports.iter().chain(&pod_ports).copied().collect();
             prop_assert_eq!(&c.exclude_outbound_ports, &union.into_iter().collect::<Vec<_>>());
-            prop_assert!(c.spec(&ports).ruleset().is_ok());
+            prop_assert!(c.spec("10.88.0.5".parse().ok(), &ports).ruleset().is_ok());
         }
 
         /// On a node that enforces capture, whatever a pod's annotations say, the pod

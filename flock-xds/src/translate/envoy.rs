@@ -17,9 +17,10 @@ use envoy_types::pb::envoy::config::cluster::v3::{
 };
 use envoy_types::pb::envoy::config::core::v3::{
     Address, AggregatedConfigSource, ApiVersion, BindConfig, CidrRange, ConfigSource, DataSource,
-    HealthStatus, Http2ProtocolOptions, Locality as PbLocality, Metadata, SocketAddress,
-    SocketOption, TrafficDirection, address, config_source::ConfigSourceSpecifier, data_source,
-    socket_address, socket_option,
+    ExtraSourceAddress, HealthStatus, Http2ProtocolOptions, Locality as PbLocality, Metadata,
+    SocketAddress, SocketOption, SubstitutionFormatString, TrafficDirection, TypedExtensionConfig,
+    address, config_source::ConfigSourceSpecifier, data_source, socket_address, socket_option,
+    substitution_format_string,
 };
 use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
 use envoy_types::pb::envoy::config::endpoint::v3::{
@@ -32,13 +33,19 @@ use envoy_types::pb::envoy::config::route::v3::{
     HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
     header_matcher, retry_policy, route, route_action, route_match,
 };
+use envoy_types::pb::envoy::extensions::filters::common::set_filter_state::v3::{
+    FilterStateValue, filter_state_value,
+};
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::listener::original_src::v3::OriginalSrc;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
+use envoy_types::pb::envoy::extensions::filters::network::set_filter_state::v3::Config as SetFilterStateConfig;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::envoy::extensions::local_address_selectors::filter_state_override::v3::Config as FilterStateOverrideSelector;
 use envoy_types::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
 use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
@@ -57,6 +64,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
 use envoy_types::pb::google::protobuf::{
     Any, BoolValue, Duration, Struct as PbStruct, UInt32Value, Value as PbValue, value as pb_value,
 };
+use flock_core::capture::ORIGINAL_SRC_MARK;
 use prost::Message;
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -84,6 +92,14 @@ pub struct EnvoyOptions {
     /// a slow idempotent request: one that legitimately takes longer is cut and
     /// retried, so keep it above the slowest expected response.
     pub retry_per_try_timeout_ms: u32,
+    /// Transparent capture is on on this node (the agent's `--capture` is not `off`),
+    /// with this `SO_MARK` for Envoy's sockets in captured pods. The mTLS clusters
+    /// then connect from inside the calling pod's netns when the caller is a captured
+    /// pod (its outbound listener names the netns: [`capture_listener`]), marked, so
+    /// the callee sees the caller's own pod address (and shows it to its app). `None`
+    /// (the default): every mTLS connection is made from the node's netns, unmarked
+    /// (Envoy needs no `CAP_NET_ADMIN` then).
+    pub capture_mark: Option<u32>,
 }
 
 impl Default for EnvoyOptions {
@@ -93,6 +109,7 @@ impl Default for EnvoyOptions {
             inbound_connect_timeout_ms: 1000,
             local_locality: None,
             retry_per_try_timeout_ms: 5000,
+            capture_mark: None,
         }
     }
 }
@@ -343,6 +360,24 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                 }],
             ),
         };
+        let mut listener_filters = listener_filters;
+        // The app sees each caller's own address, not Envoy's: the connection to the
+        // app is made from it (the pod's `output_route` chain and policy route bring
+        // the app's replies back to Envoy; `flock_core::capture::OriginalSrc`). The
+        // mutant connects from the pod's loopback, and every caller is 127.0.0.1 to
+        // the app (localhost-only admin endpoints, Redis protected mode trust that).
+        let original_src =
+            capture.is_some() && !flock_core::reintroduced!("capture-inbound-from-loopback");
+        if original_src {
+            listener_filters.push(listener_filter(
+                "envoy.filters.listener.original_src",
+                &OriginalSrc {
+                    bind_port: false,
+                    mark: ORIGINAL_SRC_MARK,
+                },
+                type_urls::ORIGINAL_SRC,
+            ));
+        }
         let listener = Listener {
             name: listener_name.clone(),
             address: Some(address_of(socket_address(pod.ip, ib.listen_port, netns))),
@@ -354,6 +389,18 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
         out.push(resource(LISTENER, listener_name, any(LISTENER, &listener)));
 
         let loopback: IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
+        // With the caller's address as the source, the app is reached on the pod's
+        // address (a non-local source to 127.0.0.1 is a martian the kernel drops), so
+        // an app listening on loopback only is not reachable through the mesh either.
+        let (app_ip, bind_ip, bind_options) = if original_src {
+            (pod.ip, unspecified_like(pod.ip), Vec::new())
+        } else {
+            (
+                loopback,
+                loopback,
+                capture.map(|c| vec![so_mark(c.mark)]).unwrap_or_default(),
+            )
+        };
         let mut cluster = Cluster {
             name: cluster_name.clone(),
             cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
@@ -366,7 +413,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                 endpoints: vec![LocalityLbEndpoints {
                     lb_endpoints: vec![LbEndpoint {
                         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(PbEndpoint {
-                            address: Some(address_of(socket_address(loopback, ib.app_port, None))),
+                            address: Some(address_of(socket_address(app_ip, ib.app_port, None))),
                             ..Default::default()
                         })),
                         ..Default::default()
@@ -376,8 +423,8 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                 ..Default::default()
             }),
             upstream_bind_config: Some(BindConfig {
-                source_address: Some(socket_address(loopback, 0, netns)),
-                socket_options: capture.map(|c| vec![so_mark(c.mark)]).unwrap_or_default(),
+                source_address: Some(socket_address(bind_ip, 0, netns)),
+                socket_options: bind_options,
                 ..Default::default()
             }),
             ..Default::default()
@@ -451,6 +498,80 @@ fn so_mark(mark: u32) -> SocketOption {
         name: SO_MARK,
         value: Some(socket_option::Value::IntValue(i64::from(mark))),
         state: socket_option::SocketState::StatePrebind as i32,
+        ..Default::default()
+    }
+}
+
+/// The filter state key Envoy's `filter_state_override` local address selector reads:
+/// the network namespace an upstream connection is made in.
+const UPSTREAM_NETNS_KEY: &str = "envoy.network.upstream_bind_override.network_namespace";
+
+/// A `set_filter_state` network filter naming `netns` as the netns of the
+/// connection's upstreams. `envoy.hashable_string`: connection pools are keyed by the
+/// hashable objects shared with the upstream, so two pods never share a connection (a
+/// plain `envoy.string` is not hashed, and a second pod's requests would ride the
+/// first pod's connection, from the first pod's address). A netns path with a `%`
+/// would be read as a format command: such a path (no runtime makes one) is not named.
+fn upstream_netns_filter(netns: &str) -> Filter {
+    let value = (!netns.contains('%')).then(|| SubstitutionFormatString {
+        format: Some(substitution_format_string::Format::TextFormatSource(
+            DataSource {
+                specifier: Some(data_source::Specifier::InlineString(netns.to_string())),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    });
+    let config = SetFilterStateConfig {
+        on_new_connection: value
+            .map(|v| FilterStateValue {
+                key: Some(filter_state_value::Key::ObjectKey(
+                    UPSTREAM_NETNS_KEY.to_string(),
+                )),
+                factory_key: "envoy.hashable_string".to_string(),
+                value: Some(filter_state_value::Value::FormatString(v)),
+                shared_with_upstream: filter_state_value::SharedWithUpstream::Once as i32,
+                ..Default::default()
+            })
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    };
+    network_filter(
+        "envoy.filters.network.set_filter_state",
+        type_urls::SET_FILTER_STATE,
+        config.encode_to_vec(),
+    )
+}
+
+/// The bind config of an mTLS cluster on a node with capture: the wildcard address of
+/// the endpoint's family, in the netns the caller's outbound listener names (Envoy's
+/// `filter_state_override` selector; a caller that names none connects from the
+/// node's netns, as without capture), marked so the caller's capture rules let the
+/// connection out instead of redirecting it back to Envoy.
+fn caller_netns_bind(mark: u32) -> BindConfig {
+    BindConfig {
+        source_address: Some(socket_address(
+            std::net::Ipv4Addr::UNSPECIFIED.into(),
+            0,
+            None,
+        )),
+        extra_source_addresses: vec![ExtraSourceAddress {
+            address: Some(socket_address(
+                std::net::Ipv6Addr::UNSPECIFIED.into(),
+                0,
+                None,
+            )),
+            ..Default::default()
+        }],
+        local_address_selector: Some(TypedExtensionConfig {
+            name: "envoy.upstream.local_address_selector.filter_state_override".to_string(),
+            typed_config: Some(any(
+                type_urls::FILTER_STATE_OVERRIDE_SELECTOR,
+                &FilterStateOverrideSelector::default(),
+            )),
+        }),
+        socket_options: vec![so_mark(mark)],
         ..Default::default()
     }
 }
@@ -671,6 +792,19 @@ pub fn capture_listener<S: Borrow<Service>>(
         name: "blackhole".to_string(),
         ..Default::default()
     });
+    // Every connection of this listener names the pod's netns for its upstream: the
+    // mTLS clusters connect from there (`EnvoyOptions::capture_mark`), so the callee
+    // sees this pod's address. The mutant leaves it out: they connect from the node.
+    if let Some(netns) = pod
+        .netns
+        .as_deref()
+        .filter(|_| !flock_core::reintroduced!("capture-outbound-from-node"))
+    {
+        let state = upstream_netns_filter(netns);
+        for chain in &mut chains {
+            chain.filters.insert(0, state.clone());
+        }
+    }
     let name = names::outbound_listener(pod);
     let wildcard = unspecified_like(pod.ip);
     let mut address = socket_address(wildcard, pod.outbound_port, pod.netns.as_deref());
@@ -719,8 +853,7 @@ pub fn capture_caller_resources<S: Borrow<Service>>(
                 continue;
             }
             if let Some(peers) = mtls_peers(s, p.port) {
-                let local = opts.local_locality.as_ref();
-                mtls_cluster(s, p, identity, td, peers, local, &mut out);
+                mtls_cluster(s, p, identity, td, peers, opts, &mut out);
             }
         }
     }
@@ -1346,8 +1479,7 @@ pub fn caller_service_clusters(identity: &str, s: &Service, opts: &EnvoyOptions)
         let Some(peers) = mtls_peers(s, p.port) else {
             continue;
         };
-        let local = opts.local_locality.as_ref();
-        mtls_cluster(s, p, identity, td, peers, local, &mut out);
+        mtls_cluster(s, p, identity, td, peers, opts, &mut out);
     }
     out
 }
@@ -1406,12 +1538,14 @@ fn mtls_cluster(
     identity: &str,
     td: &str,
     peers: std::collections::BTreeSet<std::collections::BTreeSet<&str>>,
-    local: Option<&Locality>,
+    opts: &EnvoyOptions,
     out: &mut Vec<Resource>,
 ) {
+    let local = opts.local_locality.as_ref();
     let name = names::mtls_cluster(s, p.port, identity);
     let mut cluster = outbound_cluster(s, p.port, p.protocol);
     cluster.name = name.clone();
+    cluster.upstream_bind_config = opts.capture_mark.map(caller_netns_bind);
     let upstream = |sans: Vec<MatchPattern>| {
         let ctx = UpstreamTlsContext {
             common_tls_context: Some(common_tls(

@@ -378,4 +378,12 @@ pub mod type_urls {
     /// `envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector`.
     pub const TLS_INSPECTOR: &str =
         "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector";
+    /// `envoy.extensions.filters.listener.original_src.v3.OriginalSrc`.
+    pub const ORIGINAL_SRC: &str =
+        "type.googleapis.com/envoy.extensions.filters.listener.original_src.v3.OriginalSrc";
+    /// `envoy.extensions.filters.network.set_filter_state.v3.Config`.
+    pub const SET_FILTER_STATE: &str =
+        "type.googleapis.com/envoy.extensions.filters.network.set_filter_state.v3.Config";
+    /// `envoy.extensions.local_address_selectors.filter_state_override.v3.Config`.
+    pub const FILTER_STATE_OVERRIDE_SELECTOR: &str = "type.googleapis.com/envoy.extensions.local_address_selectors.filter_state_override.v3.Config";
 }
