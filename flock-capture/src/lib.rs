@@ -320,11 +320,13 @@ impl Nft {
         })
     }
 
-    /// Checks that this host can apply capture rules: the `nft` binary exists and the
+    /// Checks that this host can apply capture rules: the `nft` and `ip` binaries exist and the
     /// kernel has nf_tables with inet nat (lists tables and creates a nat chain in a
     /// throw-away netns, so the host's own rules are untouched).
     pub fn probe(&self) -> Result<(), CaptureError> {
         let nft = self.nft_path()?;
+        // The policy route of every captured pod is `ip`'s (iproute2) to install.
+        resolve(&self.ip).ok_or_else(|| CaptureError::IpMissing(self.ip.clone()))?;
         let unshare = resolve(&self.unshare)
             .ok_or_else(|| CaptureError::UtilMissing(self.unshare.clone()))?;
         let mut cmd = Command::new(unshare);
