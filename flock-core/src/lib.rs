@@ -25,6 +25,7 @@
 //! | [`lifecycle`] | pod add/remove order, loading, re-registration, liveness | R3 lost pod at startup; R4 ghost endpoint; R6 leaked subscription |
 //! | [`epoch`] | Envoy hot-restart epochs, state-file writes, restart gate | R7 restart while initializing; R8 epoch file regresses |
 //! | [`issuance`] | whether the signer issues a node the certificate it asks for: only for a pod on that node, as its service account | one node's root minting every identity of the trust domain |
+//! | [`authz`] | whether a caller may call a service, by its verified identity: defaults, allow and deny rules, a pod's annotation narrowing its own policy | a policy that does not parse, or a field this version does not know, silently allowing calls; a pod widening its own policy |
 //! | [`access`] | what an xDS peer may see, from what the transport authenticated; non-loopback listeners | a client claiming to be Envoy receiving every workload key |
 //! | [`backoff`] | retry delays | synchronized retry storms |
 //! | [`capture`] | a pod's transparent-capture nftables table, and whether the kernel's copy drifted | an app reaching the network, or a caller reaching the app, around Envoy |
@@ -63,6 +64,7 @@
 
 pub mod access;
 pub mod agent;
+pub mod authz;
 pub mod backoff;
 pub mod capture;
 pub mod cniconf;

@@ -65,6 +65,8 @@ pub const KNOWN: &[&str] = &[
     "capture-probe-gateway-exempt",
     "capture-inbound-from-loopback",
     "capture-outbound-from-node",
+    "authz-allow-before-deny",
+    "authz-unknown-field-ignored",
     "envoy-user-ignored",
     "registry-wildcard-identity",
     "noncanonical-address",

@@ -1198,6 +1198,7 @@ mod props {
                                 app_port,
                                 listen_port: 15000 + app_port,
                                 protocol,
+                                authz: None,
                             })
                             .collect(),
                         outbound_port,
@@ -1360,16 +1361,74 @@ fn envoy_accepts_the_translation() {
                     app_port: 8080,
                     listen_port: 15006,
                     protocol: Protocol::Http,
+                    authz: None,
                 }];
             }
             p
         })
         .collect();
     captured.validate().unwrap();
+    // On a capturing node: the mTLS clusters connect from the caller's netns (the
+    // filter_state_override local address selector) and the captured outbound
+    // listeners name it (set_filter_state); inbound listeners have original_src.
     resources.extend(translate::envoy_resources(
         &captured,
-        &EnvoyOptions::default(),
+        &EnvoyOptions {
+            capture_mark: Some(translate::DEFAULT_CAPTURE_MARK),
+            ..EnvoyOptions::default()
+        },
     ));
+    // Authorization: an HTTP and a TCP port under a namespace policy, a service
+    // policy (allow and deny rules with every condition) and a narrowing annotation,
+    // and a port whose policy was refused: Envoy's HTTP and network RBAC filters.
+    let policies = r#"{"service_ports": [80],
+        "namespace_policy": {"spec": {"namespace": "default", "default": "same-namespace"}},
+        "service_policy": {"spec": {"namespace": "default", "service": "web", "rules": [
+            {"action": "allow", "from": {"serviceAccounts": ["default/a"], "ids": ["spiffe://td/ns/x/sa/y"]},
+             "to": {"methods": ["GET", "HEAD"], "paths": ["/api/*", "/healthz"], "hosts": ["web", "web.default:80"]}},
+            {"action": "deny", "from": {"ids": ["spiffe://td/ns/default/sa/b"], "namespaces": ["other"]},
+             "to": {"paths": ["/admin"]}}]}},
+        "annotation": {"spec": {"rules": [{"action": "deny", "from": {"namespaces": ["evil"]}}]}}}"#;
+    let authz = Mesh::from_json(
+        format!(
+            r#"{{"pods": [{{"name": "authz", "ip": "10.1.0.20", "outbound_port": 0, "inbound": [
+                {{"app_port": 8080, "listen_port": 15106, "authz": {policies}}},
+                {{"app_port": 5432, "listen_port": 15107, "protocol": "tcp", "authz": {policies}}},
+                {{"app_port": 9000, "listen_port": 15108,
+                  "authz": {{"namespace_policy": {{"refused": "rules[0].from: names no caller"}}}}}}]}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let authz_resources = translate::envoy_resources(&authz, &EnvoyOptions::default());
+    let rbac_filters = authz_resources
+        .iter()
+        .filter(|r| r.type_url == LISTENER)
+        .map(|r| {
+            let l: Listener = decode(r);
+            l.filter_chains
+                .iter()
+                .flat_map(|c| c.filters.iter())
+                .map(|f| match &f.config_type {
+                    _ if f.name == "envoy.filters.network.rbac" => 1,
+                    Some(envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(any))
+                        if any.type_url == type_urls::HCM =>
+                    {
+                        HttpConnectionManager::decode(any.value.as_slice())
+                            .unwrap()
+                            .http_filters
+                            .iter()
+                            .filter(|h| h.name.starts_with("envoy.filters.http.rbac."))
+                            .count()
+                    }
+                    _ => 0,
+                })
+                .sum::<usize>()
+        })
+        .sum::<usize>();
+    // HTTP: deny0, allow0, deny1, allow1; TCP: the same four; refused: one.
+    assert_eq!(rbac_filters, 9);
+    resources.extend(authz_resources);
     resources.extend(
         translate::grpc_resources(&m)
             .into_iter()

@@ -214,6 +214,7 @@ pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate:
                 app_port: p.app_port,
                 listen_port: p.listen_port,
                 protocol: p.protocol,
+                authz: None,
             })
             .collect(),
         outbound_port: OUTBOUND_PORT,

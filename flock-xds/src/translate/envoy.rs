@@ -166,6 +166,18 @@ pub(crate) fn router_filter() -> HttpFilter {
     }
 }
 
+/// An HTTP RBAC filter enforcing one authorization layer (`super::authz`).
+fn rbac_http_filter(layer: &super::authz::RbacLayer, stat_prefix: &str) -> HttpFilter {
+    HttpFilter {
+        name: format!("envoy.filters.http.rbac.{}", layer.name),
+        config_type: Some(http_filter::ConfigType::TypedConfig(any(
+            super::authz::HTTP_RBAC,
+            &super::authz::http_filter(layer, stat_prefix),
+        ))),
+        ..Default::default()
+    }
+}
+
 /// An HTTP connection manager whose routes come over RDS on the ADS stream.
 pub(crate) fn hcm_rds(stat_prefix: &str, route_config_name: &str) -> HttpConnectionManager {
     HttpConnectionManager {
@@ -269,7 +281,26 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
             ib.app_port
         );
 
-        let filter = if ib.protocol.is_http() {
+        // Who may call: RBAC on the verified peer certificate, before the router or
+        // the TCP proxy (none without a policy).
+        let authz = ib
+            .authz
+            .as_ref()
+            .map(|a| {
+                super::authz::layers(
+                    &a.effective(&pod.namespace),
+                    &a.service_ports,
+                    ib.protocol.is_http(),
+                )
+            })
+            .unwrap_or_default();
+        let authz_prefix = format!(
+            "authz_{}_{}_{}_",
+            stat_safe(&pod.namespace),
+            stat_safe(&pod.name),
+            ib.app_port
+        );
+        let filters = if ib.protocol.is_http() {
             let hcm = HttpConnectionManager {
                 stat_prefix,
                 route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
@@ -284,7 +315,11 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                         ..Default::default()
                     },
                 )),
-                http_filters: vec![router_filter()],
+                http_filters: authz
+                    .iter()
+                    .map(|layer| rbac_http_filter(layer, &authz_prefix))
+                    .chain([router_filter()])
+                    .collect(),
                 // The app learns the verified caller's SPIFFE ID from
                 // `x-forwarded-client-cert: ...;URI=spiffe://...`. SANITIZE_SET
                 // replaces whatever XFCC the caller sent, and on a connection without
@@ -300,22 +335,32 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                 ),
                 ..Default::default()
             };
-            network_filter(
+            vec![network_filter(
                 "envoy.filters.network.http_connection_manager",
                 type_urls::HCM,
                 hcm.encode_to_vec(),
-            )
+            )]
         } else {
             let tcp = TcpProxy {
                 stat_prefix,
                 cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster_name.clone())),
                 ..Default::default()
             };
-            network_filter(
-                "envoy.filters.network.tcp_proxy",
-                type_urls::TCP_PROXY,
-                tcp.encode_to_vec(),
-            )
+            authz
+                .iter()
+                .map(|layer| {
+                    network_filter(
+                        "envoy.filters.network.rbac",
+                        super::authz::NETWORK_RBAC,
+                        super::authz::network_filter(layer, &authz_prefix).encode_to_vec(),
+                    )
+                })
+                .chain([network_filter(
+                    "envoy.filters.network.tcp_proxy",
+                    type_urls::TCP_PROXY,
+                    tcp.encode_to_vec(),
+                )])
+                .collect()
         };
         let tls = pod.identity.as_deref().and_then(server_tls);
         let permissive = capture.is_some_and(|c| c.mode == CaptureMode::Permissive);
@@ -335,7 +380,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                             transport_protocol: "tls".to_string(),
                             ..Default::default()
                         }),
-                        filters: vec![filter.clone()],
+                        filters: filters.clone(),
                         transport_socket: Some(tls),
                         name: "mtls".to_string(),
                         ..Default::default()
@@ -345,7 +390,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                             transport_protocol: "raw_buffer".to_string(),
                             ..Default::default()
                         }),
-                        filters: vec![filter],
+                        filters,
                         name: "plaintext".to_string(),
                         ..Default::default()
                     },
@@ -354,7 +399,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
             tls => (
                 Vec::new(),
                 vec![FilterChain {
-                    filters: vec![filter],
+                    filters,
                     transport_socket: tls,
                     ..Default::default()
                 }],

@@ -166,6 +166,7 @@
 //! check_consistency(&translate::into_set(grpc), &EnvoyReferences).unwrap();
 //! ```
 
+pub mod authz;
 pub mod envoy;
 pub mod grpc;
 pub mod memo;
@@ -179,9 +180,9 @@ pub use envoy::{
 pub use grpc::{grpc_resources, grpc_service_resources};
 pub use memo::{Changes, Entries, Flavor, Memo, Translation};
 pub use model::{
-    Capture, CaptureMode, DEFAULT_CAPTURE_MARK, Endpoint, Health, InboundPort, Locality, Mesh,
-    MeshError, Pod, PortEndpoints, PrivateKeyPem, Protocol, Secret, SecretKind, Service,
-    ServicePort, ValidationError, identity_prefix, port_endpoints,
+    Capture, CaptureMode, DEFAULT_CAPTURE_MARK, Endpoint, Health, InboundAuthz, InboundPort,
+    Locality, Mesh, MeshError, Pod, PolicyInput, PortEndpoints, PrivateKeyPem, Protocol, Secret,
+    SecretKind, Service, ServicePort, ValidationError, identity_prefix, port_endpoints,
 };
 pub use refs::EnvoyReferences;
 

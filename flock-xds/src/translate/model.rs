@@ -268,9 +268,10 @@ fn default_capture_mark() -> u32 {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InboundPort {
-    /// The port the application listens on inside the pod (on `127.0.0.1` or
-    /// `0.0.0.0`); Envoy connects to `127.0.0.1:app_port` from inside the pod.
-    /// Unique within the pod.
+    /// The port the application listens on inside the pod; Envoy connects to
+    /// `127.0.0.1:app_port` from inside the pod, or for a captured pod to
+    /// `<pod ip>:app_port` from the caller's address (so the app must listen on the
+    /// pod's address or all addresses). Unique within the pod.
     pub app_port: u16,
     /// The port of Envoy's inbound listener on the pod IP; service endpoints of this
     /// pod use it as their `port`. Unique within the pod. It may equal `app_port`
@@ -279,6 +280,64 @@ pub struct InboundPort {
     /// What the port speaks. Default `http`.
     #[serde(default)]
     pub protocol: Protocol,
+    /// Who may call this port ([`flock_core::authz`]): the policies in force for the
+    /// service ports it serves, enforced by Envoy RBAC on the verified peer
+    /// certificate (`super::authz`). Absent: no policy, as without policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authz: Option<InboundAuthz>,
+}
+
+/// The policies of one inbound port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboundAuthz {
+    /// The service ports the port serves (a rule's `to.ports` name service ports).
+    #[serde(default)]
+    pub service_ports: std::collections::BTreeSet<u16>,
+    /// The pod's namespace's policy.
+    #[serde(default)]
+    pub namespace_policy: Option<PolicyInput>,
+    /// The service's own policy.
+    #[serde(default)]
+    pub service_policy: Option<PolicyInput>,
+    /// The pod's annotation ([`flock_core::authz::ANNOTATION`]): narrows, never widens.
+    #[serde(default)]
+    pub annotation: Option<PolicyInput>,
+}
+
+/// A policy as the agent received it: its spec, or why it was refused (which refuses
+/// every call it governs: fail closed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PolicyInput {
+    /// The written policy.
+    Spec(flock_core::authz::PolicySpec),
+    /// Why it was refused.
+    Refused(String),
+}
+
+impl PolicyInput {
+    /// The policy checked, or its refusal.
+    pub fn checked(&self) -> flock_core::authz::Checked {
+        match self {
+            PolicyInput::Spec(s) => flock_core::authz::Policy::from_spec(s),
+            PolicyInput::Refused(why) => Err(flock_core::authz::PolicyError {
+                field: "policy".to_string(),
+                reason: why.clone(),
+            }),
+        }
+    }
+}
+
+impl InboundAuthz {
+    /// The effective policy of the port of a pod in `namespace`.
+    pub fn effective(&self, namespace: &str) -> flock_core::authz::Effective {
+        let ns = self.namespace_policy.as_ref().map(PolicyInput::checked);
+        let svc = self.service_policy.as_ref().map(PolicyInput::checked);
+        let ann = self.annotation.as_ref().map(PolicyInput::checked);
+        flock_core::authz::effective(namespace, ns.as_ref(), svc.as_ref())
+            .narrowed(namespace, ann.as_ref())
+    }
 }
 
 /// A TLS secret served over SDS.
