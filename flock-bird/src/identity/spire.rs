@@ -798,7 +798,9 @@ fn leaf_serial(cert: &[u8]) -> Result<String, String> {
         // [0] version
         (tag, content, _) = der_tlv(rest)?;
     }
-    if tag != 0x02 {
+    // An INTEGER has at least one content octet (X.690 8.3.1): an empty one is no
+    // serial number, and an SVID is named by its serial in logs and rotation.
+    if tag != 0x02 || content.is_empty() {
         return Err("certificate without a serial number".to_string());
     }
     Ok(content.iter().map(|b| format!("{b:02x}")).collect())
@@ -873,6 +875,26 @@ mod tests {
             2
         );
         assert!(!leaf_serial(cert.der()).unwrap().is_empty());
+        // A serial INTEGER without content octets, as a fuzzed SPIRE reply carried
+        // one: refused, not read as an empty serial. (Certificate { TBSCertificate {
+        // [0] { v3 }, serial } }, the rest left out: the serial is read first.)
+        let with_serial = |serial: &[u8]| {
+            let mut tbs = vec![0xa0, 0x03, 0x02, 0x01, 0x02];
+            tbs.extend_from_slice(serial);
+            let mut cert = vec![0x30, u8::try_from(tbs.len()).unwrap()];
+            cert.extend(tbs);
+            let mut outer = vec![0x30, u8::try_from(cert.len()).unwrap()];
+            outer.extend(cert);
+            outer
+        };
+        assert_eq!(
+            leaf_serial(&with_serial(&[0x02, 0x01, 0x07])),
+            Ok("07".into())
+        );
+        assert_eq!(
+            leaf_serial(&with_serial(&[0x02, 0x00])),
+            Err("certificate without a serial number".into())
+        );
     }
 
     fn svid_message(td: &str, path: &str, chain: Vec<Vec<u8>>) -> pb::X509svidWithKey {
