@@ -25,11 +25,13 @@ pub enum Route {
     Snapshot,
     /// `/debug/registry`: [`RegistryView`].
     Registry,
+    /// `/debug/policies`: [`Policies`].
+    Policies,
 }
 
 impl Route {
     /// Every route, in the order the 404 page lists them.
-    pub const ALL: [Route; 7] = [
+    pub const ALL: [Route; 8] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -37,6 +39,7 @@ impl Route {
         Route::Pods,
         Route::Snapshot,
         Route::Registry,
+        Route::Policies,
     ];
 
     /// The route's path.
@@ -49,6 +52,7 @@ impl Route {
             Route::Pods => "/debug/pods",
             Route::Snapshot => "/debug/snapshot",
             Route::Registry => "/debug/registry",
+            Route::Policies => "/debug/policies",
         }
     }
 
@@ -77,6 +81,10 @@ pub struct Status {
     /// The version of the Envoy group's xDS snapshot, once one is published.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xds_version: Option<u64>,
+    /// The authorization policies refused (each denies every call to what it
+    /// governs until it is fixed): `<target> (<origin>): <error>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies_refused: Vec<String>,
 }
 
 impl Status {
@@ -88,6 +96,46 @@ impl Status {
             (None, false) => "not ready\n".to_string(),
         }
     }
+}
+
+/// `/debug/policies`: the authorization policies in force, and the meshed pods they
+/// govern on this node (with each pod's own narrowing annotation).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policies {
+    /// By target (namespace, then service).
+    pub policies: Vec<PolicyEntry>,
+    /// This node's meshed pods: who they are, so a check can name the pods a
+    /// service's calls reach and their annotations.
+    pub pods: Vec<PodPolicy>,
+}
+
+/// One policy as the agent holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyEntry {
+    /// What it governs.
+    pub target: flock_core::authz::Target,
+    /// Where it came from.
+    pub origin: String,
+    /// The policy, when it checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<flock_core::authz::PolicySpec>,
+    /// Why it was refused (it denies every call to its target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One meshed pod's place under the policies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodPolicy {
+    /// `<namespace>/<name>`.
+    pub pod: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its service (empty in kube mode, where Services select pods).
+    pub service: String,
+    /// Its own `flock.io/authz` annotation, as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotation: Option<String>,
 }
 
 /// `/debug/pods`: the pods meshed on this node.
@@ -273,6 +321,7 @@ mod tests {
             registry: "memory".into(),
             registry_synced: true,
             xds_version: None,
+            policies_refused: Vec::new(),
         };
         assert_eq!(s.readiness_line(), "ready\n");
         s.ready = false;

@@ -164,6 +164,11 @@ impl AdminClient {
         self.document(Route::Registry).await
     }
 
+    /// `/debug/policies`.
+    pub async fn policies(&self) -> Result<crate::api::Policies, ClientError> {
+        self.document(Route::Policies).await
+    }
+
     /// `/metrics`, as text.
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let r = self.expect_ok(Route::Metrics).await?;

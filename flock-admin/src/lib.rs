@@ -16,6 +16,7 @@
 
 pub mod api;
 pub mod client;
+pub mod policy;
 
 pub use api::Route;
 pub use client::{AdminClient, ClientError};

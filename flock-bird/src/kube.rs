@@ -190,6 +190,21 @@ pub fn decide<'a>(
             .map_err(|e| PodError::Invalid(format!("pod {pod_ref} cannot be meshed: {e}")))?;
     // Capture from the API's annotations, like every other fact in kube mode.
     admitted.capture = facts.capture.clone();
+    // And the pod's own authorization policy (it narrows, never widens).
+    admitted.authz = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(flock_core::authz::ANNOTATION))
+        .cloned();
+    if let Some(a) = &admitted.authz {
+        flock_core::authz::check_annotation_size(a).map_err(|e| {
+            PodError::Invalid(format!(
+                "pod {pod_ref} cannot be meshed: {}: {e}",
+                flock_core::authz::ANNOTATION
+            ))
+        })?;
+    }
     let members = Members {
         ports: member_ports(&map::memberships(&facts, services), &admitted.ports),
         terminating: facts.terminating,

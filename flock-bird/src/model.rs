@@ -47,6 +47,11 @@ pub struct PodRecord {
     /// the field, as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capture: Option<PodCapture>,
+    /// The pod's own authorization policy as written ([`flock_core::authz::ANNOTATION`]):
+    /// it narrows what the namespace's and service's policies allow on the pod's
+    /// inbound ports. Absent in records written before policies existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authz: Option<String>,
 }
 
 impl PodRecord {
@@ -88,6 +93,7 @@ impl PodRecord {
             network_name: pod.network_name,
             added_at_ms: added_at,
             capture: None,
+            authz: pod.authz,
         }
     }
 

@@ -68,6 +68,8 @@ pub struct Options {
     /// Kube mode (`--kube`): pod facts and Service memberships from the Kubernetes
     /// API; `None`: from pod annotations.
     pub kube: Option<KubeOptions>,
+    /// `--authz-dir`: the watched directory of authorization policies.
+    pub authz_dir: Option<PathBuf>,
 }
 
 /// Kube mode's settings (see [`crate::kube`]).
@@ -554,6 +556,16 @@ pub async fn run(
                 // Half a second of quiet after the last event: a Secret update is a
                 // burst of a few events within milliseconds.
                 _ = ca.watch_ca_dir(dir, Duration::from_millis(500), Duration::from_secs(60)) => {}
+            }
+        });
+    }
+    if let Some(dir) = opts.authz_dir.clone() {
+        let mut stop = stop_rx.clone();
+        let agent = Arc::clone(&agent);
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = until_stopped(&mut stop) => {}
+                _ = crate::agent::policies::watch_dir(agent, dir, Duration::from_secs(30)) => {}
             }
         });
     }

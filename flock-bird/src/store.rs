@@ -574,6 +574,10 @@ pub fn file_name_for(key: &PodKey) -> String {
 /// mark), or start-up repair could not re-apply them.
 pub fn validate_record(rec: &PodRecord) -> Result<(), String> {
     flock_core::pod::validate(&rec.fields()).map_err(|e| e.to_string())?;
+    if let Some(a) = &rec.authz {
+        flock_core::authz::check_annotation_size(a)
+            .map_err(|e| format!("{}: {e}", flock_core::authz::ANNOTATION))?;
+    }
     match &rec.capture {
         Some(c) => c.check(&rec.ports).map_err(|e| format!("capture: {e}")),
         None => Ok(()),

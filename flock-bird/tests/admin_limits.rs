@@ -25,6 +25,7 @@ impl Views for Fake {
             registry: "memory".into(),
             registry_synced: true,
             xds_version: None,
+            policies_refused: Vec::new(),
         }
     }
     fn pods(&self) -> Pods {

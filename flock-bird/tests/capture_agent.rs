@@ -72,7 +72,12 @@ async fn capture_off_leaves_the_record_the_file_and_the_xds_pod_unchanged() {
     agent.add_pod(&req).await.unwrap();
     let rec = agent.pods().into_values().next().unwrap();
     assert_eq!(rec.capture, None);
-    assert_eq!(mesh::pod_model(&rec, None).unwrap().capture, None);
+    assert_eq!(
+        mesh::pod_model(&rec, None, &Default::default())
+            .unwrap()
+            .capture,
+        None
+    );
     let file = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -273,7 +278,10 @@ fn a_captured_records_pod_model_carries_mode_and_mark() {
     );
     let mut rec = flock_bird::model::PodRecord::admitted(pod, flock_core::UnixMs::ZERO);
     rec.capture = Some(capture);
-    let model = mesh::pod_model(&rec, None).unwrap().capture.unwrap();
+    let model = mesh::pod_model(&rec, None, &Default::default())
+        .unwrap()
+        .capture
+        .unwrap();
     assert_eq!(model.mode, CaptureMode::Permissive);
     assert_eq!(model.mark, DEFAULT_CAPTURE_MARK);
     // The record round-trips through the store's encoding with its capture.

@@ -452,6 +452,7 @@ fn names_and_selectors() {
         network_name: "net".into(),
         added_at_ms: UnixMs::ZERO,
         capture: None,
+        authz: None,
     };
     let id = PodIdentity::from(&record);
     assert_eq!(id.service_account, "default");

@@ -113,7 +113,7 @@ proptest! {
         let node = AgentConfig::new("node-1");
         let eps = endpoints(&rec, &node, Health::Healthy, Some(&identity));
         prop_assert_eq!(eps.len(), rec.ports.len());
-        let pod = pod_model(&rec, Some(identity.clone()));
+        let pod = pod_model(&rec, Some(identity.clone()), &Default::default());
         prop_assert!(pod.is_some(), "an admitted pod has an IP");
         let mesh = Mesh {
             services: service_models(&eps),

@@ -43,6 +43,7 @@ fn rec(id: &str, ifname: &str) -> PodRecord {
         network_name: "k8s-pod-network".into(),
         added_at_ms: UnixMs(1_700_000_000_000),
         capture: None,
+        authz: None,
     }
 }
 
@@ -556,6 +557,8 @@ fn put_refuses_invalid_and_oversized_records() {
                 .collect(),
             exclude_inbound_ports: (0..MAX_SPEC_ENTRIES as u16).map(|i| 65535 - i).collect(),
         }),
+        // The longest annotation, all of it escaped.
+        authz: Some(quotes(flock_core::authz::MAX_ANNOTATION_BYTES)),
         ..rec(
             &label(pod::MAX_CONTAINER_ID_LEN),
             &label(pod::MAX_IFNAME_LEN),
@@ -712,6 +715,7 @@ fn arb_record() -> impl Strategy<Value = PodRecord> {
                 network_name,
                 added_at_ms: UnixMs(added_at_ms),
                 capture: None,
+                authz: None,
             },
         )
         // A regex can still give `a..b` or a `/../` path: keep the valid ones.

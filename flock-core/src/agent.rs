@@ -46,11 +46,13 @@
 //! show that the loom models, the property tests and the agent's end-to-end tests fail
 //! without it.
 
+use crate::authz::{Sourced, Target};
 use crate::gc::{GcInputs, GcPolicy, GcReport, GcState, Owned};
 use crate::journal::{JournaledMap, Snapshot};
 use crate::lifecycle::liveness::{Health, Liveness, LivenessPolicy, Transition};
 use crate::lifecycle::merge::{MergeReport, merge_loaded};
 use crate::pod::PodKey;
+use crate::sync::Arc;
 use crate::time::MonoMs;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -208,6 +210,9 @@ pub struct AgentCore<R: Clone, W> {
     last_gc: Option<GcReport>,
     turns: BTreeMap<PodKey, Turn<W>>,
     tickets: u64,
+    /// The authorization policies in force, by what each governs (journaled: the
+    /// publish finds the targets changed since its last pass in O(changes)).
+    policies: JournaledMap<Target, Arc<Sourced>>,
 }
 
 impl<R: Clone, W> AgentCore<R, W> {
@@ -223,6 +228,7 @@ impl<R: Clone, W> AgentCore<R, W> {
             last_gc: None,
             turns: BTreeMap::new(),
             tickets: 0,
+            policies: JournaledMap::new(),
         }
     }
 
@@ -290,6 +296,28 @@ impl<R: Clone, W> AgentCore<R, W> {
             .filter(|(k, _)| key_owner(k).as_ref() == Some(pod))
             .map(|(k, rev)| (k.clone(), *rev))
             .collect()
+    }
+
+    /// The authorization policies in force, with the targets of their recent changes.
+    pub fn policies(&self) -> Snapshot<Target, Arc<Sourced>> {
+        self.policies.snapshot()
+    }
+
+    /// Sets (`Some`) or removes (`None`) the policy of `target`, as its source now
+    /// says. Returns whether what is in force changed: an equal policy read again
+    /// (a file rewritten with the same content, a resync) changes nothing, so nothing
+    /// is re-translated.
+    pub fn set_policy(&mut self, target: Target, policy: Option<Sourced>) -> bool {
+        match policy {
+            Some(p) => {
+                if self.policies.get(&target).is_some_and(|old| **old == p) {
+                    return false;
+                }
+                self.policies.insert(target, Arc::new(p));
+                true
+            }
+            None => self.policies.remove(&target).is_some(),
+        }
     }
 
     /// The last sweep's report.

@@ -48,6 +48,30 @@ use crate::pod::{check_label, check_subdomain};
 pub const ANNOTATION: &str = "flock.io/authz";
 /// Most bytes of one policy document [`parse_spec`] reads.
 pub const MAX_SPEC_BYTES: usize = 64 * 1024;
+/// Most bytes of a pod's [`ANNOTATION`]: it is kept in the pod's record, whose file
+/// has a limit of its own (a pod narrows its policy with a few rules, not a catalogue).
+pub const MAX_ANNOTATION_BYTES: usize = 4096;
+
+/// Whether a pod's [`ANNOTATION`] may be kept in its record: at most
+/// [`MAX_ANNOTATION_BYTES`], and no control character but tab, CR and LF (JSON needs
+/// no other; a bound on the bytes its record's encoding takes). Whether it is a policy
+/// is decided where it is enforced, which fails closed.
+pub fn check_annotation_size(value: &str) -> Result<(), String> {
+    if value.len() > MAX_ANNOTATION_BYTES {
+        return Err(format!(
+            "{} bytes, more than {MAX_ANNOTATION_BYTES}",
+            value.len()
+        ));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+    {
+        return Err(format!("control character {:?}", c));
+    }
+    Ok(())
+}
+
 /// Most rules in one policy.
 pub const MAX_RULES: usize = 256;
 /// Most entries in one list of a rule (`from`, ports, methods, paths, hosts).
@@ -214,7 +238,7 @@ pub struct Policy {
 }
 
 /// Why a policy was refused: the field and what is wrong with it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, thiserror::Error, Serialize, Deserialize)]
 #[error("{field}: {reason}")]
 pub struct PolicyError {
     /// Where (`rules[2].from.ids[0]`).
@@ -808,5 +832,109 @@ fn decide_rules(
     Decision {
         allowed,
         by: Decider::Default(default),
+    }
+}
+
+/// What one policy governs: a namespace, or one service of it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Target {
+    /// The namespace.
+    pub namespace: String,
+    /// The service; `None`: the namespace's policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.service {
+            Some(s) => write!(f, "{}/{s}", self.namespace),
+            None => write!(f, "{}", self.namespace),
+        }
+    }
+}
+
+impl Target {
+    /// The target a policy file's name gives: `<namespace>.json` or
+    /// `<namespace>.<service>.json` (both DNS labels, which hold no dot, so the name
+    /// splits one way only). `None` for any other name: such a file names nothing.
+    ///
+    /// The name, not the content, says what a file governs, so a file whose content
+    /// does not parse still names what it must refuse (fail closed).
+    pub fn from_file_name(name: &str) -> Option<Target> {
+        let stem = name.strip_suffix(".json")?;
+        let (namespace, service) = match stem.split_once('.') {
+            Some((ns, svc)) => (ns, Some(svc)),
+            None => (stem, None),
+        };
+        check_label(namespace).ok()?;
+        if let Some(s) = service {
+            check_label(s).ok()?;
+        }
+        Some(Target {
+            namespace: namespace.to_string(),
+            service: service.map(str::to_string),
+        })
+    }
+
+    /// The file name [`Target::from_file_name`] reads back as `self`.
+    pub fn file_name(&self) -> String {
+        match &self.service {
+            Some(s) => format!("{}.{s}.json", self.namespace),
+            None => format!("{}.json", self.namespace),
+        }
+    }
+}
+
+/// A policy as it reached the agent from one source, for `target`: its spec, or why it
+/// is refused (which refuses every call to what it governs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sourced {
+    /// Where it came from (a file path, an object name), for the operator.
+    pub origin: String,
+    /// The spec, or the refusal.
+    pub written: Result<PolicySpec, PolicyError>,
+}
+
+impl Sourced {
+    /// Reads the policy document `bytes` from `origin` for `target`: parsed
+    /// ([`parse_spec`]), its `namespace`/`service` (if it sets them) those of
+    /// `target` (a document moved to another name must not govern something it does
+    /// not say), and checked ([`Policy::from_spec`]). Any error is kept as the refusal.
+    pub fn read(origin: impl Into<String>, target: &Target, bytes: &[u8]) -> Sourced {
+        let written = parse_spec(bytes).and_then(|mut spec| {
+            if spec
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| *ns != target.namespace)
+            {
+                return Err(PolicyError::new(
+                    "namespace",
+                    format!("names another namespace than its target {target}"),
+                ));
+            }
+            if spec.service != target.service && spec.service.is_some() {
+                return Err(PolicyError::new(
+                    "service",
+                    format!("names another service than its target {target}"),
+                ));
+            }
+            spec.namespace = Some(target.namespace.clone());
+            spec.service = target.service.clone();
+            Policy::from_spec(&spec)?;
+            Ok(spec)
+        });
+        Sourced {
+            origin: origin.into(),
+            written,
+        }
+    }
+
+    /// The policy checked, or its refusal.
+    pub fn checked(&self) -> Checked {
+        match &self.written {
+            Ok(spec) => Policy::from_spec(spec),
+            Err(e) => Err(e.clone()),
+        }
     }
 }

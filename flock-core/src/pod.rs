@@ -295,6 +295,11 @@ pub struct AdmittedPod {
     /// ([`crate::capture::policy::parse_annotations`]; from [`admit_api`] none: the
     /// caller sets what the Kubernetes API's annotations say).
     pub capture: PodOverrides,
+    /// The pod's own authorization policy, as written in its
+    /// [`crate::authz::ANNOTATION`] (within [`crate::authz::check_annotation_size`]); it is
+    /// parsed where it is enforced, and a policy that does not parse refuses the
+    /// pod's inbound calls rather than the pod.
+    pub authz: Option<String>,
 }
 
 impl AdmittedPod {
@@ -341,6 +346,10 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
     )?;
     let capture =
         parse_annotations(&req.annotations).map_err(|e| invalid(e.annotation, e.message))?;
+    let authz = req.annotations.get(crate::authz::ANNOTATION).cloned();
+    if let Some(a) = &authz {
+        crate::authz::check_annotation_size(a).map_err(|e| invalid(crate::authz::ANNOTATION, e))?;
+    }
     let pod = AdmittedPod {
         key: PodKey::new(&req.container_id, &req.ifname),
         name: req.name.clone(),
@@ -357,6 +366,7 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
         ports,
         network_name: req.network_name.clone(),
         capture,
+        authz,
     };
     validate(&pod.fields())?;
     Ok(Some(pod))
@@ -386,6 +396,7 @@ pub fn admit_api(
         ports,
         network_name: req.network_name.clone(),
         capture: PodOverrides::default(),
+        authz: None,
     };
     // The same rules, but the message names where these values came from: an
     // operator reading "flock.io/ports" would look for an annotation the pod lacks.

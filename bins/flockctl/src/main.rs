@@ -3,13 +3,15 @@
 use anyhow::bail;
 use clap::{Parser, Subcommand};
 use flock_admin::AdminClient;
-use flock_admin::api::{Pods, RegistryView, Snapshot, Status};
+use flock_admin::api::{Pods, Policies, RegistryView, Snapshot, Status};
+use flock_admin::policy::{Answer, Call, HttpRequest, Target};
 use std::fmt::Write as _;
 
 /// Inspect a running flock-agent through its admin endpoint.
 ///
 /// Prints what the agent holds in a form meant for people; add --json for the raw
-/// documents (/debug/status, /debug/pods, /debug/snapshot, /debug/registry).
+/// documents (/debug/status, /debug/pods, /debug/snapshot, /debug/registry,
+/// /debug/policies).
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -37,8 +39,58 @@ enum Command {
     Snapshot,
     /// Endpoints in the registry (every node's), with owner and health.
     Endpoints,
-    /// Whether the agent is ready, and why not.
+    /// Whether the agent is ready, and why not (and which authorization policies
+    /// are refused).
     Status,
+    /// The authorization policies in force, per namespace and service; or, with
+    /// `check`, whether one call would be allowed and the rule that decides it.
+    Policy {
+        #[command(subcommand)]
+        check: Option<PolicyCommand>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// Whether a caller may call a service, and which rule (or default) decides.
+    /// Exits 0 when allowed, 1 when denied.
+    Check {
+        /// The caller's SPIFFE ID (`spiffe://<trust domain>/ns/<ns>/sa/<sa>`); omit
+        /// for a plaintext caller.
+        #[arg(long, value_name = "SPIFFE_ID")]
+        from: Option<String>,
+        /// The service called: `<namespace>/<service>` or `<service>.<namespace>`.
+        #[arg(long, value_name = "SERVICE")]
+        to: String,
+        /// The service port called.
+        #[arg(long)]
+        port: Option<u16>,
+        /// The HTTP method (an HTTP call; with --path).
+        #[arg(long, value_name = "M")]
+        method: Option<String>,
+        /// The HTTP path, without query.
+        #[arg(long, value_name = "P")]
+        path: Option<String>,
+        /// The HTTP host (`:authority`).
+        #[arg(long, value_name = "H", default_value = "")]
+        host: String,
+    },
+}
+
+/// `ns/svc` or `svc.ns`.
+fn parse_target(s: &str) -> anyhow::Result<Target> {
+    let (namespace, service) = match (s.split_once('/'), s.split_once('.')) {
+        (Some((ns, svc)), _) => (ns, svc),
+        (None, Some((svc, ns))) => (ns, svc),
+        _ => bail!("--to {s:?}: expected <namespace>/<service> or <service>.<namespace>"),
+    };
+    if namespace.is_empty() || service.is_empty() {
+        bail!("--to {s:?}: expected <namespace>/<service> or <service>.<namespace>");
+    }
+    Ok(Target {
+        namespace: namespace.to_string(),
+        service: Some(service.to_string()),
+    })
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -55,7 +107,7 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: &Args) -> anyhow::Result<()> {
     let client = AdminClient::new(args.admin.clone());
-    match args.command {
+    match &args.command {
         Command::Status => {
             let status = client.status().await?;
             print(args, &status, render_status)?;
@@ -66,6 +118,42 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         Command::Pods => print(args, &client.pods().await?, render_pods)?,
         Command::Snapshot => print(args, &client.snapshot().await?, render_snapshot)?,
         Command::Endpoints => print(args, &client.registry().await?, render_endpoints)?,
+        Command::Policy { check: None } => print(args, &client.policies().await?, render_policies)?,
+        Command::Policy {
+            check:
+                Some(PolicyCommand::Check {
+                    from,
+                    to,
+                    port,
+                    method,
+                    path,
+                    host,
+                }),
+        } => {
+            let to = parse_target(to)?;
+            let http = match (method, path) {
+                (None, None) => None,
+                (m, p) => Some(HttpRequest {
+                    method: m.as_deref().unwrap_or("GET"),
+                    path: p.as_deref().unwrap_or("/"),
+                    host,
+                }),
+            };
+            let doc = client.policies().await?;
+            let answer = flock_admin::policy::check(
+                &doc,
+                &Call {
+                    from: from.as_deref(),
+                    to: &to,
+                    port: *port,
+                    http,
+                },
+            );
+            print!("{}", render_answer(&answer));
+            if !answer.allowed {
+                std::process::exit(1);
+            }
+        }
     }
     Ok(())
 }
@@ -134,6 +222,69 @@ fn render_pods(doc: &Pods) -> String {
         );
     }
     let _ = writeln!(out, "{} pod(s)", doc.pods.len());
+    out
+}
+
+fn render_answer(a: &Answer) -> String {
+    let mut out = format!("{}: {}\n", if a.allowed { "allow" } else { "deny" }, a.why);
+    for (pod, allowed, why) in &a.pods {
+        let _ = writeln!(
+            out,
+            "  but on pod {pod}: {}: {why}",
+            if *allowed { "allow" } else { "deny" }
+        );
+    }
+    out
+}
+
+fn render_policies(doc: &Policies) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<32} {:<10} {:<18} ORIGIN",
+        "TARGET", "STATE", "DEFAULT"
+    );
+    for p in &doc.policies {
+        let (state, default) = match (&p.spec, &p.error) {
+            (Some(spec), None) => (
+                "in force".to_string(),
+                spec.default
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| "-".into()),
+            ),
+            _ => ("REFUSED".to_string(), "deny all".to_string()),
+        };
+        let _ = writeln!(
+            out,
+            "{:<32} {:<10} {:<18} {}",
+            p.target.to_string(),
+            state,
+            default,
+            p.origin
+        );
+        if let Some(spec) = &p.spec {
+            for (i, r) in spec.rules.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "  rules[{i}]: {}",
+                    serde_json::to_string(r).unwrap_or_default()
+                );
+            }
+        }
+        if let Some(e) = &p.error {
+            let _ = writeln!(out, "  error: {e}");
+        }
+    }
+    let narrowed: Vec<_> = doc.pods.iter().filter(|p| p.annotation.is_some()).collect();
+    for p in &narrowed {
+        let _ = writeln!(
+            out,
+            "pod {} narrows its own policy: {}",
+            p.pod,
+            p.annotation.as_deref().unwrap_or_default()
+        );
+    }
+    let _ = writeln!(out, "{} policy(ies)", doc.policies.len());
     out
 }
 
@@ -307,6 +458,7 @@ mod tests {
             registry: "memory".into(),
             registry_synced: true,
             xds_version: None,
+            policies_refused: Vec::new(),
         };
         assert_eq!(
             render_status(&s),

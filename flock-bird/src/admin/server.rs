@@ -10,7 +10,10 @@
 //! immediate retry would spin a core doing nothing else. Both bounds are tested in
 //! `tests/admin_limits.rs`.
 
-use super::api::{Health, Pod, Pods, RegistryView, Route, Snapshot, SnapshotGroup, Status};
+use super::api::{
+    Health, Pod, PodPolicy, Pods, Policies, PolicyEntry, RegistryView, Route, Snapshot,
+    SnapshotGroup, Status,
+};
 use super::route;
 use crate::agent::{Agent, ENVOY_GROUP, GRPC_GROUP};
 use flock_core::backoff::Backoff;
@@ -97,6 +100,10 @@ pub trait Views: Send + Sync + 'static {
     fn snapshot(&self) -> Snapshot;
     /// `/debug/registry`.
     fn registry(&self) -> RegistryView;
+    /// `/debug/policies`.
+    fn policies(&self) -> Policies {
+        Policies::default()
+    }
     /// `/metrics`, Prometheus text.
     fn metrics(&self) -> String;
 }
@@ -245,6 +252,11 @@ fn respond<V: Views + ?Sized>(views: &V, req: &Request<Incoming>) -> Response<Fu
                 body.push_str(&xds);
                 body.push('\n');
             }
+            // Not part of readiness either: a refused policy denies the calls it
+            // governs (fail closed), and the agent keeps serving everything else.
+            for refused in &s.policies_refused {
+                body.push_str(&format!("authorization policy refused: {refused}\n"));
+            }
             text(status, body)
         }
         Route::Metrics => body(
@@ -256,6 +268,7 @@ fn respond<V: Views + ?Sized>(views: &V, req: &Request<Incoming>) -> Response<Fu
         Route::Pods => json(&views.pods()),
         Route::Snapshot => json(&views.snapshot()),
         Route::Registry => json(&views.registry()),
+        Route::Policies => json(&views.policies()),
     }
 }
 
@@ -507,6 +520,43 @@ impl Views for AgentViews {
             registry: agent.registry().describe(),
             registry_synced: agent.registry().view().borrow().synced,
             xds_version: agent.cache().snapshot(ENVOY_GROUP).map(|s| s.version()),
+            policies_refused: agent
+                .policies()
+                .into_iter()
+                .filter_map(|(target, p)| {
+                    p.written
+                        .as_ref()
+                        .err()
+                        .map(|e| format!("{target} ({}): {e}", p.origin))
+                })
+                .collect(),
+        }
+    }
+
+    fn policies(&self) -> Policies {
+        Policies {
+            policies: self
+                .agent
+                .policies()
+                .into_iter()
+                .map(|(target, p)| PolicyEntry {
+                    target,
+                    origin: p.origin.clone(),
+                    spec: p.written.as_ref().ok().cloned(),
+                    error: p.written.as_ref().err().map(|e| e.to_string()),
+                })
+                .collect(),
+            pods: self
+                .agent
+                .pods()
+                .into_values()
+                .map(|p| PodPolicy {
+                    pod: p.pod_ref(),
+                    namespace: p.namespace.clone(),
+                    service: p.service.clone(),
+                    annotation: p.authz.clone(),
+                })
+                .collect(),
         }
     }
 
@@ -603,6 +653,7 @@ mod tests {
                 registry: "memory".into(),
                 registry_synced: ready,
                 xds_version: None,
+                policies_refused: Vec::new(),
             }
         }
         fn pods(&self) -> Pods {

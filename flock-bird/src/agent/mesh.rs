@@ -8,6 +8,8 @@ use super::{Agent, AgentConfig};
 use crate::identity::IdentityView;
 use crate::model::{Endpoint, Health, OUTBOUND_PORT, PodRecord};
 use crate::registry::View;
+use flock_core::authz::{Sourced, Target};
+use flock_core::journal::Snapshot;
 use flock_core::pod::MAX_PORTS;
 use flock_core::registry::Reject;
 use flock_xds::translate::{self, Mesh};
@@ -200,7 +202,12 @@ pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<tr
 /// network namespace, and a captured record's mode and mark become its
 /// [`translate::Pod::capture`] (none: the output is the same as before capture
 /// existed). `None` for a record without an IP (the validator refuses one).
-pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate::Pod> {
+pub fn pod_model(
+    rec: &PodRecord,
+    identity: Option<String>,
+    policies: &PodPolicies,
+) -> Option<translate::Pod> {
+    let authz = policies.inputs(rec);
     Some(translate::Pod {
         name: rec.name.clone(),
         namespace: rec.namespace.clone(),
@@ -214,7 +221,16 @@ pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate:
                 app_port: p.app_port,
                 listen_port: p.listen_port,
                 protocol: p.protocol,
-                authz: None,
+                // In annotation mode the app port is the service port a rule's
+                // `to.ports` names.
+                authz: authz
+                    .as_ref()
+                    .map(|(ns, svc, ann)| translate::InboundAuthz {
+                        service_ports: BTreeSet::from([p.app_port]),
+                        namespace_policy: ns.clone(),
+                        service_policy: svc.clone(),
+                        annotation: ann.clone(),
+                    }),
             })
             .collect(),
         outbound_port: OUTBOUND_PORT,
@@ -229,9 +245,81 @@ pub fn pod_model(rec: &PodRecord, identity: Option<String>) -> Option<translate:
     })
 }
 
+/// The authorization policies that govern one pod: its namespace's and its service's
+/// (as the agent's core holds them; the pod's own annotation is in its record).
+#[derive(Clone, Debug, Default)]
+pub struct PodPolicies {
+    /// The namespace's policy.
+    pub namespace: Option<Arc<Sourced>>,
+    /// The pod's service's policy.
+    pub service: Option<Arc<Sourced>>,
+}
+
+type PolicyInputs = (
+    Option<translate::PolicyInput>,
+    Option<translate::PolicyInput>,
+    Option<translate::PolicyInput>,
+);
+
+impl PodPolicies {
+    /// The policies of `rec`'s pod in `policies`.
+    pub fn of(rec: &PodRecord, policies: &Snapshot<Target, Arc<Sourced>>) -> Self {
+        let ns = Target {
+            namespace: rec.namespace.clone(),
+            service: None,
+        };
+        let service = (!rec.service.is_empty()).then(|| Target {
+            namespace: rec.namespace.clone(),
+            service: Some(rec.service.clone()),
+        });
+        PodPolicies {
+            namespace: policies.get(&ns).cloned(),
+            service: service.and_then(|t| policies.get(&t).cloned()),
+        }
+    }
+
+    /// Whether `self` and `other` hold the very same policies.
+    fn same(&self, other: &PodPolicies) -> bool {
+        let eq = |a: &Option<Arc<Sourced>>, b: &Option<Arc<Sourced>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        eq(&self.namespace, &other.namespace) && eq(&self.service, &other.service)
+    }
+
+    /// The translation's inputs (namespace, service, annotation); `None` when no
+    /// policy governs the pod (its ports are served as without policies).
+    fn inputs(&self, rec: &PodRecord) -> Option<PolicyInputs> {
+        let sourced = |p: &Option<Arc<Sourced>>| {
+            p.as_ref().map(|p| match &p.written {
+                Ok(spec) => translate::PolicyInput::Spec(spec.clone()),
+                Err(e) => translate::PolicyInput::Refused(format!("{}: {e}", p.origin)),
+            })
+        };
+        let annotation = rec.authz.as_ref().map(|a| {
+            match flock_core::authz::annotation_policy(a)
+                .and_then(|_| flock_core::authz::parse_spec(a.as_bytes()))
+            {
+                Ok(spec) => translate::PolicyInput::Spec(spec),
+                Err(e) => translate::PolicyInput::Refused(format!(
+                    "annotation {}: {e}",
+                    flock_core::authz::ANNOTATION
+                )),
+            }
+        });
+        let out = (sourced(&self.namespace), sourced(&self.service), annotation);
+        (out.0.is_some() || out.1.is_some() || out.2.is_some()).then_some(out)
+    }
+}
+
 /// A pod's model if the translation accepts it; `None` (logged) if not.
-fn validated_pod(rec: &PodRecord, identity: Option<String>) -> Option<Arc<translate::Pod>> {
-    let Some(pod) = pod_model(rec, identity) else {
+fn validated_pod(
+    rec: &PodRecord,
+    identity: Option<String>,
+    policies: &PodPolicies,
+) -> Option<Arc<translate::Pod>> {
+    let Some(pod) = pod_model(rec, identity, policies) else {
         tracing::warn!(pod = %rec.pod_ref(), "pod has no IP; not served");
         return None;
     };
@@ -270,13 +358,66 @@ pub(super) struct PodsOf {
     pods: Arc<Vec<Arc<translate::Pod>>>,
     /// Every pod in the table whose netns is not missing.
     by_pod: BTreeMap<flock_core::pod::PodKey, PodModel>,
+    /// The policies the models were derived from.
+    policies: Snapshot<Target, Arc<Sourced>>,
+    /// The pods of `by_pod` by (namespace, service): the pods a policy change
+    /// governs, found without visiting the others.
+    by_service: BTreeMap<(String, String), BTreeSet<flock_core::pod::PodKey>>,
 }
 
 /// One pod's model (`None`: refused, and logged when it was) and its inputs.
 struct PodModel {
     rec: Arc<PodRecord>,
     spiffe_id: Option<String>,
+    policies: PodPolicies,
     model: Option<Arc<translate::Pod>>,
+}
+
+impl PodsOf {
+    fn insert(&mut self, key: flock_core::pod::PodKey, model: PodModel) {
+        self.remove(&key);
+        self.by_service
+            .entry((model.rec.namespace.clone(), model.rec.service.clone()))
+            .or_default()
+            .insert(key.clone());
+        self.by_pod.insert(key, model);
+    }
+
+    fn remove(&mut self, key: &flock_core::pod::PodKey) {
+        if let Some(old) = self.by_pod.remove(key) {
+            self.unindex(key, &old.rec);
+        }
+    }
+
+    fn unindex(&mut self, key: &flock_core::pod::PodKey, rec: &PodRecord) {
+        let at = (rec.namespace.clone(), rec.service.clone());
+        if let Some(set) = self.by_service.get_mut(&at) {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_service.remove(&at);
+            }
+        }
+    }
+
+    /// The pods a change of `target`'s policy governs.
+    fn governed_by(&self, target: &Target) -> Vec<flock_core::pod::PodKey> {
+        let ns = target.namespace.clone();
+        match &target.service {
+            Some(svc) => self
+                .by_service
+                .get(&(ns, svc.clone()))
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect(),
+            None => self
+                .by_service
+                .range((ns.clone(), String::new())..)
+                .take_while(|((n, _), _)| *n == ns)
+                .flat_map(|(_, keys)| keys.iter().cloned())
+                .collect(),
+        }
+    }
 }
 
 /// What one publish translates: the registry's services (shared with the service
@@ -355,65 +496,89 @@ impl Agent {
         cache: &mut PodsOf,
         identity: Option<&Arc<IdentityView>>,
     ) -> Arc<Vec<Arc<translate::Pod>>> {
-        let (missing, table) = {
+        let (missing, table, policies) = {
             let core = self.core();
-            (core.netns_missing().clone(), core.pods())
+            (core.netns_missing().clone(), core.pods(), core.policies())
         };
         let now = PodInputs::new(table, identity.map(|v| &**v), cache.seen.as_ref());
-        let PodsOf {
-            seen,
-            missing: seen_missing,
-            pods,
-            by_pod,
-        } = cache;
-        let visit: Box<dyn Iterator<Item = flock_core::pod::PodKey>> = match seen {
-            Some(seen) if *seen_missing == missing => {
-                let changed = now.changed_since(seen);
-                if changed.is_empty() {
-                    *seen = now;
-                    return Arc::clone(pods);
+        let visit: Vec<flock_core::pod::PodKey> = match &cache.seen {
+            Some(seen) if cache.missing == missing => {
+                let mut changed = now.changed_since(seen);
+                // A policy change re-derives the pods it governs, and no other.
+                let mut targets = BTreeSet::new();
+                super::podinputs::changed_keys(
+                    &cache.policies,
+                    &policies,
+                    |a, b| Arc::ptr_eq(a, b),
+                    &mut targets,
+                );
+                for t in &targets {
+                    changed.extend(cache.governed_by(t));
                 }
-                Box::new(changed.into_iter())
+                if changed.is_empty() {
+                    cache.seen = Some(now);
+                    cache.policies = policies;
+                    return Arc::clone(&cache.pods);
+                }
+                changed.into_iter().collect()
             }
             _ => {
-                by_pod.retain(|key, _| now.table.contains_key(key));
-                Box::new(now.table.keys().cloned().collect::<Vec<_>>().into_iter())
+                let gone: Vec<_> = cache
+                    .by_pod
+                    .keys()
+                    .filter(|key| !now.table.contains_key(*key))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    cache.remove(&key);
+                }
+                now.table.keys().cloned().collect()
             }
         };
         for key in visit {
             let Some(rec) = now.table.get(&key) else {
-                by_pod.remove(&key);
+                cache.remove(&key);
                 continue;
             };
             // Envoy refuses a whole listener update if one netns path is missing:
             // a pod whose namespace is gone (DEL never came) is left to the GC.
             if missing.contains(&key) {
                 tracing::debug!(pod = %rec.pod_ref(), netns = %rec.netns, "netns missing; pod not served");
-                by_pod.remove(&key);
+                cache.remove(&key);
                 continue;
             }
             let spiffe_id = now.spiffe_id(&key);
-            let fresh = by_pod
-                .get(&key)
-                .is_some_and(|m| Arc::ptr_eq(&m.rec, rec) && m.spiffe_id.as_deref() == spiffe_id);
+            let governing = PodPolicies::of(rec, &policies);
+            let fresh = cache.by_pod.get(&key).is_some_and(|m| {
+                Arc::ptr_eq(&m.rec, rec)
+                    && m.spiffe_id.as_deref() == spiffe_id
+                    && m.policies.same(&governing)
+            });
             if !fresh {
-                let model = validated_pod(rec, spiffe_id.map(str::to_string));
-                by_pod.insert(
+                let model = validated_pod(rec, spiffe_id.map(str::to_string), &governing);
+                cache.insert(
                     key,
                     PodModel {
                         rec: Arc::clone(rec),
                         spiffe_id: spiffe_id.map(str::to_string),
+                        policies: governing,
                         model,
                     },
                 );
             }
         }
         // In table order, as before: the models of the pods kept and accepted.
-        let models: Arc<Vec<Arc<translate::Pod>>> =
-            Arc::new(by_pod.values().filter_map(|m| m.model.clone()).collect());
-        *pods = Arc::clone(&models);
-        *seen = Some(now);
-        *seen_missing = missing;
+        let models: Arc<Vec<Arc<translate::Pod>>> = Arc::new(
+            cache
+                .by_pod
+                .values()
+                .filter_map(|m| m.model.clone())
+                .collect(),
+        );
+        cache.pods = Arc::clone(&models);
+        cache.seen = Some(now);
+        cache.missing = missing;
+        cache.policies = policies;
         models
     }
 

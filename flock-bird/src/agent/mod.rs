@@ -61,6 +61,7 @@ mod members;
 pub mod mesh;
 mod metrics;
 mod podinputs;
+pub mod policies;
 mod publish;
 mod regsync;
 mod request;

@@ -112,11 +112,11 @@ impl PodInputs {
 /// Adds to `out` every key whose entry differs between `a` and `b` (added, removed,
 /// or a value not `same`): the keys `b`'s journal names since `a` whose entries
 /// differ, or, when the journal does not reach back to `a`, [`diff_keys`].
-pub(super) fn changed_keys<V: Clone>(
-    a: &Snapshot<PodKey, V>,
-    b: &Snapshot<PodKey, V>,
+pub(super) fn changed_keys<K: Ord + Clone, V: Clone>(
+    a: &Snapshot<K, V>,
+    b: &Snapshot<K, V>,
     same: impl Fn(&V, &V) -> bool,
-    out: &mut BTreeSet<PodKey>,
+    out: &mut BTreeSet<K>,
 ) {
     if a.ptr_eq(b) {
         return;
@@ -205,6 +205,7 @@ mod tests {
             network_name: "net".into(),
             added_at_ms: flock_core::time::UnixMs(0),
             capture: None,
+            authz: None,
         })
     }
 

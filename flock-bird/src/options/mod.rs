@@ -418,6 +418,18 @@ pub struct Flags {
     /// the mesh. Needs --capture strict or permissive.
     #[arg(long, help_heading = "Transparent capture")]
     pub capture_enforce: bool,
+
+    /// A directory of authorization policies the agent watches (inotify, and a full
+    /// re-read every 30 s): `<namespace>.json` governs a namespace,
+    /// `<namespace>.<service>.json` one service of it. Each file is one policy
+    /// (`default`: all-authenticated, same-namespace or deny; `rules`: allow or deny
+    /// by caller identity, ports and HTTP method, path and host); deny rules win, and a
+    /// file that does not parse or check denies every call to what its name says
+    /// (fail closed) and is named in `/debug/status`. A pod's `flock.io/authz`
+    /// annotation narrows its own policy, never widens it. None: no policy (every
+    /// authenticated caller may call every meshed port). See docs/authz.md.
+    #[arg(long, value_name = "DIR", help_heading = "Authorization")]
+    pub authz_dir: Option<PathBuf>,
 }
 
 /// Parses `--keep-capability` values (`CAP_SYS_PTRACE` or `sys_ptrace`).
@@ -586,6 +598,7 @@ impl Options {
             registry_max_entries_per_node: flags.registry_max_entries_per_node.max(1),
             identity: identity_source(flags)?,
             kube: kube_options(flags, env.in_cluster)?,
+            authz_dir: flags.authz_dir.clone(),
         };
         Ok(Self {
             runtime,
