@@ -94,6 +94,15 @@ impl EnvoySpec {
             epoch.to_string().into(),
             "--drain-time-s".into(),
             self.drain_time_s.to_string().into(),
+            // A listener update (an authorization policy change re-configures the
+            // inbound listeners' RBAC) drains the connections of the old filter
+            // chains. Gradual (Envoy's default) closes them at random over the whole
+            // drain time, so a caller's pooled mesh connection kept the old policy
+            // for up to `drain_time_s`; immediate asks every one to close at once
+            // (HTTP/2 GOAWAY; HTTP/1 `connection: close` on its next response), and
+            // the next request opens a connection under the new policy.
+            "--drain-strategy".into(),
+            "immediate".into(),
             "--parent-shutdown-time-s".into(),
             self.parent_shutdown_time_s.to_string().into(),
         ];

@@ -82,6 +82,7 @@ fn shared_root_locality_rotation_and_node_death() {
         zones: vec!["zone-a", "zone-a", "zone-b"],
         shared_root: true,
         registry_ttl: 3,
+        agent_args: Vec::new(),
     });
     println!("cluster up in {:?}", t0.elapsed());
     let client = c.add_pod(0, "client", "client", false);
@@ -306,6 +307,7 @@ fn per_node_cas_cannot_talk() {
         zones: vec!["zone-a", "zone-a"],
         shared_root: false,
         registry_ttl: 3,
+        agent_args: Vec::new(),
     });
     let client = c.add_pod(0, "client", "client", false);
     let web2 = c.add_pod(1, "web-n2", "web", true);
@@ -365,6 +367,7 @@ fn bench_cross_node() {
         zones: vec!["zone-a", "zone-a"],
         shared_root: true,
         registry_ttl: 10,
+        agent_args: Vec::new(),
     });
     let client = c.add_pod(0, "client", "client", false);
     let web2 = c.add_pod(1, "web-n2", "web", true);

@@ -52,6 +52,8 @@ pub struct ClusterOptions {
     pub shared_root: bool,
     /// `--registry-ttl`, seconds.
     pub registry_ttl: u64,
+    /// More flags for every agent (`--capture strict`, `--authz-dir …`).
+    pub agent_args: Vec<String>,
 }
 
 /// The whole cluster; dropping it removes every process, namespace and file.
@@ -82,6 +84,7 @@ pub struct Node {
     base_id: u32,
     registry: String,
     registry_ttl: u64,
+    agent_args: Vec<String>,
     restarts: u32,
 }
 
@@ -351,6 +354,7 @@ impl Cluster {
                 base_id: base_id(tag, idx),
                 registry: registry.clone(),
                 registry_ttl: opts.registry_ttl,
+                agent_args: opts.agent_args.clone(),
                 restarts: 0,
             });
         }
@@ -380,6 +384,27 @@ impl Cluster {
     /// server answering its own name on 8080 (when `serve`), and ADDs it through libcni
     /// in the node's netns. Returns its index in `pods`.
     pub fn add_pod(&mut self, node: usize, name: &str, service: &str, serve: bool) -> usize {
+        // A client (no server) declares no port: nothing to probe or route to.
+        let annotations = if serve {
+            json!({
+                "flock.io/service": service,
+                "flock.io/ports": format!("{APP_PORT}/http"),
+                "flock.io/service-account": service,
+            })
+        } else {
+            json!({"flock.io/service": service, "flock.io/service-account": service})
+        };
+        self.add_pod_with(node, name, annotations, serve)
+    }
+
+    /// [`Cluster::add_pod`] with the pod's annotations as given.
+    pub fn add_pod_with(
+        &mut self,
+        node: usize,
+        name: &str,
+        annotations: Value,
+        serve: bool,
+    ) -> usize {
         let netns = format!("{}p-{name}", Underlay::prefix(self.opts.tag));
         ipc(&["netns", "add", &netns]);
         ipc(&["-n", &netns, "link", "set", "lo", "up"]);
@@ -388,16 +413,7 @@ impl Cluster {
             node,
             netns,
             container_id: format!("ctr-{name}"),
-            // A client (no server) declares no port: nothing to probe or route to.
-            annotations: if serve {
-                json!({
-                    "flock.io/service": service,
-                    "flock.io/ports": format!("{APP_PORT}/http"),
-                    "flock.io/service-account": service,
-                })
-            } else {
-                json!({"flock.io/service": service, "flock.io/service-account": service})
-            },
+            annotations,
             ip: None,
             server: None,
         };
@@ -528,7 +544,7 @@ pub fn install_issuer(root: &Path, ca_dir: &Path, name: &str, generation: u32) {
 
 /// A Python HTTP/1.1 server in the pod's netns on 0.0.0.0:8080 answering every GET
 /// with the pod's name; returns once it answers on the pod's loopback.
-fn http_server(pod: &Pod, log: &Path) -> ChildGuard {
+pub fn http_server(pod: &Pod, log: &Path) -> ChildGuard {
     let body = &pod.name;
     let src = format!(
         "import http.server\n\
@@ -592,6 +608,7 @@ impl Node {
             .args(["--zone", self.zone, "--region", "r1"])
             .args(["--trust-domain", TRUST_DOMAIN])
             .args(["--probe-interval-ms", "1000"])
+            .args(&self.agent_args)
             .env("RUST_LOG", "info");
         if let Some(ca) = &self.ca_dir {
             cmd.arg("--ca-dir").arg(ca);
