@@ -255,6 +255,7 @@ mod tests {
         assert_eq!(
             args.join(" "),
             "-c /etc/envoy.yaml --base-id 9 --restart-epoch 4 --drain-time-s 2 \
+             --drain-strategy immediate \
              --parent-shutdown-time-s 3 --socket-path \
              /run/flock/envoy/control/envoy_domain_socket --socket-mode 600 --log-level warn"
         );
