@@ -434,3 +434,95 @@ proptest! {
         prop_assert_eq!(Policy::from_spec(&again), Policy::from_spec(&spec));
     }
 }
+
+/// A policy file's name is what it governs, one way only; other names govern nothing.
+#[test]
+fn file_names_give_their_target_and_nothing_else() {
+    let t = Target::from_file_name("shop.json").unwrap();
+    assert_eq!((t.namespace.as_str(), t.service.as_deref()), ("shop", None));
+    let t = Target::from_file_name("shop.web.json").unwrap();
+    assert_eq!(
+        (t.namespace.as_str(), t.service.as_deref()),
+        ("shop", Some("web"))
+    );
+    assert_eq!(t.file_name(), "shop.web.json");
+    assert_eq!(t.to_string(), "shop/web");
+    for bad in [
+        "shop",
+        "shop.yaml",
+        ".json",
+        "a.b.c.json",
+        "Shop.json",
+        "shop..json",
+        "..data",
+        "-x.json",
+    ] {
+        assert_eq!(Target::from_file_name(bad), None, "{bad}");
+    }
+}
+
+/// A file's content must not govern something its name does not say, and whatever is
+/// wrong with it is kept as the refusal of its target, naming the field.
+#[test]
+fn a_file_is_read_for_its_target_or_refused_with_why() {
+    let web = Target::from_file_name("shop.web.json").unwrap();
+    let ok = Sourced::read("f", &web, br#"{"default":"deny"}"#);
+    let spec = ok.written.as_ref().unwrap();
+    assert_eq!(spec.namespace.as_deref(), Some("shop"));
+    assert_eq!(spec.service.as_deref(), Some("web"));
+    assert!(ok.checked().is_ok());
+    for (bytes, field) in [
+        (&br#"{"namespace":"other"}"#[..], "namespace"),
+        (br#"{"namespace":"shop","service":"api"}"#, "service"),
+        (br#"{"default":"deny","extra":1}"#, "policy"),
+        (
+            br#"{"rules":[{"action":"allow","from":{}}]}"#,
+            "rules[0].from",
+        ),
+        (b"", "policy"),
+    ] {
+        let r = Sourced::read("f", &web, bytes);
+        let e = r.written.as_ref().unwrap_err();
+        assert!(
+            e.field.starts_with(field),
+            "{}: {e}",
+            String::from_utf8_lossy(bytes)
+        );
+        assert!(r.checked().is_err());
+    }
+}
+
+/// The annotation kept in a pod's record is bounded and has no control characters but
+/// whitespace.
+#[test]
+fn annotations_are_bounded() {
+    assert!(check_annotation_size("{\n\t\"rules\": []\r\n}").is_ok());
+    assert!(check_annotation_size(&"x".repeat(MAX_ANNOTATION_BYTES)).is_ok());
+    assert!(check_annotation_size(&"x".repeat(MAX_ANNOTATION_BYTES + 1)).is_err());
+    assert!(check_annotation_size("{\u{0}}").is_err());
+}
+
+/// The agent's core changes (and so re-publishes) only when what is in force changes.
+#[test]
+fn the_core_names_a_policy_change_once() {
+    use flock_core::agent::AgentCore;
+    use flock_core::lifecycle::liveness::LivenessPolicy;
+    let mut core: AgentCore<(), ()> = AgentCore::new(LivenessPolicy::default());
+    let web = Target::from_file_name("shop.web.json").unwrap();
+    let p = || Sourced::read("f", &web, br#"{"default":"deny"}"#);
+    let before = core.policies();
+    assert!(core.set_policy(web.clone(), Some(p())));
+    assert!(
+        !core.set_policy(web.clone(), Some(p())),
+        "the same policy read again"
+    );
+    let after = core.policies();
+    assert_eq!(
+        after.changed_since(&before).unwrap().collect::<Vec<_>>(),
+        [&web]
+    );
+    assert!(core.set_policy(web.clone(), Some(Sourced::read("f", &web, b"{"))));
+    assert!(core.set_policy(web.clone(), None));
+    assert!(!core.set_policy(web, None));
+    assert!(core.policies().is_empty());
+}

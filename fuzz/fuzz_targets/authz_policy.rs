@@ -5,7 +5,8 @@
 #![no_main]
 
 use flock_core::authz::{
-    HttpRequest, Policy, Request, annotation_policy, effective, parse_spec,
+    HttpRequest, Policy, Request, Sourced, Target, annotation_policy, check_annotation_size,
+    effective, parse_spec,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -25,8 +26,20 @@ fuzz_target!(|data: &[u8]| {
     if let Err(e) = &checked {
         assert!(!e.field.is_empty() && !e.reason.is_empty());
     }
+    // The same bytes as a policy file for shop/web: read or refused, never both; a
+    // file that reads checks (the agent's `--authz-dir`).
+    let web = Target::from_file_name("shop.web.json").unwrap();
+    let file = Sourced::read("fuzz", &web, svc);
+    if let Ok(spec) = &file.written {
+        assert!(Policy::from_spec(spec).is_ok(), "a file read unchecked");
+        assert_eq!(spec.namespace.as_deref(), Some("shop"));
+        assert_eq!(spec.service.as_deref(), Some("web"));
+    }
     let annotation = ann
         .and_then(|a| std::str::from_utf8(a).ok())
+        .inspect(|a| {
+            let _ = check_annotation_size(a);
+        })
         .map(annotation_policy);
     let base = effective("shop", None, Some(&checked));
     let narrowed = base.clone().narrowed("shop", annotation.as_ref());
