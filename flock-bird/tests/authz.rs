@@ -145,7 +145,7 @@ async fn a_policy_change_retranslates_only_the_pods_it_governs() {
         .filter(|(_, p)| p.written.is_err())
         .map(|(t, _)| t)
         .collect();
-    assert_eq!(refused, [web.clone()]);
+    assert_eq!(refused, std::slice::from_ref(&web));
     let before = state(&agent);
     assert!(agent.set_policy(&web, None));
     assert_eq!(

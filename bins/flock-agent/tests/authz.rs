@@ -236,7 +236,7 @@ fn policy_by_identity_live_edits_and_fail_closed() {
     );
     let tcp_b = tcp_from(&c.pods[b], &tcp);
     assert!(
-        matches!(&tcp_b, Err(_)) || tcp_b == Ok(String::new()),
+        tcp_b.is_err() || tcp_b == Ok(String::new()),
         "b's TCP connection must be cut without the echo: {tcp_b:?}"
     );
     let denied = c.nodes[0].envoy_counter(&["rbac", "denied"]);

@@ -509,7 +509,7 @@ impl Agent {
                 super::podinputs::changed_keys(
                     &cache.policies,
                     &policies,
-                    |a, b| Arc::ptr_eq(a, b),
+                    Arc::ptr_eq,
                     &mut targets,
                 );
                 for t in &targets {

@@ -24,6 +24,9 @@
 //! netns routes, the underlay and n2's bridge, where n2's Envoy's inbound listener
 //! (bound inside the pod's netns) terminates mTLS.
 
+// Shared by several test binaries (nodes, authz); each uses a part of it.
+#![allow(dead_code)]
+
 use crate::common::*;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
