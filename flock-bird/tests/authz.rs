@@ -88,7 +88,8 @@ async fn a_policy_change_retranslates_only_the_pods_it_governs() {
     assert!(agent.set_policy(&web, Some(written(&web, r#"{"default":"deny"}"#))));
     assert_eq!(
         changed_listeners(&agent, &before),
-        ["inbound|default/pod-c1|8080"]
+        ["inbound|default/pod-c1|8080"],
+        "the policy did not reach the one pod it governs"
     );
     let snap = agent.cache().snapshot(ENVOY_GROUP).unwrap();
     let (_, listener) = snap

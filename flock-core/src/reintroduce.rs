@@ -67,6 +67,7 @@ pub const KNOWN: &[&str] = &[
     "capture-outbound-from-node",
     "authz-allow-before-deny",
     "authz-unknown-field-ignored",
+    "authz-change-not-rederived",
     "envoy-user-ignored",
     "registry-wildcard-identity",
     "noncanonical-address",

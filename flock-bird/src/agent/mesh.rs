@@ -512,8 +512,12 @@ impl Agent {
                     Arc::ptr_eq,
                     &mut targets,
                 );
-                for t in &targets {
-                    changed.extend(cache.governed_by(t));
+                // The mutant re-derives no governed pod: a policy reaches a pod only
+                // when something else about it changes.
+                if !flock_core::reintroduced!("authz-change-not-rederived") {
+                    for t in &targets {
+                        changed.extend(cache.governed_by(t));
+                    }
                 }
                 if changed.is_empty() {
                     cache.seen = Some(now);
