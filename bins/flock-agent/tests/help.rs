@@ -53,6 +53,8 @@ fn help_names_every_flag_group() {
         "--remove-startup-taint [<BOOL>]",
         "Transparent capture:",
         "--capture <MODE>",
+        "Authorization:",
+        "--authz-dir <DIR>",
         // The xDS quotas.
         "--xds-max-unix-connections <N>",
         "--xds-idle-timeout <SECS>",
