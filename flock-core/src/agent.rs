@@ -52,9 +52,11 @@ use crate::journal::{JournaledMap, Snapshot};
 use crate::lifecycle::liveness::{Health, Liveness, LivenessPolicy, Transition};
 use crate::lifecycle::merge::{MergeReport, merge_loaded};
 use crate::pod::PodKey;
-use crate::sync::Arc;
+// Shared data, not a synchronization point: std's Arc even under loom (as in
+// `resources`), so the policy table works outside a loom model too.
 use crate::time::MonoMs;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 /// Which operation holds or waits for a pod's turn (reported by
 /// [`AgentCore::busy`], and the resync's turn is what the `r4-kube-resync` mutant

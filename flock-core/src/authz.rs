@@ -126,7 +126,7 @@ pub struct PolicySpec {
     #[serde(default)]
     pub default: Option<DefaultAction>,
     /// The rules, deny rules first whatever their order here.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleSpec>,
 }
 
@@ -149,13 +149,17 @@ pub struct RuleSpec {
 #[serde(deny_unknown_fields)]
 pub struct FromSpec {
     /// Exact SPIFFE IDs, or `*`: any authenticated caller.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ids: Vec<String>,
     /// Namespaces: any workload ID naming one.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
     /// `namespace/service-account`.
-    #[serde(default, rename = "serviceAccounts")]
+    #[serde(
+        default,
+        rename = "serviceAccounts",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub service_accounts: Vec<String>,
 }
 
@@ -164,16 +168,16 @@ pub struct FromSpec {
 #[serde(deny_unknown_fields)]
 pub struct ToSpec {
     /// Service ports.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<u16>,
     /// HTTP methods (`GET`, ...).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
     /// HTTP paths: exact, or a prefix ending in `*` (`/api/*`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
     /// HTTP hosts (`:authority`), exact.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
 }
 

@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! Authorization policies (`flock_core::authz`): the decisions the issue names, the
 //! refusals and their fields, and the properties — deny wins, a pod's annotation never
 //! widens, anything that does not parse fails closed.
