@@ -154,18 +154,15 @@ pub async fn watch_dir(agent: Arc<Agent>, dir: PathBuf, resync: Duration) {
             }
         };
         tokio::select! {
-            ev = event => match ev {
-                Some(Ok(ev)) if !ev.mask.intersects(
-                    inotify::EventMask::IGNORED
-                        | inotify::EventMask::DELETE_SELF
-                        | inotify::EventMask::MOVE_SELF
-                        | inotify::EventMask::Q_OVERFLOW,
-                ) => {
-                    let target = ev
-                        .name
-                        .as_ref()
-                        .and_then(|n| n.to_str())
-                        .and_then(Target::from_file_name);
+            ev = event => {
+                // An overflowed queue lost events: read all of it, as after a lost watch.
+                let live = crate::dirwatch::alive(ev.as_ref())
+                    && !matches!(&ev, Some(Ok(e)) if e.mask.contains(inotify::EventMask::Q_OVERFLOW));
+                if live {
+                    let target = match &ev {
+                        Some(Ok(e)) => e.name.as_ref().and_then(|n| n.to_str()).and_then(Target::from_file_name),
+                        _ => None,
+                    };
                     match target {
                         // One file changed: that file alone.
                         Some(t) => {
@@ -174,8 +171,7 @@ pub async fn watch_dir(agent: Arc<Agent>, dir: PathBuf, resync: Duration) {
                         }
                         None => full(&mut warned),
                     }
-                }
-                _ => {
+                } else {
                     // The directory is gone or moved, the queue overflowed, or the
                     // watch broke: watch what is there now, and read all of it.
                     tracing::warn!(dir = %dir.display(), "policy directory watch lost; re-arming it");
@@ -183,7 +179,7 @@ pub async fn watch_dir(agent: Arc<Agent>, dir: PathBuf, resync: Duration) {
                     events = arm_watch(&dir);
                     full(&mut warned);
                 }
-            },
+            }
             _ = timer.tick() => {
                 if events.is_none() {
                     events = arm_watch(&dir);
@@ -194,31 +190,14 @@ pub async fn watch_dir(agent: Arc<Agent>, dir: PathBuf, resync: Duration) {
     }
 }
 
-type EventStream = inotify::EventStream<Vec<u8>>;
-
 /// A watch of the directory's entries: a file closed after writing, renamed in or
 /// out, or deleted (not created: a file just created is still empty, and reading it
 /// then would refuse its target until the write closes).
-fn arm_watch(dir: &Path) -> Option<EventStream> {
-    use inotify::{Inotify, WatchMask};
-    let armed = Inotify::init().and_then(|inotify| {
-        inotify.watches().add(
-            dir,
-            WatchMask::CLOSE_WRITE
-                | WatchMask::MOVED_TO
-                | WatchMask::MOVED_FROM
-                | WatchMask::DELETE
-                | WatchMask::DELETE_SELF
-                | WatchMask::MOVE_SELF
-                | WatchMask::ONLYDIR,
-        )?;
-        inotify.into_event_stream(vec![0u8; 4096])
-    });
-    match armed {
-        Ok(stream) => Some(stream),
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the policy directory; re-reading it every resync period instead");
-            None
-        }
-    }
+fn arm_watch(dir: &Path) -> Option<crate::dirwatch::EventStream> {
+    use inotify::WatchMask;
+    crate::dirwatch::arm(
+        dir,
+        WatchMask::CLOSE_WRITE | WatchMask::MOVED_TO | WatchMask::MOVED_FROM | WatchMask::DELETE,
+        "policy directory",
+    )
 }

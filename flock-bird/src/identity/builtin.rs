@@ -466,7 +466,7 @@ impl BuiltinCa {
             };
             tokio::select! {
                 ev = event => {
-                    if !watch_alive(ev.as_ref()) {
+                    if !crate::dirwatch::alive(ev.as_ref()) {
                         // The directory was removed or moved away (or the watch broke):
                         // watch whatever is at the path now, and read it.
                         tracing::warn!(dir = %dir.display(), "CA directory watch lost; re-arming it");
@@ -487,7 +487,7 @@ impl BuiltinCa {
                             }
                         };
                         tokio::select! {
-                            ev = more => if !watch_alive(ev.as_ref()) {
+                            ev = more => if !crate::dirwatch::alive(ev.as_ref()) {
                                 // No more events from this watch: stop waiting on it
                                 // (an ended stream would answer at once, forever).
                                 events = None;
@@ -669,42 +669,20 @@ pub enum CaReload {
     },
 }
 
-type EventStream = inotify::EventStream<Vec<u8>>;
-
-/// Whether the watch still reports on the directory after this event: not when the
-/// stream ended or failed, nor when the directory itself was removed or moved away.
-fn watch_alive(ev: Option<&std::io::Result<inotify::Event<std::ffi::OsString>>>) -> bool {
-    matches!(ev, Some(Ok(ev)) if !ev.mask.intersects(
-        inotify::EventMask::IGNORED | inotify::EventMask::DELETE_SELF | inotify::EventMask::MOVE_SELF,
-    ))
-}
-
 /// An inotify watch on the directory itself (not the files: a Secret's files are
 /// symlinks through `..data`, which is replaced, not written).
-fn arm_watch(dir: &Path) -> Option<EventStream> {
-    use inotify::{Inotify, WatchMask};
-    let armed = Inotify::init().and_then(|inotify| {
-        inotify.watches().add(
-            dir,
-            WatchMask::CREATE
-                | WatchMask::CLOSE_WRITE
-                | WatchMask::MOVED_TO
-                | WatchMask::MOVED_FROM
-                | WatchMask::DELETE
-                | WatchMask::ATTRIB
-                | WatchMask::DELETE_SELF
-                | WatchMask::MOVE_SELF
-                | WatchMask::ONLYDIR,
-        )?;
-        inotify.into_event_stream(vec![0u8; 4096])
-    });
-    match armed {
-        Ok(stream) => Some(stream),
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the CA directory; polling it instead");
-            None
-        }
-    }
+fn arm_watch(dir: &Path) -> Option<crate::dirwatch::EventStream> {
+    use inotify::WatchMask;
+    crate::dirwatch::arm(
+        dir,
+        WatchMask::CREATE
+            | WatchMask::CLOSE_WRITE
+            | WatchMask::MOVED_TO
+            | WatchMask::MOVED_FROM
+            | WatchMask::DELETE
+            | WatchMask::ATTRIB,
+        "CA directory",
+    )
 }
 
 fn check_params(trust_domain: &str, svid_ttl: Duration) -> Result<(), IdentityError> {
