@@ -84,6 +84,20 @@ pub struct Members {
     pub terminating: bool,
 }
 
+impl Members {
+    /// The Service ports the pod's ports serve, for the policies that govern them.
+    pub fn port_services(&self) -> Vec<flock_core::authz::PortService> {
+        self.ports
+            .iter()
+            .map(|m| flock_core::authz::PortService {
+                app_port: m.app_port,
+                service: m.service.clone(),
+                service_port: m.service_port,
+            })
+            .collect()
+    }
+}
+
 /// What kube mode decided for a CNI ADD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KubeAdmission {

@@ -628,3 +628,136 @@ async fn r4_a_membership_put_racing_remove_pod_leaves_no_ghost() {
         "ghost endpoint(s) after RemovePod: {ghosts:?}"
     );
 }
+
+fn authz_policy(name: &str, spec: serde_json::Value) -> flock_kube::policy::AuthorizationPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "flock.io/v1alpha1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// The published inbound listener of pod `shop/web-0`, as bytes (the RBAC filter and
+/// its principals are plain strings in them).
+fn web_listener(agent: &Agent) -> String {
+    let snap = agent.cache().snapshot(ENVOY_GROUP).unwrap();
+    snap.state()
+        .iter_type(flock_xds::types::LISTENER)
+        .find(|(n, _)| n.starts_with("inbound|shop/web-0|"))
+        .map(|(_, l)| String::from_utf8_lossy(&l.value().value).into_owned())
+        .unwrap_or_default()
+}
+
+/// Kube mode's authorization policies: AuthorizationPolicy objects from the API reach
+/// the pod's inbound listener through its Service memberships, follow those
+/// memberships (a label change takes the pod out from under its Service's policy), a
+/// port behind two Services under different policies is refused, a malformed object
+/// is refused and named, and a deleted one is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_policies_come_from_the_api_and_follow_memberships() {
+    let s = setup().await;
+    let agent = &s.agent;
+    tokio::spawn(flock_bird::agent::policies::follow_kube(
+        Arc::clone(agent),
+        agent.kube().cloned().unwrap(),
+    ));
+    s.api
+        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
+    s.api.apply(&web_service());
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
+        agent.not_ready().is_none()
+    })
+    .await;
+    agent.add_pod(&input("shop", "web-0", UID)).await.unwrap();
+    wait_for_async("the membership registered", WAIT, || {
+        endpoint_keys(agent).len() == 1
+    })
+    .await;
+    assert!(
+        !web_listener(agent).is_empty(),
+        "web-0's listener published"
+    );
+    assert!(!web_listener(agent).contains("envoy.filters.http.rbac"));
+
+    // web's policy: only shop/caller, on the Service's port 80 (the pod's 8080).
+    let allow_caller = json!({"service": "web", "default": "deny", "rules": [
+        {"action": "allow", "from": {"serviceAccounts": ["shop/caller"]}, "to": {"ports": [80]}}]});
+    s.api
+        .apply(&authz_policy("web-allow", allow_caller.clone()));
+    let under_web = |l: &str| l.contains("envoy.filters.http.rbac") && l.contains("sa/caller");
+    wait_for_async("web's policy on web-0's listener", WAIT, || {
+        under_web(&web_listener(agent))
+    })
+    .await;
+    let policies = agent.policies();
+    assert_eq!(policies.len(), 1, "{policies:?}");
+    assert_eq!(policies[0].0.to_string(), "shop/web");
+    assert_eq!(policies[0].1.origin, "AuthorizationPolicy shop/web-allow");
+
+    // Out of the Service: web's policy no longer governs the pod.
+    s.api
+        .apply(&pod("shop", "web-0", UID, json!({"app": "web-v2"})));
+    wait_for_async("web-0 out from under web's policy", WAIT, || {
+        !web_listener(agent).contains("envoy.filters.http.rbac")
+    })
+    .await;
+    s.api
+        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
+    wait_for_async("web-0 under web's policy again", WAIT, || {
+        under_web(&web_listener(agent))
+    })
+    .await;
+
+    // A second Service on the same pod port, with no policy of its own: which Service
+    // a caller addressed cannot be told at the pod, so the port is refused (RBAC with
+    // no rule that allows), not opened to the namespace's default.
+    let alt: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web-alt", "namespace": "shop"},
+        "spec": {"selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 81, "targetPort": "http"}]}
+    }))
+    .unwrap();
+    s.api.apply(&alt);
+    wait_for_async("the port refused while two policies claim it", WAIT, || {
+        let l = web_listener(agent);
+        l.contains("envoy.filters.http.rbac") && !l.contains("sa/caller")
+    })
+    .await;
+    assert!(s.api.delete::<Service>(Some("shop"), "web-alt"));
+    wait_for_async("web's policy alone again", WAIT, || {
+        under_web(&web_listener(agent))
+    })
+    .await;
+
+    // A misspelt field: refused (fail closed) and named.
+    s.api.apply(&authz_policy(
+        "web-allow",
+        json!({"service": "web", "rules": [{"action": "allow", "frm": {}}]}),
+    ));
+    wait_for_async("the malformed object refused", WAIT, || {
+        agent.policies().iter().any(|(_, p)| {
+            p.written
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("frm"))
+        })
+    })
+    .await;
+    wait_for_async("web-0 denies everyone", WAIT, || {
+        let l = web_listener(agent);
+        l.contains("envoy.filters.http.rbac") && !l.contains("sa/caller")
+    })
+    .await;
+
+    // Deleted: no policy left, the listener as before any.
+    assert!(
+        s.api
+            .delete::<flock_kube::policy::AuthorizationPolicy>(Some("shop"), "web-allow")
+    );
+    wait_for_async("the policy gone", WAIT, || agent.policies().is_empty()).await;
+    wait_for_async("web-0's listener without RBAC", WAIT, || {
+        !web_listener(agent).contains("envoy.filters.http.rbac")
+    })
+    .await;
+}

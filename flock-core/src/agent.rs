@@ -46,7 +46,7 @@
 //! show that the loom models, the property tests and the agent's end-to-end tests fail
 //! without it.
 
-use crate::authz::{Sourced, Target};
+use crate::authz::{PortService, Sourced, Target};
 use crate::gc::{GcInputs, GcPolicy, GcReport, GcState, Owned};
 use crate::journal::{JournaledMap, Snapshot};
 use crate::lifecycle::liveness::{Health, Liveness, LivenessPolicy, Transition};
@@ -215,6 +215,10 @@ pub struct AgentCore<R: Clone, W> {
     /// The authorization policies in force, by what each governs (journaled: the
     /// publish finds the targets changed since its last pass in O(changes)).
     policies: JournaledMap<Target, Arc<Sourced>>,
+    /// The Service ports each live pod's ports serve, where they come from outside the
+    /// record (kube mode's memberships; journaled like the policies: a membership
+    /// change re-derives that pod's policies and no other pod's).
+    pod_services: JournaledMap<PodKey, Arc<Vec<PortService>>>,
 }
 
 impl<R: Clone, W> AgentCore<R, W> {
@@ -231,6 +235,7 @@ impl<R: Clone, W> AgentCore<R, W> {
             turns: BTreeMap::new(),
             tickets: 0,
             policies: JournaledMap::new(),
+            pod_services: JournaledMap::new(),
         }
     }
 
@@ -320,6 +325,32 @@ impl<R: Clone, W> AgentCore<R, W> {
             }
             None => self.policies.remove(&target).is_some(),
         }
+    }
+
+    /// The Service ports each pod's ports serve (see
+    /// [`set_pod_services`](Self::set_pod_services)), with the pods of recent changes.
+    pub fn pod_services(&self) -> Snapshot<PodKey, Arc<Vec<PortService>>> {
+        self.pod_services.snapshot()
+    }
+
+    /// Sets the Service ports `pod`'s ports serve (sorted and deduplicated here; empty
+    /// removes the entry). Returns whether that changed: the same memberships read
+    /// again re-derive nothing. [`removed`](Self::removed) forgets the pod's.
+    pub fn set_pod_services(&mut self, pod: &PodKey, mut services: Vec<PortService>) -> bool {
+        services.sort();
+        services.dedup();
+        if services.is_empty() {
+            return self.pod_services.remove(pod).is_some();
+        }
+        if self
+            .pod_services
+            .get(pod)
+            .is_some_and(|old| **old == services)
+        {
+            return false;
+        }
+        self.pod_services.insert(pod.clone(), Arc::new(services));
+        true
     }
 
     /// The last sweep's report.
@@ -430,6 +461,7 @@ impl<R: Clone, W> AgentCore<R, W> {
     pub fn removed(&mut self, pod: &PodKey) -> Option<R> {
         self.liveness.remove(pod);
         self.netns_missing.remove(pod);
+        self.pod_services.remove(pod);
         self.pods.remove(pod)
     }
 

@@ -839,6 +839,19 @@ fn decide_rules(
     }
 }
 
+/// One Service port a pod port serves: in kube mode a membership (the Service selects
+/// the pod and its `targetPort` is the pod port), so the Service's policy governs that
+/// pod port and a rule's `to.ports` names the Service port.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PortService {
+    /// The pod port (the app's).
+    pub app_port: u16,
+    /// The Service.
+    pub service: String,
+    /// The Service's port.
+    pub service_port: u16,
+}
+
 /// What one policy governs: a namespace, or one service of it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Target {

@@ -3,8 +3,10 @@
 //! * [`map`] (pure): a pod, its namespace and the Services that select it → the facts
 //!   the agent meshes the pod with (service account, ports, memberships); Services and
 //!   EndpointSlices → remote endpoints.
-//! * [`watch`]: reflectors of this node's pods, Services, EndpointSlices, Namespaces
-//!   and Nodes, behind one watch channel.
+//! * [`policy`] (pure): flock's `AuthorizationPolicy` custom resource and the policies
+//!   it puts in force, by target.
+//! * [`watch`]: reflectors of this node's pods, Services, EndpointSlices, Namespaces,
+//!   Nodes and AuthorizationPolicies, behind one watch channel.
 //! * [`taint`]: removing the startup taint from this node once the agent is ready.
 //! * `double` (feature `testing`): an API-server double for tests.
 #![forbid(unsafe_code)]
@@ -13,5 +15,6 @@
 #[cfg(feature = "testing")]
 pub mod double;
 pub mod map;
+pub mod policy;
 pub mod taint;
 pub mod watch;

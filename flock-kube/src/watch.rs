@@ -1,5 +1,8 @@
-//! Node-scoped reflectors: this node's pods, Services, EndpointSlices, Namespaces and
-//! Nodes, folded into one persistent [`Snapshot`] behind a watch channel.
+//! Node-scoped reflectors: this node's pods, Services, EndpointSlices, Namespaces,
+//! Nodes and flock's AuthorizationPolicies, folded into one persistent [`Snapshot`]
+//! behind a watch channel. A cluster without the AuthorizationPolicy CRD answers its
+//! list with 404: that reads as "no policies" (and is asked again after the backoff),
+//! not as an outage.
 //!
 //! Each resource has its own `kube::runtime::watcher`. Its events fold into the
 //! snapshot: a (re-)list (`Init` … `InitApply` … `InitDone`) builds the resource's set
@@ -26,6 +29,8 @@ use futures::StreamExt;
 use imbl::OrdMap;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::policy::AuthorizationPolicy;
 use kube::api::Api;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, DefaultBackoff, Event};
@@ -109,6 +114,9 @@ pub struct Snapshot {
     pub namespaces: OrdMap<String, BTreeMap<String, String>>,
     /// Node labels by node name: every node with `endpoint_slices`, else only this one.
     pub nodes: OrdMap<String, BTreeMap<String, String>>,
+    /// flock's `AuthorizationPolicy` objects by (namespace, name); empty (and synced)
+    /// on a cluster without their CRD.
+    pub policies: OrdMap<(String, String), Arc<AuthorizationPolicy>>,
     /// Every watcher has completed its first list. Stays true through outages: the
     /// maps are then the last-known state and `last_error` says why they may be stale.
     pub synced: bool,
@@ -197,6 +205,9 @@ trait Slot:
     type Key: Ord + Clone + Send + Sync + 'static;
     type Val: Clone + Send + Sync + 'static;
     const NAME: &'static str;
+    /// A resource a cluster may not serve (a CRD not installed): its 404 reads as "no
+    /// objects", not as an outage that keeps the view unsynced.
+    const OPTIONAL: bool = false;
     fn map(snapshot: &mut Snapshot) -> &mut OrdMap<Self::Key, Self::Val>;
     fn key(&self) -> Self::Key;
     fn val(self) -> Self::Val;
@@ -246,6 +257,27 @@ namespaced_slot!(EndpointSlice, "endpointslices", slices);
 labels_slot!(Namespace, "namespaces", namespaces);
 labels_slot!(Node, "nodes", nodes);
 
+impl Slot for AuthorizationPolicy {
+    type Key = (String, String);
+    type Val = Arc<AuthorizationPolicy>;
+    const NAME: &'static str = "authorizationpolicies.flock.io";
+    const OPTIONAL: bool = true;
+    fn map(snapshot: &mut Snapshot) -> &mut OrdMap<Self::Key, Self::Val> {
+        &mut snapshot.policies
+    }
+    fn key(&self) -> Self::Key {
+        (self.namespace().unwrap_or_default(), self.name_any())
+    }
+    fn val(self) -> Self::Val {
+        Arc::new(self)
+    }
+}
+
+/// Whether `e` is the API server's 404 for a resource it does not serve.
+fn not_served(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
+}
+
 /// The reflectors of one node. Dropping it stops the watchers.
 pub struct KubeWatch {
     client: kube::Client,
@@ -267,7 +299,7 @@ impl KubeWatch {
     /// first list is done.
     pub fn start(client: kube::Client, opts: WatchOptions) -> KubeWatch {
         let node = opts.node_name.clone();
-        let watcher_count = if opts.endpoint_slices { 5 } else { 4 };
+        let watcher_count = if opts.endpoint_slices { 6 } else { 5 };
         let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -294,6 +326,7 @@ impl KubeWatch {
             ),
             spawn_watcher::<Service>(Api::all(client.clone()), config(), &shared, 1),
             spawn_watcher::<Namespace>(Api::all(client.clone()), config(), &shared, 2),
+            spawn_watcher::<AuthorizationPolicy>(Api::all(client.clone()), config(), &shared, 4),
         ];
         if opts.endpoint_slices {
             tasks.push(spawn_watcher::<Node>(
@@ -306,7 +339,7 @@ impl KubeWatch {
                 Api::all(client.clone()),
                 config(),
                 &shared,
-                4,
+                5,
             ));
         } else {
             tasks.push(spawn_watcher::<Node>(
@@ -417,6 +450,7 @@ async fn run_watcher<K: Slot>(
     index: usize,
 ) {
     let mut backoff = DefaultBackoff::default();
+    let mut said_not_served = false;
     loop {
         let mut stream = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
         // The set a (re-)list is building; it replaces the published one at InitDone.
@@ -431,6 +465,7 @@ async fn run_watcher<K: Slot>(
                         .insert(obj.key(), obj.val());
                 }
                 Ok(Event::InitDone) => {
+                    said_not_served = false;
                     let listed = listing.take().unwrap_or_default();
                     shared.lists.fetch_add(1, Ordering::Relaxed);
                     shared.update(index, |snapshot, status| {
@@ -451,6 +486,24 @@ async fn run_watcher<K: Slot>(
                     shared.update(index, |snapshot, _| {
                         K::map(snapshot).remove(&obj.key());
                     });
+                }
+                Err(e) if K::OPTIONAL && not_served(&e) => {
+                    // No such resource here (its CRD is not installed): no objects,
+                    // and the view is not held unsynced for it. Asked again after
+                    // the backoff, so installing the CRD later is picked up.
+                    if !said_not_served {
+                        tracing::warn!(
+                            resource = K::NAME,
+                            "the API server does not serve this resource (its CRD is not installed); none are in force until it is"
+                        );
+                        said_not_served = true;
+                    }
+                    shared.update(index, |snapshot, status| {
+                        K::map(snapshot).clear();
+                        status.synced = true;
+                        status.error = None;
+                    });
+                    break;
                 }
                 Err(e) => {
                     shared.errors.fetch_add(1, Ordering::Relaxed);

@@ -642,3 +642,118 @@ fn daemonset_keeps_the_node_agent_invariants() {
         "the sockets live on the host's /run/flock (the CNI plugin connects from the host)"
     );
 }
+
+/// deploy/authorizationpolicy-crd.yaml serves what the agent watches
+/// ([`flock_kube::policy::AuthorizationPolicy`]), documents every field of a policy
+/// document and no other, and keeps unknown fields: a structural schema would prune a
+/// misspelt field silently (the rule would then mean something else), preserved it
+/// reaches the agent, which refuses the object (fail closed).
+#[test]
+fn the_policy_crd_serves_what_the_agent_watches_and_keeps_unknown_fields() {
+    use flock_core::authz::{Action, DefaultAction, FromSpec, PolicySpec, RuleSpec, ToSpec};
+    use flock_kube::policy::AuthorizationPolicy;
+    use k8s_openapi::Resource as _;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceDefinition, JSONSchemaProps,
+    };
+
+    let crd: CustomResourceDefinition = manifest("authorizationpolicy-crd.yaml");
+    assert_eq!(crd.spec.group, AuthorizationPolicy::GROUP);
+    assert_eq!(crd.spec.names.kind, AuthorizationPolicy::KIND);
+    assert_eq!(crd.spec.names.plural, AuthorizationPolicy::URL_PATH_SEGMENT);
+    assert_eq!(crd.spec.scope, "Namespaced");
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some(
+            format!(
+                "{}.{}",
+                AuthorizationPolicy::URL_PATH_SEGMENT,
+                AuthorizationPolicy::GROUP
+            )
+            .as_str()
+        )
+    );
+    let version = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.name == AuthorizationPolicy::VERSION)
+        .expect("the version the agent watches");
+    assert!(version.served && version.storage);
+    let root = version
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .expect("a schema");
+    let props = |s: &JSONSchemaProps, at: &str| -> BTreeSet<String> {
+        s.properties
+            .as_ref()
+            .unwrap_or_else(|| panic!("{at}: no properties"))
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let child = |s: &JSONSchemaProps, name: &str| -> JSONSchemaProps {
+        s.properties
+            .as_ref()
+            .and_then(|p| p.get(name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    let keeps_unknown = |s: &JSONSchemaProps, at: &str| {
+        assert_eq!(
+            s.x_kubernetes_preserve_unknown_fields,
+            Some(true),
+            "{at}: unknown fields would be pruned, not refused"
+        );
+    };
+    let keys = |v: serde_json::Value| -> BTreeSet<String> {
+        v.as_object().expect("an object").keys().cloned().collect()
+    };
+    // Every field of a policy document, each set so it serializes.
+    let from = FromSpec {
+        ids: vec!["*".into()],
+        namespaces: vec!["a".into()],
+        service_accounts: vec!["a/b".into()],
+    };
+    let to = ToSpec {
+        ports: vec![80],
+        methods: vec!["GET".into()],
+        paths: vec!["/".into()],
+        hosts: vec!["h".into()],
+    };
+    let rule = RuleSpec {
+        action: Action::Allow,
+        from: from.clone(),
+        to: to.clone(),
+    };
+    let spec = PolicySpec {
+        namespace: Some("a".into()),
+        service: Some("b".into()),
+        default: Some(DefaultAction::Deny),
+        rules: vec![rule.clone()],
+    };
+    let spec_schema = child(root, "spec");
+    keeps_unknown(&spec_schema, "spec");
+    assert_eq!(
+        props(&spec_schema, "spec"),
+        keys(serde_json::to_value(&spec).unwrap())
+    );
+    let rule_schema = *match spec_schema.properties.as_ref().unwrap()["rules"].items.clone() {
+        Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray::Schema(s)) => s,
+        other => panic!("rules items: {other:?}"),
+    };
+    keeps_unknown(&rule_schema, "spec.rules[]");
+    assert_eq!(
+        props(&rule_schema, "spec.rules[]"),
+        keys(serde_json::to_value(&rule).unwrap())
+    );
+    for (name, value) in [
+        ("from", serde_json::to_value(&from)),
+        ("to", serde_json::to_value(&to)),
+    ] {
+        let s = child(&rule_schema, name);
+        keeps_unknown(&s, name);
+        assert_eq!(props(&s, name), keys(value.unwrap()), "spec.rules[].{name}");
+    }
+}

@@ -285,7 +285,11 @@ async fn gone_forces_a_relist_that_converges() {
         s.synced && s.pods.len() == 2
     })
     .await;
-    until_double("the four watches open", || api.open_watches() == 4).await;
+    until_double(
+        "the five watches open (pods, services, namespaces, nodes, policies)",
+        || api.open_watches() == 5,
+    )
+    .await;
     let lists_before = kw.stats().lists;
 
     // The watches fall behind (events held back), the changes happen, the log is
@@ -314,14 +318,18 @@ async fn dropped_watch_connections_resume() {
     let kw = start(&api, false);
     let mut view = kw.view();
     until(&mut view, "the first sync", |s| s.synced).await;
-    until_double("the four watches open", || api.open_watches() == 4).await;
+    until_double(
+        "the five watches open (pods, services, namespaces, nodes, policies)",
+        || api.open_watches() == 5,
+    )
+    .await;
     let watches_before = api.requests().iter().filter(|r| r.verb == "watch").count();
 
     api.drop_watches();
     api.apply(&pod("default", "during-drop", NODE, json!({})));
     until_double("the watches re-opened", || {
-        api.open_watches() == 4
-            && api.requests().iter().filter(|r| r.verb == "watch").count() >= watches_before + 4
+        api.open_watches() == 5
+            && api.requests().iter().filter(|r| r.verb == "watch").count() >= watches_before + 5
     })
     .await;
     api.apply(&pod("default", "after-drop", NODE, json!({})));
@@ -695,4 +703,70 @@ async fn double_serves_streaming_lists_and_bookmarks() {
         Ok(Some(Ok(WatchEvent::Bookmark(b)))) => assert_eq!(b.metadata.resource_version, rv),
         other => panic!("expected a bookmark, got {other:?}"),
     }
+}
+
+fn policy(
+    ns: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> flock_kube::policy::AuthorizationPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "flock.io/v1alpha1", "kind": "AuthorizationPolicy",
+        "metadata": { "name": name, "namespace": ns },
+        "spec": spec,
+    }))
+    .expect("policy fixture")
+}
+
+/// AuthorizationPolicy objects (flock.io/v1alpha1) reach the snapshot, their changes
+/// and deletions too; the spec arrives as written (unknown fields kept, for the agent
+/// to refuse).
+#[tokio::test]
+async fn authorization_policies_are_watched() {
+    let api = cluster().await;
+    api.apply(&policy(
+        "default",
+        "web",
+        json!({"service": "web", "default": "deny"}),
+    ));
+    let watch = start(&api, false);
+    let mut view = watch.view();
+    until(&mut view, "the policy listed", |s| {
+        s.synced && s.policies.contains_key(&("default".into(), "web".into()))
+    })
+    .await;
+    api.apply(&policy(
+        "default",
+        "web",
+        json!({"service": "web", "frm": {}}),
+    ));
+    let s = until(&mut view, "the change watched", |s| {
+        s.policies
+            .get(&("default".into(), "web".into()))
+            .is_some_and(|p| p.spec.get("frm").is_some())
+    })
+    .await;
+    assert_eq!(s.policies.len(), 1);
+    assert!(api.delete::<flock_kube::policy::AuthorizationPolicy>(Some("default"), "web"));
+    until(&mut view, "the deletion watched", |s| s.policies.is_empty()).await;
+}
+
+/// A cluster without the AuthorizationPolicy CRD answers its list with 404: the view
+/// still syncs (no policies) and carries no error; installing the CRD later is picked
+/// up by the retry.
+#[tokio::test]
+async fn a_cluster_without_the_policy_crd_syncs_with_no_policies() {
+    let api = cluster().await;
+    api.set_policy_crd_installed(false);
+    api.apply(&policy("default", "web", json!({"default": "deny"})));
+    let watch = start(&api, false);
+    let mut view = watch.view();
+    let s = until(&mut view, "synced without the CRD", |s| s.synced).await;
+    assert!(s.policies.is_empty(), "{:?}", s.policies);
+    assert_eq!(s.last_error, None);
+    api.set_policy_crd_installed(true);
+    until(&mut view, "the policy listed once the CRD is there", |s| {
+        s.synced && s.policies.len() == 1 && s.last_error.is_none()
+    })
+    .await;
 }

@@ -253,6 +253,8 @@ impl Agent {
                     };
                     // Registered by this ADD even if the reflector does not show the
                     // pod yet (its GET answered first).
+                    self.core()
+                        .set_pod_services(&rec.key, members.port_services());
                     kube.remember(&rec.key, members);
                     rec
                 }

@@ -93,16 +93,39 @@ impl Agent {
             .filter(|(_, rec)| rec.service.is_empty())
             .map(|(key, _)| key.clone())
             .collect();
+        // The Services each pod's ports serve decide which Service's authorization
+        // policy governs them: a membership change re-derives that pod (and only it).
+        let mut memberships_changed = 0;
+        let stale: Vec<PodKey> = self
+            .core()
+            .pod_services()
+            .keys()
+            .filter(|k| !live.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in stale {
+            // An ADD that failed after its admission set them.
+            self.core().set_pod_services(&key, Vec::new());
+        }
+        for key in &keys {
+            if let Some(rec) = live.get(key) {
+                let services = kube.members(rec).port_services();
+                if self.core().set_pod_services(key, services) {
+                    memberships_changed += 1;
+                }
+            }
+        }
         let mut writes = 0;
         for key in keys {
             writes += self
                 .in_turn(&key, OpKind::Resync, self.resync_pod(&key))
                 .await;
         }
-        if writes > 0 {
+        if writes > 0 || memberships_changed > 0 {
             let version = self.publish();
             tracing::info!(
                 writes,
+                memberships_changed,
                 version,
                 "Service memberships changed; registry updated and published"
             );

@@ -221,16 +221,7 @@ pub fn pod_model(
                 app_port: p.app_port,
                 listen_port: p.listen_port,
                 protocol: p.protocol,
-                // In annotation mode the app port is the service port a rule's
-                // `to.ports` names.
-                authz: authz
-                    .as_ref()
-                    .map(|(ns, svc, ann)| translate::InboundAuthz {
-                        service_ports: BTreeSet::from([p.app_port]),
-                        namespace_policy: ns.clone(),
-                        service_policy: svc.clone(),
-                        annotation: ann.clone(),
-                    }),
+                authz: authz.as_ref().map(|inputs| inputs.of_port(p.app_port)),
             })
             .collect(),
         outbound_port: OUTBOUND_PORT,
@@ -245,58 +236,203 @@ pub fn pod_model(
     })
 }
 
-/// The authorization policies that govern one pod: its namespace's and its service's
-/// (as the agent's core holds them; the pod's own annotation is in its record).
+/// The authorization policies that govern one pod: its namespace's, and for each of
+/// its ports the policy of the Service that port serves (as the agent's core holds
+/// them; the pod's own annotation is in its record).
+///
+/// Which Service a port serves: in annotation mode the record's service, for every
+/// port (its app port is the service port a rule's `to.ports` names); in kube mode the
+/// memberships ([`flock_core::authz::PortService`]), so `to.ports` names the Service's
+/// port. A port behind two Services under different policies (one Service's policy
+/// against another's, or one's against none, which is the namespace's) is refused,
+/// naming both: which the caller addressed cannot be told at the pod (fail closed).
 #[derive(Clone, Debug, Default)]
 pub struct PodPolicies {
     /// The namespace's policy.
     pub namespace: Option<Arc<Sourced>>,
-    /// The pod's service's policy.
-    pub service: Option<Arc<Sourced>>,
+    /// Kube mode's memberships the ports were read from (`None`: annotation mode).
+    services: Option<Arc<Vec<flock_core::authz::PortService>>>,
+    /// Per pod port: the service ports it serves and its Services' policy.
+    ports: BTreeMap<u16, PortPolicy>,
 }
 
-type PolicyInputs = (
-    Option<translate::PolicyInput>,
-    Option<translate::PolicyInput>,
-    Option<translate::PolicyInput>,
-);
+/// One pod port's Services and the policy they put on it.
+#[derive(Clone, Debug, Default)]
+struct PortPolicy {
+    service_ports: BTreeSet<u16>,
+    policy: ServicePolicy,
+}
+
+#[derive(Clone, Debug, Default)]
+enum ServicePolicy {
+    /// No Service policy: the namespace's governs.
+    #[default]
+    None,
+    /// The one policy of the port's Services.
+    One(Arc<Sourced>),
+    /// Services under different policies: refused, with why.
+    Conflict(String),
+}
+
+/// The translation's inputs of one pod: its namespace's policy and annotation, and
+/// each port's.
+struct PolicyInputs {
+    namespace: Option<translate::PolicyInput>,
+    annotation: Option<translate::PolicyInput>,
+    ports: BTreeMap<u16, (BTreeSet<u16>, Option<translate::PolicyInput>)>,
+}
+
+impl PolicyInputs {
+    fn of_port(&self, app_port: u16) -> translate::InboundAuthz {
+        let (service_ports, service_policy) = self
+            .ports
+            .get(&app_port)
+            .cloned()
+            .unwrap_or_else(|| (BTreeSet::from([app_port]), None));
+        translate::InboundAuthz {
+            service_ports,
+            namespace_policy: self.namespace.clone(),
+            service_policy,
+            annotation: self.annotation.clone(),
+        }
+    }
+}
+
+fn sourced_input(p: &Arc<Sourced>) -> translate::PolicyInput {
+    match &p.written {
+        Ok(spec) => translate::PolicyInput::Spec(spec.clone()),
+        Err(e) => translate::PolicyInput::Refused(format!("{}: {e}", p.origin)),
+    }
+}
 
 impl PodPolicies {
-    /// The policies of `rec`'s pod in `policies`.
-    pub fn of(rec: &PodRecord, policies: &Snapshot<Target, Arc<Sourced>>) -> Self {
-        let ns = Target {
+    /// The policies of `rec`'s pod in `policies`; `services`: its ports' Services
+    /// from outside the record (kube mode), `None` in annotation mode.
+    pub fn of(
+        rec: &PodRecord,
+        policies: &Snapshot<Target, Arc<Sourced>>,
+        services: Option<&Arc<Vec<flock_core::authz::PortService>>>,
+    ) -> Self {
+        let target = |service: &str| Target {
             namespace: rec.namespace.clone(),
-            service: None,
+            service: (!service.is_empty()).then(|| service.to_string()),
         };
-        let service = (!rec.service.is_empty()).then(|| Target {
-            namespace: rec.namespace.clone(),
-            service: Some(rec.service.clone()),
-        });
+        let namespace = policies.get(&target("")).cloned();
+        let mut ports = BTreeMap::new();
+        match services {
+            Some(services) if rec.service.is_empty() => {
+                let mut fronting: BTreeMap<u16, BTreeMap<&str, BTreeSet<u16>>> = BTreeMap::new();
+                for s in services.iter() {
+                    fronting
+                        .entry(s.app_port)
+                        .or_default()
+                        .entry(&s.service)
+                        .or_default()
+                        .insert(s.service_port);
+                }
+                for (app_port, by_service) in fronting {
+                    let named: Vec<(&str, Option<&Arc<Sourced>>)> = by_service
+                        .keys()
+                        .map(|svc| (*svc, policies.get(&target(svc))))
+                        .collect();
+                    let first = named[0].1;
+                    let agree = named.iter().all(|(_, p)| match (p, first) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        (None, None) => true,
+                        _ => false,
+                    });
+                    let policy = match (agree, first) {
+                        (true, None) => ServicePolicy::None,
+                        (true, Some(p)) => ServicePolicy::One(Arc::clone(p)),
+                        (false, _) => ServicePolicy::Conflict(format!(
+                            "pod port {app_port} serves Services {} under different policies ({}); \
+                             one policy must govern a port",
+                            named.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", "),
+                            named
+                                .iter()
+                                .map(|(s, p)| match p {
+                                    Some(p) => format!("{s}: {}", p.origin),
+                                    None => format!("{s}: none"),
+                                })
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        )),
+                    };
+                    let service_ports = by_service.into_values().flatten().collect();
+                    ports.insert(
+                        app_port,
+                        PortPolicy {
+                            service_ports,
+                            policy,
+                        },
+                    );
+                }
+            }
+            _ => {
+                let policy = match policies.get(&target(&rec.service)) {
+                    Some(p) if !rec.service.is_empty() => ServicePolicy::One(Arc::clone(p)),
+                    _ => ServicePolicy::None,
+                };
+                for p in &rec.ports {
+                    ports.insert(
+                        p.app_port,
+                        PortPolicy {
+                            service_ports: BTreeSet::from([p.app_port]),
+                            policy: policy.clone(),
+                        },
+                    );
+                }
+            }
+        }
         PodPolicies {
-            namespace: policies.get(&ns).cloned(),
-            service: service.and_then(|t| policies.get(&t).cloned()),
+            namespace,
+            services: services.filter(|_| rec.service.is_empty()).cloned(),
+            ports,
         }
     }
 
-    /// Whether `self` and `other` hold the very same policies.
+    /// The Services this pod's ports serve (what a service policy's change governs).
+    fn service_names<'a>(&'a self, rec: &'a PodRecord) -> BTreeSet<&'a str> {
+        match &self.services {
+            Some(services) => services.iter().map(|s| s.service.as_str()).collect(),
+            None => BTreeSet::from([rec.service.as_str()]),
+        }
+    }
+
+    /// Whether `self` and `other` hold the very same policies and memberships.
     fn same(&self, other: &PodPolicies) -> bool {
         let eq = |a: &Option<Arc<Sourced>>, b: &Option<Arc<Sourced>>| match (a, b) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             (None, None) => true,
             _ => false,
         };
-        eq(&self.namespace, &other.namespace) && eq(&self.service, &other.service)
+        let services = match (&self.services, &other.services) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+            (None, None) => true,
+            _ => false,
+        };
+        let port = |a: &PortPolicy, b: &PortPolicy| {
+            a.service_ports == b.service_ports
+                && match (&a.policy, &b.policy) {
+                    (ServicePolicy::None, ServicePolicy::None) => true,
+                    (ServicePolicy::One(a), ServicePolicy::One(b)) => Arc::ptr_eq(a, b),
+                    (ServicePolicy::Conflict(a), ServicePolicy::Conflict(b)) => a == b,
+                    _ => false,
+                }
+        };
+        eq(&self.namespace, &other.namespace)
+            && services
+            && self.ports.len() == other.ports.len()
+            && self
+                .ports
+                .iter()
+                .zip(&other.ports)
+                .all(|((pa, a), (pb, b))| pa == pb && port(a, b))
     }
 
-    /// The translation's inputs (namespace, service, annotation); `None` when no
-    /// policy governs the pod (its ports are served as without policies).
+    /// The translation's inputs; `None` when no policy governs the pod (its ports are
+    /// served as without policies).
     fn inputs(&self, rec: &PodRecord) -> Option<PolicyInputs> {
-        let sourced = |p: &Option<Arc<Sourced>>| {
-            p.as_ref().map(|p| match &p.written {
-                Ok(spec) => translate::PolicyInput::Spec(spec.clone()),
-                Err(e) => translate::PolicyInput::Refused(format!("{}: {e}", p.origin)),
-            })
-        };
         let annotation = rec.authz.as_ref().map(|a| {
             match flock_core::authz::annotation_policy(a)
                 .and_then(|_| flock_core::authz::parse_spec(a.as_bytes()))
@@ -308,8 +444,29 @@ impl PodPolicies {
                 )),
             }
         });
-        let out = (sourced(&self.namespace), sourced(&self.service), annotation);
-        (out.0.is_some() || out.1.is_some() || out.2.is_some()).then_some(out)
+        let ports: BTreeMap<u16, (BTreeSet<u16>, Option<translate::PolicyInput>)> = self
+            .ports
+            .iter()
+            .map(|(app_port, p)| {
+                let input = match &p.policy {
+                    ServicePolicy::None => None,
+                    ServicePolicy::One(s) => Some(sourced_input(s)),
+                    ServicePolicy::Conflict(why) => {
+                        Some(translate::PolicyInput::Refused(why.clone()))
+                    }
+                };
+                (*app_port, (p.service_ports.clone(), input))
+            })
+            .collect();
+        let namespace = self.namespace.as_ref().map(sourced_input);
+        let governed = namespace.is_some()
+            || annotation.is_some()
+            || ports.values().any(|(_, input)| input.is_some());
+        governed.then_some(PolicyInputs {
+            namespace,
+            annotation,
+            ports,
+        })
     }
 }
 
@@ -360,6 +517,8 @@ pub(super) struct PodsOf {
     by_pod: BTreeMap<flock_core::pod::PodKey, PodModel>,
     /// The policies the models were derived from.
     policies: Snapshot<Target, Arc<Sourced>>,
+    /// The pods' Services (kube mode's memberships) the models were derived from.
+    pod_services: Snapshot<flock_core::pod::PodKey, Arc<Vec<flock_core::authz::PortService>>>,
     /// The pods of `by_pod` by (namespace, service): the pods a policy change
     /// governs, found without visiting the others.
     by_service: BTreeMap<(String, String), BTreeSet<flock_core::pod::PodKey>>,
@@ -376,25 +535,35 @@ struct PodModel {
 impl PodsOf {
     fn insert(&mut self, key: flock_core::pod::PodKey, model: PodModel) {
         self.remove(&key);
-        self.by_service
-            .entry((model.rec.namespace.clone(), model.rec.service.clone()))
-            .or_default()
-            .insert(key.clone());
+        // Every pod is indexed under its namespace (the empty service when it serves
+        // none), so a namespace policy finds it.
+        let mut names = model.policies.service_names(&model.rec);
+        if names.is_empty() {
+            names.insert("");
+        }
+        for svc in names {
+            self.by_service
+                .entry((model.rec.namespace.clone(), svc.to_string()))
+                .or_default()
+                .insert(key.clone());
+        }
         self.by_pod.insert(key, model);
     }
 
     fn remove(&mut self, key: &flock_core::pod::PodKey) {
         if let Some(old) = self.by_pod.remove(key) {
-            self.unindex(key, &old.rec);
-        }
-    }
-
-    fn unindex(&mut self, key: &flock_core::pod::PodKey, rec: &PodRecord) {
-        let at = (rec.namespace.clone(), rec.service.clone());
-        if let Some(set) = self.by_service.get_mut(&at) {
-            set.remove(key);
-            if set.is_empty() {
-                self.by_service.remove(&at);
+            let mut names = old.policies.service_names(&old.rec);
+            if names.is_empty() {
+                names.insert("");
+            }
+            for svc in names {
+                let at = (old.rec.namespace.clone(), svc.to_string());
+                if let Some(set) = self.by_service.get_mut(&at) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        self.by_service.remove(&at);
+                    }
+                }
             }
         }
     }
@@ -496,9 +665,14 @@ impl Agent {
         cache: &mut PodsOf,
         identity: Option<&Arc<IdentityView>>,
     ) -> Arc<Vec<Arc<translate::Pod>>> {
-        let (missing, table, policies) = {
+        let (missing, table, policies, pod_services) = {
             let core = self.core();
-            (core.netns_missing().clone(), core.pods(), core.policies())
+            (
+                core.netns_missing().clone(),
+                core.pods(),
+                core.policies(),
+                core.pod_services(),
+            )
         };
         let now = PodInputs::new(table, identity.map(|v| &**v), cache.seen.as_ref());
         let visit: Vec<flock_core::pod::PodKey> = match &cache.seen {
@@ -519,9 +693,18 @@ impl Agent {
                         changed.extend(cache.governed_by(t));
                     }
                 }
+                // A pod whose Services changed (kube mode) may be under another
+                // Service's policy now.
+                super::podinputs::changed_keys(
+                    &cache.pod_services,
+                    &pod_services,
+                    |a, b| Arc::ptr_eq(a, b) || a == b,
+                    &mut changed,
+                );
                 if changed.is_empty() {
                     cache.seen = Some(now);
                     cache.policies = policies;
+                    cache.pod_services = pod_services;
                     return Arc::clone(&cache.pods);
                 }
                 changed.into_iter().collect()
@@ -552,7 +735,7 @@ impl Agent {
                 continue;
             }
             let spiffe_id = now.spiffe_id(&key);
-            let governing = PodPolicies::of(rec, &policies);
+            let governing = PodPolicies::of(rec, &policies, pod_services.get(&key));
             let fresh = cache.by_pod.get(&key).is_some_and(|m| {
                 Arc::ptr_eq(&m.rec, rec)
                     && m.spiffe_id.as_deref() == spiffe_id
@@ -583,6 +766,7 @@ impl Agent {
         cache.seen = Some(now);
         cache.missing = missing;
         cache.policies = policies;
+        cache.pod_services = pod_services;
         models
     }
 

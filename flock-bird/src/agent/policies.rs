@@ -8,6 +8,9 @@
 //! its `..data` symlink, not the files), a lost watch, and a timer every `resync`
 //! re-read the whole directory: what an event could have missed is caught there.
 //!
+//! In kube mode the policies are the `AuthorizationPolicy` objects of the reflectors
+//! instead ([`follow_kube`], mapped by [`flock_kube::policy`]), with the same checks.
+//!
 //! A file that cannot be read, does not parse or does not check is kept as a refusal
 //! for the target its name gives: every call to that namespace or service is denied
 //! until it is fixed (fail closed), and the status names it. A file whose name gives
@@ -200,4 +203,38 @@ fn arm_watch(dir: &Path) -> Option<crate::dirwatch::EventStream> {
         WatchMask::CLOSE_WRITE | WatchMask::MOVED_TO | WatchMask::MOVED_FROM | WatchMask::DELETE,
         "policy directory",
     )
+}
+
+/// Kube mode's source: puts the `AuthorizationPolicy` objects of `kube`'s reflectors
+/// into `agent` whenever they change ([`flock_kube::policy::policies_by_target`]: one
+/// policy or refusal per target; a target no object names any more is removed).
+/// Nothing is put before the reflectors' first list: an unsynced snapshot would read
+/// as "no policies", and removing every policy would open every service. Returns when
+/// the reflectors stop.
+pub async fn follow_kube(agent: Arc<Agent>, kube: Arc<crate::kube::KubePods>) {
+    let mut view = kube.watch().view();
+    let mut seen: Option<
+        imbl::OrdMap<(String, String), Arc<flock_kube::policy::AuthorizationPolicy>>,
+    > = None;
+    loop {
+        let snapshot = view.borrow_and_update().clone();
+        let unchanged = seen.as_ref().is_some_and(|s| s.ptr_eq(&snapshot.policies));
+        if snapshot.synced && !unchanged {
+            let by_target = flock_kube::policy::policies_by_target(
+                snapshot.policies.iter().map(|(k, v)| (k, &**v)),
+            );
+            for (target, _) in agent.policies() {
+                if !by_target.contains_key(&target) {
+                    agent.set_policy(&target, None);
+                }
+            }
+            for (target, policy) in by_target {
+                agent.set_policy(&target, Some(policy));
+            }
+            seen = Some(snapshot.policies.clone());
+        }
+        if view.changed().await.is_err() {
+            return;
+        }
+    }
 }

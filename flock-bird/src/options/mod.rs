@@ -427,8 +427,10 @@ pub struct Flags {
     /// file that does not parse or check denies every call to what its name says
     /// (fail closed) and is named in `/debug/status`. A pod's `flock.io/authz`
     /// annotation narrows its own policy, never widens it. None: no policy (every
-    /// authenticated caller may call every meshed port). See docs/authz.md.
-    #[arg(long, value_name = "DIR", help_heading = "Authorization")]
+    /// authenticated caller may call every meshed port). Not with kube mode: there the
+    /// policies are AuthorizationPolicy objects (flock.io/v1alpha1, the same documents
+    /// as the files). See docs/authz.md.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kube", "kubeconfig"], help_heading = "Authorization")]
     pub authz_dir: Option<PathBuf>,
 }
 

@@ -6,7 +6,9 @@
 //! as to a cluster; objects are stored as JSON in the k8s-openapi shapes.
 //!
 //! Behaviours implemented (and only these), for `pods`, `services` (core v1),
-//! `endpointslices` (discovery.k8s.io/v1), `namespaces` and `nodes`:
+//! `endpointslices` (discovery.k8s.io/v1), `namespaces`, `nodes` and flock's own
+//! `authorizationpolicies` (flock.io/v1alpha1, stored as given: the double does not
+//! apply the CRD's schema; [`ApiServer::set_policy_crd_installed`] removes it):
 //! * **Authentication**: every request must carry `Authorization: Bearer <token>` with
 //!   the server's random token, else `401 Unauthorized` (a Status object).
 //! * **GET one** (`…/{name}`), 404 NotFound Status when absent.
@@ -107,6 +109,8 @@ struct Shared {
     store: Mutex<Store>,
     token: String,
     down: AtomicBool,
+    /// The `flock.io` CRD is not installed: its paths answer 404.
+    no_policy_crd: AtomicBool,
     /// Bumped to close every open connection.
     kill: watch::Sender<u64>,
     /// True while watch streams hold their events back.
@@ -196,6 +200,7 @@ impl ApiServer {
             store: Mutex::new(Store::default()),
             token: random_token(),
             down: AtomicBool::new(false),
+            no_policy_crd: AtomicBool::new(false),
             kill: watch::Sender::new(0),
             paused: watch::Sender::new(false),
             end: watch::Sender::new(0),
@@ -285,6 +290,14 @@ impl ApiServer {
         {
             panic!("API double: apply refused: {e:?}");
         }
+    }
+
+    /// Serves flock's `AuthorizationPolicy` resource (as if its CRD were installed:
+    /// the default) or answers 404 for it, as a cluster without the CRD does.
+    pub fn set_policy_crd_installed(&self, installed: bool) {
+        self.shared
+            .no_policy_crd
+            .store(!installed, Ordering::Relaxed);
     }
 
     /// Deletes an object (DELETED sent to the watches); false when it was absent.
@@ -504,12 +517,12 @@ struct Target {
 
 fn route(path: &str) -> Option<Target> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, rest) = match segs.as_slice() {
-        ["api", "v1", rest @ ..] => ("", rest),
-        ["apis", group, "v1", rest @ ..] => (*group, rest),
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return None,
     };
-    let resolve = |plural: &str| Kind::from_group_plural(group, plural);
+    let resolve = |plural: &str| Kind::from_path(group, version, plural);
     let target = |kind: Kind, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>| {
         Some(Target {
             kind,
@@ -562,7 +575,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
                 "platform": "linux/amd64" }),
         ));
     }
-    let Some(target) = route(req.uri().path()) else {
+    let crd_missing = |t: &Target| {
+        t.kind == Kind::AuthorizationPolicies && shared.no_policy_crd.load(Ordering::Relaxed)
+    };
+    let Some(target) = route(req.uri().path()).filter(|t| !crd_missing(t)) else {
         return Ok(status(
             StatusCode::NOT_FOUND,
             "NotFound",

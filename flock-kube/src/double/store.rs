@@ -16,27 +16,41 @@ pub(crate) enum Kind {
     EndpointSlices,
     Namespaces,
     Nodes,
+    /// flock's own `AuthorizationPolicy` (`flock.io/v1alpha1`), as if its CRD were
+    /// installed.
+    AuthorizationPolicies,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 5] = [
+    pub(crate) const ALL: [Kind; 6] = [
         Kind::Pods,
         Kind::Services,
         Kind::EndpointSlices,
         Kind::Namespaces,
         Kind::Nodes,
+        Kind::AuthorizationPolicies,
     ];
 
     pub(crate) fn group(self) -> &'static str {
         match self {
             Kind::EndpointSlices => "discovery.k8s.io",
+            Kind::AuthorizationPolicies => "flock.io",
             _ => "",
+        }
+    }
+
+    /// The version the double serves the group at (one per group).
+    pub(crate) fn version(self) -> &'static str {
+        match self {
+            Kind::AuthorizationPolicies => "v1alpha1",
+            _ => "v1",
         }
     }
 
     pub(crate) fn api_version(self) -> &'static str {
         match self {
             Kind::EndpointSlices => "discovery.k8s.io/v1",
+            Kind::AuthorizationPolicies => "flock.io/v1alpha1",
             _ => "v1",
         }
     }
@@ -48,6 +62,7 @@ impl Kind {
             Kind::EndpointSlices => "EndpointSlice",
             Kind::Namespaces => "Namespace",
             Kind::Nodes => "Node",
+            Kind::AuthorizationPolicies => "AuthorizationPolicy",
         }
     }
 
@@ -58,17 +73,27 @@ impl Kind {
             Kind::EndpointSlices => "endpointslices",
             Kind::Namespaces => "namespaces",
             Kind::Nodes => "nodes",
+            Kind::AuthorizationPolicies => "authorizationpolicies",
         }
     }
 
     pub(crate) fn namespaced(self) -> bool {
-        matches!(self, Kind::Pods | Kind::Services | Kind::EndpointSlices)
+        matches!(
+            self,
+            Kind::Pods | Kind::Services | Kind::EndpointSlices | Kind::AuthorizationPolicies
+        )
     }
 
     pub(crate) fn from_group_plural(group: &str, plural: &str) -> Option<Kind> {
         Kind::ALL
             .into_iter()
             .find(|k| k.group() == group && k.plural() == plural)
+    }
+
+    /// The kind a request path's group, version and plural name (`None`: a path the
+    /// real server would answer 404 for).
+    pub(crate) fn from_path(group: &str, version: &str, plural: &str) -> Option<Kind> {
+        Kind::from_group_plural(group, plural).filter(|k| k.version() == version)
     }
 
     /// Field selectors the real API server accepts for this resource, among those the
