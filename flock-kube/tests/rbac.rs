@@ -757,3 +757,34 @@ fn the_policy_crd_serves_what_the_agent_watches_and_keeps_unknown_fields() {
         assert_eq!(props(&s, name), keys(value.unwrap()), "spec.rules[].{name}");
     }
 }
+
+/// The AuthorizationPolicy docs/authz.md shows is one the agent accepts, and it governs
+/// the service it says (a doc example that drifted from the parser would be refused:
+/// fail closed, and a reader's first policy would deny everything).
+#[test]
+fn the_documented_authorization_policy_is_accepted() {
+    use flock_core::authz::Target;
+    use flock_kube::policy::{AuthorizationPolicy, policies_by_target};
+
+    let doc = read_limited(&deploy_dir().join("../docs/authz.md"));
+    let start = doc
+        .find("```yaml\napiVersion: flock.io/v1alpha1")
+        .expect("docs/authz.md shows an AuthorizationPolicy");
+    let body = &doc[start + "```yaml\n".len()..];
+    let body = &body[..body.find("```").expect("the block ends")];
+    let object: AuthorizationPolicy = serde_saphyr::from_str(body).expect("the example is YAML");
+    let namespace = object.metadata.namespace.clone().expect("a namespace");
+    let name = object.metadata.name.clone().expect("a name");
+    let key = (namespace, name);
+    let by_target = policies_by_target([(&key, &object)]);
+    let target = Target {
+        namespace: "shop".into(),
+        service: Some("web".into()),
+    };
+    let sourced = by_target.get(&target).expect("it governs shop/web");
+    assert!(
+        sourced.written.is_ok(),
+        "the documented policy is refused: {:?}",
+        sourced.written.as_ref().err()
+    );
+}
