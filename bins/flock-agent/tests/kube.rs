@@ -17,6 +17,9 @@
 //! * a Service created after the pod's ADD registers the pod (the agent's registry view)
 //!   without a restart, and a meshed client reaches it through both Envoy listeners;
 //! * with the API unreachable, a CNI ADD fails with the agent's clear message;
+//! * an AuthorizationPolicy object for the Service is enforced by the callee's Envoy
+//!   (403, then 200 once it names the caller), a misspelt field fails closed and is
+//!   named in `/readyz`, and deleting it restores the default;
 //! * a pod whose namespace is not opted in is not meshed.
 //!
 //! Needs what `mtls.rs` needs (root, Envoy, libcni, sibling binaries).
@@ -231,6 +234,55 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
     });
     assert_eq!((status, body.as_str()), (200, BODY));
     assert_eq!(agent.proc.pid(), agent_pid);
+
+    // An AuthorizationPolicy object for Service web that does not name client: web-0's
+    // Envoy answers client 403 (RBAC on the inbound listener, the caller's identity
+    // from its verified certificate); one that allows shop/client GETs lets it in
+    // again. Both reach Envoy live, with no restart.
+    let web_policy = |rules: Value| -> flock_kube::policy::AuthorizationPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "flock.io/v1alpha1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"service": "web", "default": "deny", "rules": rules}
+        }))
+        .unwrap()
+    };
+    let get_web = || {
+        curl(
+            &ns_client,
+            &["-H", "Host: web.shop", "http://127.0.0.1:15001/"],
+        )
+        .0
+    };
+    api.apply(&web_policy(json!([{"action": "allow",
+        "from": {"serviceAccounts": ["shop/someone-else"]}}])));
+    wait_for("client denied by web's AuthorizationPolicy", WAIT, || {
+        get_web() == 403
+    });
+    let listed = agent.json("/debug/policies").to_string();
+    assert!(
+        listed.contains("AuthorizationPolicy shop/web"),
+        "/debug/policies names the object: {listed}"
+    );
+    api.apply(&web_policy(json!([{"action": "allow",
+        "from": {"serviceAccounts": ["shop/client"]}, "to": {"methods": ["GET"]}}])));
+    wait_for("client allowed once the policy names it", WAIT, || {
+        get_web() == 200
+    });
+    // A misspelt field fails closed and is named in /readyz; deleting the object
+    // restores the mesh's default.
+    api.apply(&web_policy(json!([{"action": "allow",
+        "frm": {"serviceAccounts": ["shop/client"]}}])));
+    wait_for("client denied by the refused policy", WAIT, || {
+        get_web() == 403
+    });
+    let (_, ready) = agent.get("/readyz");
+    assert!(
+        ready.contains("authorization policy refused: shop/web"),
+        "{ready}"
+    );
+    assert!(api.delete::<flock_kube::policy::AuthorizationPolicy>(Some("shop"), "web"));
+    wait_for("client allowed with no policy", WAIT, || get_web() == 200);
 
     // A pod whose namespace is not opted in: the ADD succeeds, nothing is meshed.
     api.apply(&pod(
