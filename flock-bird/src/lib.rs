@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod agent;
 pub mod cni_server;
+pub mod denials;
 mod dirwatch;
 pub mod identity;
 pub mod kube;

@@ -415,6 +415,11 @@ pub async fn run(
         .callbacks(hooks)
         .identifier(format!("flock-agent/{}", opts.agent.node_name))
         .authorizer(AgentAuthorizer::new(opts.xds_access.clone()))
+        // Envoy's authorization denials come back over the same socket (gRPC access
+        // log service), accepted from the node's Envoy only.
+        .access_log_sink(
+            Arc::clone(agent.denials()) as Arc<dyn flock_xds::server::accesslog::AccessLogSink>
+        )
         .connection_limits(ConnectionLimits {
             max_connections: opts.xds_limits.max_connections,
             max_unix_connections: opts.xds_limits.max_unix_connections,
@@ -717,6 +722,10 @@ pub enum EnvoyAdmin {
     LoopbackPort(u16),
 }
 
+/// The bootstrap's cluster of the agent's xDS socket (ADS, and the access log service
+/// that takes authorization denials).
+pub const XDS_CLUSTER: &str = "xds";
+
 /// The admin socket's mode: owner read and write only (Envoy's `pipe.mode`).
 pub const ENVOY_ADMIN_SOCKET_MODE: u32 = 0o600;
 
@@ -746,14 +755,14 @@ pub fn envoy_bootstrap(
                 "api_type": "DELTA_GRPC",
                 "transport_api_version": "V3",
                 "set_node_on_first_message_only": true,
-                "grpc_services": [{ "envoy_grpc": { "cluster_name": "xds" } }]
+                "grpc_services": [{ "envoy_grpc": { "cluster_name": XDS_CLUSTER } }]
             },
             "cds_config": { "ads": {}, "resource_api_version": "V3" },
             "lds_config": { "ads": {}, "resource_api_version": "V3" }
         },
         "static_resources": {
             "clusters": [{
-                "name": "xds",
+                "name": XDS_CLUSTER,
                 "type": "STATIC",
                 "connect_timeout": "1s",
                 "typed_extension_protocol_options": {
@@ -763,7 +772,7 @@ pub fn envoy_bootstrap(
                     }
                 },
                 "load_assignment": {
-                    "cluster_name": "xds",
+                    "cluster_name": XDS_CLUSTER,
                     "endpoints": [{
                         "lb_endpoints": [{
                             "endpoint": { "address": { "pipe": { "path": xds_socket.to_string_lossy() } } }

@@ -130,7 +130,10 @@ struct TlsRunning {
 }
 
 async fn serve_tls(pki: &TestCa) -> TlsRunning {
-    let server = Server::builder(cache()).authorizer(policy).build();
+    serve_tls_with(pki, Server::builder(cache()).authorizer(policy).build()).await
+}
+
+async fn serve_tls_with(pki: &TestCa, server: Server) -> TlsRunning {
     let leaf = pki.server();
     let tls = TlsSettings {
         cert_chain_pem: leaf.cert_pem,
@@ -785,4 +788,106 @@ fn emfile_helper_process() {
         .await
         .unwrap();
     });
+}
+
+/// An access log sink that keeps what it is given: (log name, HTTP path).
+#[derive(Default)]
+struct KeptLogs(std::sync::Mutex<Vec<(String, String)>>);
+
+impl flock_xds::server::accesslog::AccessLogSink for KeptLogs {
+    fn http(
+        &self,
+        log_name: &str,
+        entry: &envoy_types::pb::envoy::data::accesslog::v3::HttpAccessLogEntry,
+    ) {
+        let path = entry
+            .request
+            .as_ref()
+            .map(|r| r.path.clone())
+            .unwrap_or_default();
+        self.0.lock().unwrap().push((log_name.to_string(), path));
+    }
+    fn tcp(
+        &self,
+        log_name: &str,
+        _: &envoy_types::pb::envoy::data::accesslog::v3::TcpAccessLogEntry,
+    ) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((log_name.to_string(), String::new()));
+    }
+}
+
+/// Envoy's access log service (what the agent counts denials from) takes entries
+/// from the principal trusted with secrets (the node's Envoy) only: a proxyless
+/// client of the trust domain is refused, and one without a certificate is
+/// unauthenticated, before an entry reaches the sink. The node's Envoy's entries
+/// arrive with the log name its stream's first message gave (real tonic client over
+/// mTLS).
+#[tokio::test]
+async fn access_logs_are_taken_from_the_nodes_envoy_only() {
+    use envoy_types::pb::envoy::data::accesslog::v3::{HttpAccessLogEntry, HttpRequestProperties};
+    use envoy_types::pb::envoy::service::accesslog::v3::StreamAccessLogsMessage;
+    use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_client::AccessLogServiceClient;
+    use envoy_types::pb::envoy::service::accesslog::v3::stream_access_logs_message::{
+        HttpAccessLogEntries, Identifier, LogEntries,
+    };
+
+    let pki = TestCa::new(TRUST_DOMAIN);
+    let kept = Arc::new(KeptLogs::default());
+    let server = Server::builder(cache())
+        .authorizer(policy)
+        .access_log_sink(Arc::clone(&kept) as Arc<dyn flock_xds::server::accesslog::AccessLogSink>)
+        .build();
+    let running = serve_tls_with(&pki, server).await;
+    let message = |name: Option<&str>, path: &str| StreamAccessLogsMessage {
+        identifier: name.map(|n| Identifier {
+            node: Some(envoy_node()),
+            log_name: n.to_string(),
+        }),
+        log_entries: Some(LogEntries::HttpLogs(HttpAccessLogEntries {
+            log_entry: vec![HttpAccessLogEntry {
+                request: Some(HttpRequestProperties {
+                    path: path.to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        })),
+    };
+    let send = |channel: Channel, messages: Vec<StreamAccessLogsMessage>| async move {
+        AccessLogServiceClient::new(channel)
+            .stream_access_logs(tokio_stream::iter(messages))
+            .await
+    };
+
+    let grpc = pki.client(GRPC_ID);
+    let refused = send(
+        running.channel(Some(&grpc)).await,
+        vec![message(Some("l"), "/x")],
+    )
+    .await;
+    assert_eq!(refused.unwrap_err().code(), Code::PermissionDenied);
+    let anonymous = send(running.channel(None).await, vec![message(Some("l"), "/x")]).await;
+    assert_eq!(anonymous.unwrap_err().code(), Code::Unauthenticated);
+    assert!(
+        kept.0.lock().unwrap().is_empty(),
+        "a refused peer's entries reached the sink"
+    );
+
+    let envoy = pki.client(ENVOY_ID);
+    send(
+        running.channel(Some(&envoy)).await,
+        vec![message(Some("denials"), "/a"), message(None, "/b")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        *kept.0.lock().unwrap(),
+        [
+            ("denials".to_string(), "/a".to_string()),
+            ("denials".to_string(), "/b".to_string())
+        ]
+    );
 }

@@ -15,7 +15,9 @@
 //! * under the policy, `a` gets 200 on `/api/x` and 403 on `/admin`, `b` (same node)
 //!   and `c` (across nodes) get 403, `b`'s TCP connection to 9000 is reset without a
 //!   byte of the echo, web's annotation denies `a` `/api/secret`, and n1's Envoy's
-//!   RBAC `denied` counters rise;
+//!   RBAC `denied` counters rise, and so does n1's agent's
+//!   `flock_authz_denied_total{policy="default/web"}` (HTTP and TCP, from Envoy's
+//!   access log stream), with one log line for `b` however often it was denied;
 //! * `flockctl policy check` answers allow with the rule, and deny with the default;
 //! * edits under a constant load from `a` (allowing `b`, then not, five times) fail
 //!   none of `a`'s requests, and each reaches Envoy (the time from the file's rename
@@ -245,6 +247,45 @@ fn policy_by_identity_live_edits_and_fail_closed() {
         "n1's Envoy counts the denials: {denied_before} → {denied}"
     );
     println!("n1's Envoy rbac denied: {denied_before} → {denied}");
+
+    // Envoy streams the denials to n1's agent (gRPC access log service on its xDS
+    // socket): counted under the policy that governs web, over HTTP and TCP, and b,
+    // denied many times on both, logged once.
+    let agent_count = |protocol: &str| -> u64 {
+        let (_, metrics) = http_get(&c.nodes[0].agent_admin(), "/metrics").unwrap();
+        let series =
+            format!("flock_authz_denied_total{{policy=\"default/web\",protocol=\"{protocol}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    until("n1's agent counts web's HTTP and TCP denials", || {
+        agent_count("http") >= 3 && agent_count("tcp") >= 1
+    });
+    let b_id = format!("spiffe://{TRUST_DOMAIN}/ns/default/sa/b");
+    let agent_log = c.nodes[0].agent.as_ref().unwrap().log_text();
+    let b_lines: Vec<&str> = agent_log
+        .lines()
+        .filter(|l| l.contains("authorization policy denied a caller") && l.contains(&b_id))
+        .collect();
+    assert_eq!(
+        b_lines.len(),
+        1,
+        "b's denials are logged once: {b_lines:#?}"
+    );
+    assert!(
+        b_lines[0].contains("default/web") && b_lines[0].contains("8080"),
+        "the line names the policy and the port: {}",
+        b_lines[0]
+    );
+    println!("n1's agent logged b once: {}", b_lines[0]);
+    println!(
+        "n1's agent: {} HTTP and {} TCP denials under default/web",
+        agent_count("http"),
+        agent_count("tcp")
+    );
 
     // flockctl answers from the agent's policies.
     let flockctl = |args: &[&str]| {

@@ -316,6 +316,7 @@ impl AgentViews {
             sample_agent(&read, s)
         })));
         xds.metrics().register(&mut registry);
+        agent.denials().register(&mut registry);
         if let Some(r) = agent.registry().rejections() {
             registry.register_collector(Box::new(crate::registry::RejectionsCollector(r)));
         }

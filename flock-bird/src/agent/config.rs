@@ -39,6 +39,12 @@ pub struct AgentConfig {
     /// Only the benchmarks' baselines set it (`FLOCK_PUBLISH_FROM_SCRATCH=1` for the
     /// binary).
     pub publish_from_scratch: bool,
+    /// The Envoy bootstrap's cluster of the agent's own xDS socket, where each inbound
+    /// port under an authorization policy streams its denials (gRPC access log
+    /// service) for `flock_authz_denied_total` and the once-per-caller log line.
+    /// `None`: Envoy's own `rbac.denied` stats only. flock-agent sets it to its
+    /// bootstrap's `xds`.
+    pub denial_log_cluster: Option<String>,
 }
 
 impl AgentConfig {
@@ -57,6 +63,7 @@ impl AgentConfig {
             registry_op_timeout: Duration::from_secs(5),
             register_wait: Duration::from_secs(1),
             publish_from_scratch: false,
+            denial_log_cluster: None,
         }
     }
 }

@@ -261,6 +261,9 @@ pub struct PodPolicies {
 struct PortPolicy {
     service_ports: BTreeSet<u16>,
     policy: ServicePolicy,
+    /// The Services' policy target the port's denials are counted under
+    /// (`namespace/service`, `namespace/{a, b}` for a conflict); empty: none.
+    service_target: String,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -279,21 +282,30 @@ enum ServicePolicy {
 struct PolicyInputs {
     namespace: Option<translate::PolicyInput>,
     annotation: Option<translate::PolicyInput>,
-    ports: BTreeMap<u16, (BTreeSet<u16>, Option<translate::PolicyInput>)>,
+    ports: BTreeMap<u16, (BTreeSet<u16>, Option<translate::PolicyInput>, String)>,
+    /// What a port without a Service policy counts its denials under: the namespace's
+    /// policy, or the pod's annotation when only that governs.
+    fallback_target: String,
 }
 
 impl PolicyInputs {
     fn of_port(&self, app_port: u16) -> translate::InboundAuthz {
-        let (service_ports, service_policy) = self
+        let (service_ports, service_policy, target) = self
             .ports
             .get(&app_port)
             .cloned()
-            .unwrap_or_else(|| (BTreeSet::from([app_port]), None));
+            .unwrap_or_else(|| (BTreeSet::from([app_port]), None, String::new()));
+        let governed_by = if service_policy.is_some() {
+            target
+        } else {
+            self.fallback_target.clone()
+        };
         translate::InboundAuthz {
             service_ports,
             namespace_policy: self.namespace.clone(),
             service_policy,
             annotation: self.annotation.clone(),
+            governed_by,
         }
     }
 }
@@ -341,6 +353,15 @@ impl PodPolicies {
                         (None, None) => true,
                         _ => false,
                     });
+                    let service_target = if agree {
+                        target(named[0].0).to_string()
+                    } else {
+                        format!(
+                            "{}/{{{}}}",
+                            rec.namespace,
+                            named.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", ")
+                        )
+                    };
                     let policy = match (agree, first) {
                         (true, None) => ServicePolicy::None,
                         (true, Some(p)) => ServicePolicy::One(Arc::clone(p)),
@@ -364,6 +385,7 @@ impl PodPolicies {
                         PortPolicy {
                             service_ports,
                             policy,
+                            service_target,
                         },
                     );
                 }
@@ -379,6 +401,7 @@ impl PodPolicies {
                         PortPolicy {
                             service_ports: BTreeSet::from([p.app_port]),
                             policy: policy.clone(),
+                            service_target: target(&rec.service).to_string(),
                         },
                     );
                 }
@@ -444,7 +467,7 @@ impl PodPolicies {
                 )),
             }
         });
-        let ports: BTreeMap<u16, (BTreeSet<u16>, Option<translate::PolicyInput>)> = self
+        let ports: BTreeMap<u16, (BTreeSet<u16>, Option<translate::PolicyInput>, String)> = self
             .ports
             .iter()
             .map(|(app_port, p)| {
@@ -455,17 +478,26 @@ impl PodPolicies {
                         Some(translate::PolicyInput::Refused(why.clone()))
                     }
                 };
-                (*app_port, (p.service_ports.clone(), input))
+                (
+                    *app_port,
+                    (p.service_ports.clone(), input, p.service_target.clone()),
+                )
             })
             .collect();
         let namespace = self.namespace.as_ref().map(sourced_input);
         let governed = namespace.is_some()
             || annotation.is_some()
-            || ports.values().any(|(_, input)| input.is_some());
+            || ports.values().any(|(_, input, _)| input.is_some());
+        let fallback_target = if namespace.is_some() {
+            rec.namespace.clone()
+        } else {
+            format!("{} (annotation)", rec.pod_ref())
+        };
         governed.then_some(PolicyInputs {
             namespace,
             annotation,
             ports,
+            fallback_target,
         })
     }
 }

@@ -145,6 +145,9 @@ pub struct Agent {
     /// apply): without it two ADDs could read the pods in one order and apply in the
     /// other, and the table would keep the older pod set.
     node_table: tokio::sync::Mutex<()>,
+    /// Authorization denials Envoy streams back: counted per policy, logged once
+    /// per caller (`crate::denials`).
+    denials: Arc<crate::denials::Denials>,
     /// The metrics.
     pub metrics: AgentMetrics,
 }
@@ -172,6 +175,7 @@ impl Agent {
             sync: Arc::new(regsync::RegSync::new()),
             registry_synced_once: AtomicBool::new(false),
             xds_answers: Arc::default(),
+            denials: Arc::default(),
             node_table: tokio::sync::Mutex::new(()),
             metrics: AgentMetrics::default(),
         }
@@ -194,6 +198,11 @@ impl Agent {
     /// How the xDS clients answer: give it to the xDS server as a callbacks hook.
     pub fn xds_answers(&self) -> &Arc<crate::xds_answers::XdsAnswers> {
         &self.xds_answers
+    }
+
+    /// The authorization denials Envoy reports (the xDS server's access log sink).
+    pub fn denials(&self) -> &Arc<crate::denials::Denials> {
+        &self.denials
     }
 
     /// Kube mode's pod source, when on.

@@ -60,6 +60,7 @@ impl Agent {
             // own netns, so the callee's app sees the caller's pod address.
             capture_mark: (config.capture.setting != flock_core::capture::policy::Setting::Off)
                 .then_some(config.capture.mark),
+            denial_log_cluster: config.denial_log_cluster.clone(),
             ..EnvoyOptions::default()
         };
         let mut version = 0;

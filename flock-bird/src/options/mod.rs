@@ -542,6 +542,7 @@ impl Options {
         agent.liveness.interval_ms = flags.probe_interval_ms.max(MIN_PROBE_INTERVAL_MS);
         agent.gc_interval = Duration::from_secs(flags.gc_interval.max(1));
         agent.publish_from_scratch = env.publish_from_scratch;
+        agent.denial_log_cluster = Some(runtime::XDS_CLUSTER.to_string());
         let mut keep_capabilities = flags.keep_capabilities.clone();
         if capture.setting != Setting::Off {
             keep_capabilities.push(Capability::CAP_NET_ADMIN);

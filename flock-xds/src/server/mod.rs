@@ -22,6 +22,7 @@
 //! [`Server::serve_tcp`], [`Server::serve_tls`]) and their bounds are described in
 //! `listen.rs`'s docs, summarised at [`ConnectionLimits`] and [`bind_unix_with_mode`].
 
+pub mod accesslog;
 pub mod auth;
 mod budget;
 mod coalesce;
@@ -87,6 +88,8 @@ pub(crate) struct Inner {
     authorizer: Arc<dyn Authorizer>,
     connection_limits: ConnectionLimits,
     identifier: String,
+    /// Where Envoy's access log entries go ([`accesslog`]); `None`: not served.
+    access_log_sink: Option<Arc<dyn accesslog::AccessLogSink>>,
     next_stream: AtomicU64,
     /// Streams holding a slot of `limits.max_open_streams` (see `stream.rs`).
     open_streams: std::sync::atomic::AtomicUsize,
@@ -135,9 +138,17 @@ pub struct ServerBuilder {
     authorizer: Arc<dyn Authorizer>,
     connection_limits: ConnectionLimits,
     identifier: String,
+    access_log_sink: Option<Arc<dyn accesslog::AccessLogSink>>,
 }
 
 impl ServerBuilder {
+    /// Serves Envoy's gRPC access log service into `sink`, to peers the authorizer
+    /// trusts with secrets (default: not served; see [`accesslog`]).
+    pub fn access_log_sink(mut self, sink: Arc<dyn accesslog::AccessLogSink>) -> Self {
+        self.access_log_sink = Some(sink);
+        self
+    }
+
     /// Stream event hooks (default: none).
     pub fn callbacks(mut self, callbacks: impl Callbacks + 'static) -> Self {
         self.callbacks = Arc::new(callbacks);
@@ -195,6 +206,7 @@ impl ServerBuilder {
                 authorizer: self.authorizer,
                 connection_limits: self.connection_limits,
                 identifier: self.identifier,
+                access_log_sink: self.access_log_sink,
                 next_stream: AtomicU64::new(0),
                 open_streams: Default::default(),
                 budgets: budget::Budgets::new(self.limits.subscription_budget),
@@ -221,6 +233,7 @@ impl Server {
             authorizer: Arc::new(AllowAll),
             connection_limits: ConnectionLimits::default(),
             identifier: "flock-xds".to_string(),
+            access_log_sink: None,
         }
     }
 
@@ -379,7 +392,14 @@ impl Server {
     /// ADS and every per-type service on `builder`.
     fn routes(&self, mut builder: tonic::transport::Server) -> tonic::transport::server::Router {
         let max = self.inner.limits.max_request_bytes;
+        let access_log = self.inner.access_log_sink.is_some().then(|| {
+            envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogServiceServer::new(
+                self.clone(),
+            )
+            .max_decoding_message_size(max)
+        });
         builder
+            .add_optional_service(access_log)
             .add_service(
                 AggregatedDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(max),
             )

@@ -21,15 +21,33 @@
 //! checked there) and a deny rule keeps only its callers (it denies the connection
 //! outright): both fail closed, as `flock_core::authz` decides.
 
+use envoy_types::pb::envoy::config::accesslog::v3::{
+    AccessLog, AccessLogFilter, MetadataFilter, OrFilter, access_log, access_log_filter,
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    ApiVersion, DataSource, GrpcService, SubstitutionFormatString, data_source, grpc_service,
+    substitution_format_string,
+};
 use envoy_types::pb::envoy::config::rbac::v3::{
     Permission, Policy as RbacPolicy, Principal, Rbac, permission, principal, rbac,
 };
 use envoy_types::pb::envoy::config::route::v3::{HeaderMatcher, header_matcher};
+use envoy_types::pb::envoy::extensions::access_loggers::grpc::v3::{
+    CommonGrpcAccessLogConfig, HttpGrpcAccessLogConfig, TcpGrpcAccessLogConfig,
+};
+use envoy_types::pb::envoy::extensions::filters::common::set_filter_state::v3::{
+    FilterStateValue, filter_state_value,
+};
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
 use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
+use envoy_types::pb::envoy::extensions::filters::network::set_filter_state::v3::Config as SetFilterStateConfig;
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    MetadataMatcher, ValueMatcher, metadata_matcher, value_matcher,
+};
 use envoy_types::pb::envoy::r#type::matcher::v3::{
     PathMatcher, RegexMatcher, StringMatcher, path_matcher, string_matcher::MatchPattern,
 };
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use flock_core::authz::{Action, DefaultAction, Effective, PathMatch, Principal as Who, Rule};
 use std::collections::{BTreeSet, HashMap};
 
@@ -37,6 +55,20 @@ use std::collections::{BTreeSet, HashMap};
 pub const HTTP_RBAC: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
 /// `envoy.extensions.filters.network.rbac.v3.RBAC`.
 pub const NETWORK_RBAC: &str = "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC";
+
+/// `envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig`.
+pub const HTTP_GRPC_ACCESS_LOG: &str =
+    "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig";
+/// `envoy.extensions.access_loggers.grpc.v3.TcpGrpcAccessLogConfig`.
+pub const TCP_GRPC_ACCESS_LOG: &str =
+    "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.TcpGrpcAccessLogConfig";
+/// The gRPC access log every inbound port's denials go to. One name (one logger
+/// configuration) for all ports: Envoy keeps one stream per logger configuration and
+/// worker thread, so a name per port would open a stream per port.
+pub const DENIAL_LOG_NAME: &str = "flock.authz.denied";
+/// The connection's filter state key that names the port a denial happened on
+/// ([`denial_port_tag`]), set by the listener's first filter and sent with each entry.
+pub const DENIAL_PORT_KEY: &str = "flock.authz.port";
 
 /// One RBAC filter's rules, and whether it denies what they match or allows only it.
 #[derive(Clone, Debug, PartialEq)]
@@ -127,6 +159,153 @@ pub fn network_filter(layer: &RbacLayer, stat_prefix: &str) -> NetworkRbac {
         rules: Some(layer.rules.clone()),
         stat_prefix: format!("{stat_prefix}{}.", layer.name),
         ..Default::default()
+    }
+}
+
+/// What names one inbound port in its denials' entries (the [`DENIAL_PORT_KEY`]
+/// filter state): `<policy>|<namespace>/<pod>|<app port>`, what the agent counts them
+/// by ([`parse_denial_port_tag`]). `policy` names the policy that governs the port
+/// (`namespace` or `namespace/service`).
+pub fn denial_port_tag(policy: &str, namespace: &str, pod: &str, app_port: u16) -> String {
+    format!("{policy}|{namespace}/{pod}|{app_port}")
+}
+
+/// A port tag's (policy, pod, app port), or `None` for anything else.
+pub fn parse_denial_port_tag(tag: &str) -> Option<(&str, &str, u16)> {
+    let mut fields = tag.split('|');
+    let (policy, pod, port) = (fields.next()?, fields.next()?, fields.next()?);
+    if fields.next().is_some() || policy.is_empty() || !pod.contains('/') {
+        return None;
+    }
+    Some((policy, pod, port.parse().ok()?))
+}
+
+/// The `set_filter_state` config that tags a policed port's connections with `tag`
+/// ([`denial_port_tag`]) under [`DENIAL_PORT_KEY`], for its denial log entries. A `%`
+/// is doubled: the value is a format string, where `%%` is a literal `%`.
+pub fn port_tag_filter(tag: &str) -> SetFilterStateConfig {
+    SetFilterStateConfig {
+        on_new_connection: vec![FilterStateValue {
+            key: Some(filter_state_value::Key::ObjectKey(
+                DENIAL_PORT_KEY.to_string(),
+            )),
+            factory_key: "envoy.string".to_string(),
+            value: Some(filter_state_value::Value::FormatString(
+                SubstitutionFormatString {
+                    format: Some(substitution_format_string::Format::TextFormatSource(
+                        DataSource {
+                            specifier: Some(data_source::Specifier::InlineString(
+                                tag.replace('%', "%%"),
+                            )),
+                            ..Default::default()
+                        },
+                    )),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn grpc_log_config(cluster: &str) -> CommonGrpcAccessLogConfig {
+    CommonGrpcAccessLogConfig {
+        log_name: DENIAL_LOG_NAME.to_string(),
+        filter_state_objects_to_log: vec![DENIAL_PORT_KEY.to_string()],
+        grpc_service: Some(GrpcService {
+            target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                grpc_service::EnvoyGrpc {
+                    cluster_name: cluster.to_string(),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }),
+        transport_api_version: ApiVersion::V3 as i32,
+        // Denials are rare and an operator waits for them: flushed within 0.5 s.
+        buffer_flush_interval: Some(PbDuration {
+            seconds: 0,
+            nanos: 500_000_000,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The HCM access log that streams an HTTP port's RBAC denials (and nothing else) to
+/// `cluster` over the gRPC access log service. The HTTP RBAC filter records its
+/// decision in the request's dynamic metadata (`envoy.filters.http.rbac`, key
+/// `<rules_stat_prefix>enforced_engine_result`); a request is logged when any of the
+/// port's layers says `denied`. `None` without layers.
+pub fn http_denial_log(
+    layers: &[RbacLayer],
+    stat_prefix: &str,
+    cluster: &str,
+) -> Option<AccessLog> {
+    let denied_by = |layer: &RbacLayer| AccessLogFilter {
+        filter_specifier: Some(access_log_filter::FilterSpecifier::MetadataFilter(
+            MetadataFilter {
+                matcher: Some(MetadataMatcher {
+                    filter: "envoy.filters.http.rbac".to_string(),
+                    path: vec![metadata_matcher::PathSegment {
+                        segment: Some(metadata_matcher::path_segment::Segment::Key(format!(
+                            "{}enforced_engine_result",
+                            http_filter(layer, stat_prefix).rules_stat_prefix
+                        ))),
+                    }],
+                    value: Some(ValueMatcher {
+                        match_pattern: Some(value_matcher::MatchPattern::StringMatch(exact(
+                            "denied",
+                        ))),
+                    }),
+                    invert: false,
+                }),
+                // A request no layer decided (none ran) is not a denial.
+                match_if_key_not_found: Some(envoy_types::pb::google::protobuf::BoolValue {
+                    value: false,
+                }),
+            },
+        )),
+    };
+    let mut filters: Vec<AccessLogFilter> = layers.iter().map(denied_by).collect();
+    let filter = match filters.len() {
+        0 => return None,
+        1 => filters.pop(),
+        _ => Some(AccessLogFilter {
+            filter_specifier: Some(access_log_filter::FilterSpecifier::OrFilter(OrFilter {
+                filters,
+            })),
+        }),
+    };
+    Some(AccessLog {
+        name: "envoy.access_loggers.http_grpc".to_string(),
+        filter,
+        config_type: Some(access_log::ConfigType::TypedConfig(super::envoy::any(
+            HTTP_GRPC_ACCESS_LOG,
+            &HttpGrpcAccessLogConfig {
+                common_config: Some(grpc_log_config(cluster)),
+                ..Default::default()
+            },
+        ))),
+    })
+}
+
+/// The listener access log that streams a TCP port's connections to `cluster` over
+/// the gRPC access log service, for the agent to pick out the ones RBAC closed. The
+/// network RBAC filter records an enforced denial only in the connection's
+/// termination details (`rbac_access_denied_matched_policy[...]`), which no access
+/// log filter can match: every connection of a TCP port under a policy is sent, one
+/// small entry at its close, batched.
+pub fn tcp_denial_log(cluster: &str) -> AccessLog {
+    AccessLog {
+        name: "envoy.access_loggers.tcp_grpc".to_string(),
+        filter: None,
+        config_type: Some(access_log::ConfigType::TypedConfig(super::envoy::any(
+            TCP_GRPC_ACCESS_LOG,
+            &TcpGrpcAccessLogConfig {
+                common_config: Some(grpc_log_config(cluster)),
+            },
+        ))),
     }
 }
 
@@ -387,5 +566,95 @@ mod tests {
             a.principal_name,
             Some(regex(r"^spiffe://[^/]+/ns/shop/sa/a\.b$"))
         );
+    }
+
+    #[test]
+    fn denial_port_tags_round_trip_and_refuse_others() {
+        let tag = denial_port_tag("shop/web", "shop", "web-0", 8080);
+        assert_eq!(tag, "shop/web|shop/web-0|8080");
+        assert_eq!(
+            parse_denial_port_tag(&tag),
+            Some(("shop/web", "shop/web-0", 8080))
+        );
+        for bad in [
+            "",
+            "access_log",
+            "shop/web|shop/web-0",
+            "shop/web|shop/web-0|80|x",
+            "|shop/web-0|80",
+            "shop|web-0|80",
+            "shop|shop/web-0|99999",
+        ] {
+            assert_eq!(parse_denial_port_tag(bad), None, "{bad:?}");
+        }
+    }
+
+    /// The HTTP denial log matches each layer's own decision key (the filter's
+    /// `rules_stat_prefix` + `enforced_engine_result`), any of them `denied`, and
+    /// streams to the named cluster; one layer needs no `or`.
+    #[test]
+    fn the_http_denial_log_matches_every_layers_decision() {
+        let e = eff(r#"{"namespace": "shop", "default": "deny", "rules": [
+                {"action": "deny", "from": {"namespaces": ["evil"]}},
+                {"action": "allow", "from": {"namespaces": ["shop"]}}]}"#);
+        let ls = layers(&e, &BTreeSet::from([80]), true);
+        assert_eq!(ls.len(), 2);
+        let log = http_denial_log(&ls, "authz_p_", "xds").unwrap();
+        let Some(access_log_filter::FilterSpecifier::OrFilter(or)) =
+            log.filter.unwrap().filter_specifier
+        else {
+            panic!("an or of the layers")
+        };
+        let keys: Vec<String> = or
+            .filters
+            .iter()
+            .map(|f| match &f.filter_specifier {
+                Some(access_log_filter::FilterSpecifier::MetadataFilter(m)) => {
+                    let m = m.matcher.as_ref().unwrap();
+                    assert_eq!(m.filter, "envoy.filters.http.rbac");
+                    match &m.path[0].segment {
+                        Some(metadata_matcher::path_segment::Segment::Key(k)) => k.clone(),
+                        None => panic!("no key"),
+                    }
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "authz_p_deny0.enforced_engine_result",
+                "authz_p_allow0.enforced_engine_result"
+            ]
+        );
+        let Some(access_log::ConfigType::TypedConfig(any)) = log.config_type else {
+            panic!("typed config")
+        };
+        assert_eq!(any.type_url, HTTP_GRPC_ACCESS_LOG);
+        let config = <HttpGrpcAccessLogConfig as prost::Message>::decode(any.value.as_slice())
+            .unwrap()
+            .common_config
+            .unwrap();
+        assert_eq!(config.log_name, DENIAL_LOG_NAME);
+        assert_eq!(config.filter_state_objects_to_log, [DENIAL_PORT_KEY]);
+        assert_eq!(config.transport_api_version, ApiVersion::V3 as i32);
+        let Some(grpc_service::TargetSpecifier::EnvoyGrpc(g)) =
+            config.grpc_service.unwrap().target_specifier
+        else {
+            panic!("envoy_grpc")
+        };
+        assert_eq!(g.cluster_name, "xds");
+
+        let one = layers(
+            &eff(r#"{"namespace": "shop", "default": "deny"}"#),
+            &BTreeSet::new(),
+            true,
+        );
+        let log = http_denial_log(&one, "authz_p_", "xds").unwrap();
+        assert!(matches!(
+            log.filter.unwrap().filter_specifier,
+            Some(access_log_filter::FilterSpecifier::MetadataFilter(_))
+        ));
+        assert!(http_denial_log(&[], "authz_p_", "xds").is_none());
     }
 }

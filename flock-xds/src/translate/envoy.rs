@@ -100,6 +100,13 @@ pub struct EnvoyOptions {
     /// (the default): every mTLS connection is made from the node's netns, unmarked
     /// (Envoy needs no `CAP_NET_ADMIN` then).
     pub capture_mark: Option<u32>,
+    /// The bootstrap's cluster of the agent's gRPC access log service (flock's
+    /// bootstrap: `xds`, the agent's xDS socket). With one, each inbound port under an
+    /// authorization policy streams its denials there, for the agent's per-policy
+    /// denial counter and its one log line per caller. `None` (the default): Envoy's
+    /// `rbac.denied` stats only. Envoy refuses a listener naming a cluster its
+    /// bootstrap lacks, so set it only for a bootstrap that has it.
+    pub denial_log_cluster: Option<String>,
 }
 
 impl Default for EnvoyOptions {
@@ -110,6 +117,7 @@ impl Default for EnvoyOptions {
             local_locality: None,
             retry_per_try_timeout_ms: 5000,
             capture_mark: None,
+            denial_log_cluster: None,
         }
     }
 }
@@ -300,8 +308,35 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
             stat_safe(&pod.name),
             ib.app_port
         );
-        let filters = if ib.protocol.is_http() {
+        // The port's denials to the agent's access log service (with a policy only),
+        // each entry tagged with the port by the chain's first filter.
+        let denial_log = opts
+            .denial_log_cluster
+            .as_deref()
+            .filter(|_| !authz.is_empty());
+        let port_tag = denial_log.map(|_| {
+            let policy = ib.authz.as_ref().map_or("", |a| a.governed_by.as_str());
+            network_filter(
+                "envoy.filters.network.set_filter_state",
+                type_urls::SET_FILTER_STATE,
+                super::authz::port_tag_filter(&super::authz::denial_port_tag(
+                    policy,
+                    &pod.namespace,
+                    &pod.name,
+                    ib.app_port,
+                ))
+                .encode_to_vec(),
+            )
+        });
+        let mut listener_access_log = Vec::new();
+        let filters: Vec<Filter> = if ib.protocol.is_http() {
             let hcm = HttpConnectionManager {
+                access_log: denial_log
+                    .and_then(|cluster| {
+                        super::authz::http_denial_log(&authz, &authz_prefix, cluster)
+                    })
+                    .into_iter()
+                    .collect(),
                 stat_prefix,
                 route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
                     RouteConfiguration {
@@ -335,26 +370,30 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                 ),
                 ..Default::default()
             };
-            vec![network_filter(
-                "envoy.filters.network.http_connection_manager",
-                type_urls::HCM,
-                hcm.encode_to_vec(),
-            )]
+            port_tag
+                .into_iter()
+                .chain([network_filter(
+                    "envoy.filters.network.http_connection_manager",
+                    type_urls::HCM,
+                    hcm.encode_to_vec(),
+                )])
+                .collect()
         } else {
+            listener_access_log.extend(denial_log.map(super::authz::tcp_denial_log));
             let tcp = TcpProxy {
                 stat_prefix,
                 cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster_name.clone())),
                 ..Default::default()
             };
-            authz
-                .iter()
-                .map(|layer| {
+            port_tag
+                .into_iter()
+                .chain(authz.iter().map(|layer| {
                     network_filter(
                         "envoy.filters.network.rbac",
                         super::authz::NETWORK_RBAC,
                         super::authz::network_filter(layer, &authz_prefix).encode_to_vec(),
                     )
-                })
+                }))
                 .chain([network_filter(
                     "envoy.filters.network.tcp_proxy",
                     type_urls::TCP_PROXY,
@@ -429,6 +468,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
             filter_chains,
             listener_filters,
             traffic_direction: TrafficDirection::Inbound as i32,
+            access_log: listener_access_log,
             ..Default::default()
         };
         out.push(resource(LISTENER, listener_name, any(LISTENER, &listener)));

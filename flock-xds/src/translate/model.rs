@@ -303,6 +303,10 @@ pub struct InboundAuthz {
     /// The pod's annotation ([`flock_core::authz::ANNOTATION`]): narrows, never widens.
     #[serde(default)]
     pub annotation: Option<PolicyInput>,
+    /// The policy that governs the port, as its denials are counted (`namespace` or
+    /// `namespace/service`); empty: not counted.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub governed_by: String,
 }
 
 /// A policy as the agent received it: its spec, or why it was refused (which refuses
