@@ -66,6 +66,8 @@ async fn per_change(policies: usize, from_scratch: bool) -> (f64, f64) {
     let cache = Arc::new(flock_xds::cache::Cache::new(group_of));
     let mut cfg = AgentConfig::new("bench");
     cfg.publish_from_scratch = from_scratch;
+    // As flock-agent runs it: each policed port also streams its denials to the agent.
+    cfg.denial_log_cluster = Some(flock_bird::runtime::XDS_CLUSTER.to_string());
     let agent = Arc::new(Agent::new(cfg, store, Arc::clone(&reg), cache));
     agent.load().await.unwrap();
     for i in 0..LOCAL_PODS {
