@@ -24,6 +24,12 @@ pub const MAX_STDIN_BYTES: usize = 1 << 20;
 pub const DEFAULT_AGENT_SOCKET: &str = "/run/flock/cni.sock";
 /// Default `timeout_ms`: the longest the plugin waits for the agent.
 pub const DEFAULT_TIMEOUT_MS: u64 = 5_000;
+/// The namespaces whose pods the plugin passes through without the agent when the
+/// config names none (`exclude_namespaces` absent): the cluster's own components and
+/// flock's, which must start while the agent is down (the agent may need them).
+pub const DEFAULT_EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "flock-system"];
+/// Entries `exclude_namespaces` may hold.
+pub const MAX_EXCLUDED_NAMESPACES: usize = 64;
 /// The largest `timeout_ms` accepted (runtimes time out plugins after a few minutes).
 pub const MAX_TIMEOUT_MS: u64 = 120_000;
 
@@ -382,6 +388,10 @@ pub struct NetConf {
     /// GC's valid attachments: the union of `cni.dev/valid-attachments` and
     /// `cni.dev/attachments`; `None` when neither key is present.
     pub valid_attachments: Option<Vec<Attachment>>,
+    /// `exclude_namespaces`: pods of these namespaces are passed through (ADD returns
+    /// `prevResult`, DEL and CHECK succeed) without calling the agent, so they start
+    /// while it is down. Absent: [`DEFAULT_EXCLUDED_NAMESPACES`]; `[]`: none.
+    pub exclude_namespaces: Vec<String>,
 }
 
 impl NetConf {
@@ -569,6 +579,36 @@ pub fn parse_netconf(stdin: &[u8]) -> Result<NetConf, CniError> {
         list.sort();
         list.dedup();
     }
+    let exclude_namespaces = match obj.get("exclude_namespaces") {
+        None | Some(Value::Null) => DEFAULT_EXCLUDED_NAMESPACES.map(str::to_owned).to_vec(),
+        Some(Value::Array(items)) if items.len() <= MAX_EXCLUDED_NAMESPACES => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                // A namespace name is a DNS label: anything else can never match a pod
+                // and is a typo worth refusing.
+                Value::String(ns) => flock_core::pod::check_label(ns)
+                    .map(|()| ns.clone())
+                    .map_err(|why| invalid(format!("\"exclude_namespaces\"[{i}]: {why}"))),
+                other => Err(invalid(format!(
+                    "\"exclude_namespaces\"[{i}] is {}, not a namespace name",
+                    kind_name(other)
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::Array(items)) => {
+            return Err(invalid(format!(
+                "\"exclude_namespaces\" has {} entries (at most {MAX_EXCLUDED_NAMESPACES})",
+                items.len()
+            )));
+        }
+        Some(other) => {
+            return Err(invalid(format!(
+                "\"exclude_namespaces\" is {}, not an array of namespace names",
+                kind_name(other)
+            )));
+        }
+    };
     Ok(NetConf {
         cni_version,
         version,
@@ -579,6 +619,7 @@ pub fn parse_netconf(stdin: &[u8]) -> Result<NetConf, CniError> {
         prev_result,
         runtime_config,
         valid_attachments,
+        exclude_namespaces,
     })
 }
 

@@ -117,6 +117,13 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
         namespace: env.pod.namespace.clone(),
         uid: env.pod.uid.clone(),
     };
+    // Excluded namespaces (kube-system, flock's own) never reach the agent: their pods
+    // start, and are removed, whether the agent is up or not.
+    if conf.exclude_namespaces.contains(&env.pod.namespace)
+        && matches!(env.command, Command::Add | Command::Del | Command::Check)
+    {
+        return passed_through(env, conf);
+    }
     match env.command {
         Command::Add => {
             let Some(prev) = &conf.prev_result else {
@@ -304,6 +311,23 @@ fn pod_outcome(resp: &PodResponse, verb: &str) -> Result<(), CniError> {
     }
 }
 
+/// ADD, DEL or CHECK of a pod in an excluded namespace: ADD answers `prevResult` (at
+/// the config's version), DEL and CHECK succeed; the agent is not called.
+fn passed_through(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
+    if env.command != Command::Add {
+        return Ok(Output::ok(Vec::new()));
+    }
+    let Some(prev) = &conf.prev_result else {
+        return Err(CniError::new(
+            ErrorCode::InvalidConfig,
+            "ADD without prevResult: flock-cni is a chained plugin and must come \
+             after the primary CNI plugin in a .conflist's \"plugins\"",
+        ));
+    };
+    let output = cni::result_at_version(prev, &conf.cni_version)?;
+    Ok(Output::ok(cni::to_line(&Value::Object(output))))
+}
+
 fn protocol_error(verb: &str) -> CniError {
     CniError::new(
         ErrorCode::AgentProtocol,
@@ -346,25 +370,31 @@ mod tests {
     use super::*;
 
     fn add(service: &str) -> Output {
+        invoke_in("ADD", "default", service, "")
+    }
+
+    /// `command` of pod `<namespace>/web-0` against a socket no agent listens on (a
+    /// request that reaches the client fails with "try again later", 11); `extra`:
+    /// more netconf fields.
+    fn invoke_in(command: &str, namespace: &str, service: &str, extra: &str) -> Output {
+        let args = format!("K8S_POD_NAME=web-0;K8S_POD_NAMESPACE={namespace}");
         let env = |k: &str| -> Option<OsString> {
             Some(
                 match k {
-                    "CNI_COMMAND" => "ADD",
+                    "CNI_COMMAND" => command,
                     "CNI_CONTAINERID" => "c1",
                     "CNI_NETNS" => "/var/run/netns/c1",
                     "CNI_IFNAME" => "eth0",
                     "CNI_PATH" => "/opt/cni/bin",
-                    "CNI_ARGS" => "K8S_POD_NAME=web-0;K8S_POD_NAMESPACE=default",
+                    "CNI_ARGS" => args.as_str(),
                     _ => return None,
                 }
                 .into(),
             )
         };
-        // No agent listens on this socket: a request that reaches the client fails
-        // with "try again later" (11).
         let stdin = format!(
             r#"{{"cniVersion":"1.1.0","name":"k8s","type":"flock-cni",
-                "agent_socket":"/nonexistent/flock-test.sock","timeout_ms":200,
+                "agent_socket":"/nonexistent/flock-test.sock","timeout_ms":200,{extra}
                 "prevResult":{{"cniVersion":"1.1.0","ips":[{{"address":"10.0.0.5/24"}}]}},
                 "runtimeConfig":{{"podAnnotations":{{"flock.io/service":"{service}","flock.io/ports":"8080"}}}}}}"#
         );
@@ -386,4 +416,56 @@ mod tests {
         assert_eq!(code(&add("")), 11);
         assert_eq!(code(&add("web")), 11);
     }
+
+    /// Pods of an excluded namespace start, and are removed and checked, without the
+    /// agent (none listens here): ADD answers prevResult; by default kube-system and
+    /// flock-system are excluded, a config's list replaces the default, `[]` excludes
+    /// nothing, and a meshed namespace still gets 11 naming the socket.
+    #[test]
+    fn excluded_namespaces_pass_through_without_the_agent() {
+        for ns in ["kube-system", "flock-system"] {
+            let out = invoke_in("ADD", ns, "web", "");
+            assert_eq!(out.exit_code, 0, "{ns}: {:?}", out.stderr);
+            let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(result["ips"][0]["address"], "10.0.0.5/24");
+            for verb in ["DEL", "CHECK"] {
+                assert_eq!(invoke_in(verb, ns, "web", "").exit_code, 0, "{verb} {ns}");
+            }
+        }
+        let meshed = invoke_in("ADD", "default", "web", "");
+        assert_eq!(code(&meshed), 11);
+        let said = String::from_utf8_lossy(&meshed.stdout);
+        assert!(said.contains("/nonexistent/flock-test.sock"), "{said}");
+
+        let listed = r#""exclude_namespaces":["infra"],"#;
+        assert_eq!(invoke_in("ADD", "infra", "web", listed).exit_code, 0);
+        assert_eq!(code(&invoke_in("ADD", "kube-system", "web", listed)), 11);
+        let none = r#""exclude_namespaces":[],"#;
+        assert_eq!(code(&invoke_in("ADD", "kube-system", "web", none)), 11);
+    }
+
+    /// A malformed list is the config's error (7), named, not a silent "exclude nothing".
+    #[test]
+    fn a_malformed_exclusion_list_is_refused() {
+        for (extra, says) in [
+            (r#""exclude_namespaces":"kube-system","#, "not an array"),
+            (
+                r#""exclude_namespaces":["Kube_System"],"#,
+                "exclude_namespaces\\\"[0]",
+            ),
+            (r#""exclude_namespaces":[7],"#, "not a namespace name"),
+        ] {
+            let out = invoke_in("ADD", "kube-system", "web", extra);
+            assert_eq!(code(&out), 7, "{extra}");
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(said.contains(says), "{extra}: {said}");
+        }
+        let many = format!(
+            r#""exclude_namespaces":[{}],"#,
+            vec!["\"a\""; MAX + 1].join(",")
+        );
+        assert_eq!(code(&invoke_in("ADD", "a", "web", &many)), 7);
+    }
+
+    const MAX: usize = cni::MAX_EXCLUDED_NAMESPACES;
 }

@@ -17,6 +17,9 @@
 //! * a Service created after the pod's ADD registers the pod (the agent's registry view)
 //!   without a restart, and a meshed client reaches it through both Envoy listeners;
 //! * with the API unreachable, a CNI ADD fails with the agent's clear message;
+//! * with the agent down, a kube-system pod's ADD succeeds (the plugin's default
+//!   `exclude_namespaces`) and a meshed pod's fails naming the agent's socket;
+//!   once the agent is back the meshed pod's retried ADD meshes it;
 //! * an AuthorizationPolicy object for the Service is enforced by the callee's Envoy
 //!   (403, then 200 once it names the caller), a misspelt field fails closed and is
 //!   named in `/readyz`, and deleting it restores the default;
@@ -130,7 +133,7 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
     let kubeconfig = work.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
 
-    let agent = Agent::start(&[
+    let agent_args = [
         "--kube",
         "--kubeconfig",
         kubeconfig.to_str().unwrap(),
@@ -138,7 +141,8 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
         "1s",
         "--trust-domain",
         TRUST_DOMAIN,
-    ]);
+    ];
+    let mut agent = Agent::start(&agent_args);
     let agent_pid = agent.proc.pid();
     let envoy = SupervisedEnvoy::start(&agent);
 
@@ -338,6 +342,61 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
     );
     assert!(!meshed_pods(&agent).contains(&"shop/web-1".to_string()));
     api.set_unreachable(false);
+
+    // The agent goes down. A kube-system pod still starts (the plugin's default
+    // `exclude_namespaces`: it never calls the agent); a meshed pod's ADD fails with
+    // "try again later" naming the agent's socket, and after the runtime's DEL (which
+    // succeeds without the agent) its retried ADD meshes it once the agent is back.
+    agent.kill9();
+    let ns_system = NetNs::new("ks");
+    let system_pod = PodSpec {
+        namespace: "kube-system",
+        name: "coredns-0",
+        uid: "5b7c3c1e-0000-4000-8000-0000000000e1",
+        annotations: json!({}),
+    };
+    cni.ok("add", &ns_system, "ctr-system", &system_pod);
+    api.apply(&pod(
+        "shop",
+        "web-2",
+        "5b7c3c1e-0000-4000-8000-0000000000b3",
+        "web",
+        json!({"app": "web"}),
+        json!([{"name": "http", "containerPort": 8080}]),
+    ));
+    let ns_web2 = NetNs::new("kw2");
+    let web2_pod = PodSpec {
+        namespace: "shop",
+        name: "web-2",
+        uid: "5b7c3c1e-0000-4000-8000-0000000000b3",
+        annotations: json!({}),
+    };
+    let out = cni.run("add", &ns_web2, "ctr-web2", &web2_pod);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "ADD succeeded without the agent: {said}"
+    );
+    // (cnitool prints the plugin's message, not its code: 11 is the plugin's tests'.)
+    assert!(
+        said.contains(&format!("no flock agent at {}", agent.cni_socket.display()))
+            && said.contains("is the flock agent running?"),
+        "the error does not name the agent's socket: {said}"
+    );
+    cni.ok("del", &ns_web2, "ctr-web2", &web2_pod);
+    agent.respawn("n1", "memory", &agent_args);
+    agent.wait_ready(WAIT);
+    cni.ok("add", &ns_web2, "ctr-web2", &web2_pod);
+    let meshed = meshed_pods(&agent);
+    assert!(meshed.contains(&"shop/web-2".to_string()), "{meshed:?}");
+    assert!(
+        !meshed.iter().any(|p| p.starts_with("kube-system/")),
+        "{meshed:?}"
+    );
 
     drop(envoy);
     drop(api);
