@@ -26,7 +26,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::client::{self, AgentError};
 use crate::cni::{self, CURRENT_VERSION, CniEnv, CniError, Command, ErrorCode, NetConf, ResultIp};
@@ -126,13 +126,7 @@ async fn verb(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
     }
     match env.command {
         Command::Add => {
-            let Some(prev) = &conf.prev_result else {
-                return Err(CniError::new(
-                    ErrorCode::InvalidConfig,
-                    "ADD without prevResult: flock-cni is a chained plugin and must come \
-                     after the primary CNI plugin in a .conflist's \"plugins\"",
-                ));
-            };
+            let prev = add_prev_result(conf)?;
             let output = cni::result_at_version(prev, &conf.cni_version)?;
             let ips = cni::result_ips(prev)?;
             let annotations = conf.annotations();
@@ -317,15 +311,19 @@ fn passed_through(env: &CniEnv, conf: &NetConf) -> Result<Output, CniError> {
     if env.command != Command::Add {
         return Ok(Output::ok(Vec::new()));
     }
-    let Some(prev) = &conf.prev_result else {
-        return Err(CniError::new(
+    let output = cni::result_at_version(add_prev_result(conf)?, &conf.cni_version)?;
+    Ok(Output::ok(cni::to_line(&Value::Object(output))))
+}
+
+/// ADD's `prevResult`: flock-cni only reports what the primary plugin set up.
+fn add_prev_result(conf: &NetConf) -> Result<&Map<String, Value>, CniError> {
+    conf.prev_result.as_ref().ok_or_else(|| {
+        CniError::new(
             ErrorCode::InvalidConfig,
             "ADD without prevResult: flock-cni is a chained plugin and must come \
              after the primary CNI plugin in a .conflist's \"plugins\"",
-        ));
-    };
-    let output = cni::result_at_version(prev, &conf.cni_version)?;
-    Ok(Output::ok(cni::to_line(&Value::Object(output))))
+        )
+    })
 }
 
 fn protocol_error(verb: &str) -> CniError {
