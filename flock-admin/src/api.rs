@@ -27,11 +27,13 @@ pub enum Route {
     Registry,
     /// `/debug/policies`: [`Policies`].
     Policies,
+    /// `/debug/proxy-status`: [`ProxyStatus`].
+    ProxyStatus,
 }
 
 impl Route {
     /// Every route, in the order the 404 page lists them.
-    pub const ALL: [Route; 8] = [
+    pub const ALL: [Route; 9] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -40,6 +42,7 @@ impl Route {
         Route::Snapshot,
         Route::Registry,
         Route::Policies,
+        Route::ProxyStatus,
     ];
 
     /// The route's path.
@@ -53,6 +56,7 @@ impl Route {
             Route::Snapshot => "/debug/snapshot",
             Route::Registry => "/debug/registry",
             Route::Policies => "/debug/policies",
+            Route::ProxyStatus => "/debug/proxy-status",
         }
     }
 
@@ -107,6 +111,91 @@ pub struct Policies {
     /// This node's meshed pods: who they are, so a check can name the pods a
     /// service's calls reach and their annotations.
     pub pods: Vec<PodPolicy>,
+}
+
+/// `/debug/proxy-status`: every open xDS stream (a node's Envoy, a proxyless gRPC
+/// app) and, per type it asked for, what the agent sent, what it ACKed and what it
+/// rejected.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyStatus {
+    /// The agent's current snapshot version for the node's Envoy group, if any: a
+    /// stream of that group SYNCED at a lower version has not been sent the newest
+    /// yet (the server sends one response per type at a time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envoy_version: Option<u64>,
+    /// Open streams, oldest first.
+    pub streams: Vec<ProxyStream>,
+}
+
+/// One open xDS stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyStream {
+    /// The server's stream number (as in the agent's logs and `/readyz`).
+    pub stream: u64,
+    /// `Node.id` of its first request.
+    pub node: String,
+    /// `Node.cluster`.
+    #[serde(default)]
+    pub cluster: String,
+    /// `Node.user_agent_name` (`envoy`, `grpc-go`…).
+    #[serde(default)]
+    pub user_agent: String,
+    /// The discovery service: `ads-delta`, `ads-sotw`, or `<type>-delta`/`<type>-sotw`.
+    pub service: String,
+    /// Per type, in `cds`, `eds`, `lds`, `rds`, `sds` order.
+    pub types: Vec<TypeStatus>,
+}
+
+/// Where one type of one stream stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypeStatus {
+    /// `cds`, `eds`, `lds`, `rds` or `sds`.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// The verdict.
+    pub state: SyncState,
+    /// The version of the latest response sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent: Option<u64>,
+    /// The version last ACKed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked: Option<u64>,
+    /// The rejected version, when NACKED.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<u64>,
+    /// The proxy's reason, when NACKED (its own text, cut to 300 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A type's verdict, as `istioctl proxy-status` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SyncState {
+    /// The latest response was ACKed.
+    #[serde(rename = "SYNCED")]
+    Synced,
+    /// The latest response is not answered yet.
+    #[serde(rename = "STALE")]
+    Stale,
+    /// The proxy rejected a response and accepted none with resources since; it
+    /// keeps running the version it last ACKed.
+    #[serde(rename = "NACKED")]
+    Nacked,
+    /// Asked for; nothing sent yet.
+    #[serde(rename = "NOT SENT")]
+    NotSent,
+}
+
+impl SyncState {
+    /// The name on the wire and in `flockctl proxy-status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncState::Synced => "SYNCED",
+            SyncState::Stale => "STALE",
+            SyncState::Nacked => "NACKED",
+            SyncState::NotSent => "NOT SENT",
+        }
+    }
 }
 
 /// One policy as the agent holds it.

@@ -169,6 +169,11 @@ impl AdminClient {
         self.document(Route::Policies).await
     }
 
+    /// `/debug/proxy-status`.
+    pub async fn proxy_status(&self) -> Result<crate::api::ProxyStatus, ClientError> {
+        self.document(Route::ProxyStatus).await
+    }
+
     /// `/metrics`, as text.
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let r = self.expect_ok(Route::Metrics).await?;

@@ -26,107 +26,61 @@
 //! `/readyz` stays 200 and carries the reason as an extra line; alert on
 //! `flock_xds_streams_nacked > 0` or `flock_agent_xds_streams_slow_ack > 0`.
 
-use flock_core::sync::{Mutex, lock};
 use flock_xds::callbacks::{Callbacks, NodeInfo, ResponseInfo, StreamId, StreamKind};
-use flock_xds::protocol::{RequestKind, RequestOutcome};
-use std::collections::BTreeMap;
+use flock_xds::protocol::RequestOutcome;
+use flock_xds::sync_status::{StreamSync, SyncTracker};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use flock_xds::sync_status::MAX_ERROR;
 
 /// How long a response may stay unanswered (no ACK or NACK) before the stream is
 /// reported as slow. Envoy answers in milliseconds; seconds mean a stuck or
 /// overloaded proxy (its main thread applies config).
 pub const SLOW_ACK: Duration = Duration::from_secs(5);
 
-/// The longest rejection message kept per stream and type (the server already bounds
-/// what it accepts; this keeps `/readyz` short).
-pub const MAX_ERROR: usize = 300;
-
 /// The most streams `/readyz` names; the rest are counted.
 const MAX_NAMED: usize = 8;
 
-/// One rejected response.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Rejected {
-    version: u64,
-    kept: Option<u64>,
-    error: String,
-}
-
+/// The xDS [`Callbacks`] hook that keeps, per open stream and type, what was sent,
+/// ACKed and rejected (flock-xds's [`SyncTracker`]: the proxy status), and reads the
+/// NACKing and slow streams from it. Memory: one entry per open stream (bounded by
+/// the server's `max_open_streams`), five types each.
 #[derive(Debug, Default)]
-struct StreamState {
-    node: String,
-    /// Short type name → the response in flight (version, when it was sent).
-    in_flight: BTreeMap<&'static str, (u64, Instant)>,
-    /// Short type names whose latest response carried resources.
-    carried: BTreeMap<&'static str, bool>,
-    /// Short type name → the latest answer, when it was a NACK.
-    rejected: BTreeMap<&'static str, Rejected>,
-}
-
-/// The xDS [`Callbacks`] hook that keeps, per open stream, the types whose latest
-/// answer is a NACK and the responses still unanswered. Memory: one entry per open
-/// stream (bounded by the server's `max_open_streams`), five types each.
-#[derive(Debug)]
 pub struct XdsAnswers {
-    streams: Mutex<BTreeMap<StreamId, StreamState>>,
-}
-
-impl Default for XdsAnswers {
-    fn default() -> Self {
-        Self {
-            streams: Mutex::new(BTreeMap::new()),
-        }
-    }
-}
-
-/// The short name of a type flock serves (`"cds"`…); other type URLs are not tracked
-/// (the server sends no response of them, so none can be ACKed or NACKed).
-fn served(type_url: &str) -> Option<&'static str> {
-    use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
-    Some(match type_url {
-        LISTENER => "lds",
-        ROUTE => "rds",
-        CLUSTER => "cds",
-        ENDPOINT => "eds",
-        SECRET => "sds",
-        _ => return None,
-    })
-}
-
-fn cut(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    sync: SyncTracker,
 }
 
 impl XdsAnswers {
+    /// The proxy status of every open stream (`/debug/proxy-status`).
+    pub fn sync(&self) -> &SyncTracker {
+        &self.sync
+    }
+
     /// Open streams whose latest answer for some type is a NACK.
     pub fn rejecting(&self) -> usize {
-        lock(&self.streams)
-            .values()
-            .filter(|s| !s.rejected.is_empty())
-            .count()
+        self.sync
+            .with_streams(|s| s.values().filter(|s| s.rejecting()).count())
     }
 
     /// Open streams with a response unanswered for more than [`SLOW_ACK`] at `now`.
     pub fn slow(&self, now: Instant) -> usize {
-        lock(&self.streams)
-            .values()
-            .filter(|s| Self::oldest(s, now).is_some())
-            .count()
+        self.sync.with_streams(|s| {
+            s.values()
+                .filter(|s| Self::oldest(s, now).is_some())
+                .count()
+        })
     }
 
     /// The oldest response of `s` unanswered for more than [`SLOW_ACK`].
-    fn oldest(s: &StreamState, now: Instant) -> Option<(&'static str, u64, Duration)> {
-        s.in_flight
+    fn oldest(s: &StreamSync, now: Instant) -> Option<(&'static str, u64, Duration)> {
+        s.types
             .iter()
-            .map(|(t, (v, sent))| (*t, *v, now.saturating_duration_since(*sent)))
+            .filter(|(_, t)| t.in_flight)
+            .filter_map(|(name, t)| {
+                let (v, sent) = t.sent?;
+                Some((*name, v, now.saturating_duration_since(sent)))
+            })
             .filter(|(_, _, age)| *age > SLOW_ACK)
             .max_by_key(|(_, _, age)| *age)
     }
@@ -136,105 +90,65 @@ impl XdsAnswers {
     /// the rest. Client strings are written escaped (`{:?}`), so a node ID or an error
     /// message cannot add lines of its own.
     pub fn describe(&self, now: Instant) -> Option<String> {
-        let streams = lock(&self.streams);
-        let mut lines = Vec::new();
-        let mut more = 0usize;
-        for (id, s) in streams.iter() {
-            let mut parts = Vec::new();
-            for (t, r) in &s.rejected {
-                let kept = r.kept.map_or("none".to_string(), |v| v.to_string());
-                parts.push(format!(
-                    "rejects {t} version {} (keeps {kept}): {:?}",
-                    r.version, r.error
+        self.sync.with_streams(|streams| {
+            let mut lines = Vec::new();
+            let mut more = 0usize;
+            for (id, s) in streams.iter() {
+                let mut parts = Vec::new();
+                for (t, r) in s
+                    .types
+                    .iter()
+                    .filter_map(|(t, ts)| Some((t, ts.rejected.as_ref()?)))
+                {
+                    let kept = r.kept.map_or("none".to_string(), |v| v.to_string());
+                    parts.push(format!(
+                        "rejects {t} version {} (keeps {kept}): {:?}",
+                        r.version, r.error
+                    ));
+                }
+                if let Some((t, v, age)) = Self::oldest(s, now) {
+                    parts.push(format!(
+                        "has not answered {t} version {v} for {:.1}s",
+                        age.as_secs_f64()
+                    ));
+                }
+                if parts.is_empty() {
+                    continue;
+                }
+                if lines.len() == MAX_NAMED {
+                    more += 1;
+                    continue;
+                }
+                lines.push(format!(
+                    "xds: stream {} node {:?} {}",
+                    id.0,
+                    s.node.id,
+                    parts.join("; ")
                 ));
             }
-            if let Some((t, v, age)) = Self::oldest(s, now) {
-                parts.push(format!(
-                    "has not answered {t} version {v} for {:.1}s",
-                    age.as_secs_f64()
-                ));
+            if more > 0 {
+                lines.push(format!("xds: and {more} more streams"));
             }
-            if parts.is_empty() {
-                continue;
-            }
-            if lines.len() == MAX_NAMED {
-                more += 1;
-                continue;
-            }
-            lines.push(format!(
-                "xds: stream {} node {:?} {}",
-                id.0,
-                s.node,
-                parts.join("; ")
-            ));
-        }
-        if more > 0 {
-            lines.push(format!("xds: and {more} more streams"));
-        }
-        (!lines.is_empty()).then(|| lines.join("\n"))
+            (!lines.is_empty()).then(|| lines.join("\n"))
+        })
     }
 }
 
 impl Callbacks for XdsAnswers {
-    fn on_stream_open(&self, stream: StreamId, _kind: StreamKind, node: &NodeInfo) {
-        lock(&self.streams).insert(
-            stream,
-            StreamState {
-                node: node.id.clone(),
-                ..StreamState::default()
-            },
-        );
+    fn on_stream_open(&self, stream: StreamId, kind: StreamKind, node: &NodeInfo) {
+        self.sync.on_stream_open(stream, kind, node);
     }
 
-    fn on_stream_closed(&self, stream: StreamId, _node: &NodeInfo) {
-        lock(&self.streams).remove(&stream);
+    fn on_stream_closed(&self, stream: StreamId, node: &NodeInfo) {
+        self.sync.on_stream_closed(stream, node);
     }
 
-    fn on_response(&self, stream: StreamId, _node: &NodeInfo, response: &ResponseInfo<'_>) {
-        let Some(t) = served(response.type_url) else {
-            return;
-        };
-        if let Some(s) = lock(&self.streams).get_mut(&stream) {
-            s.in_flight.insert(t, (response.version, Instant::now()));
-            s.carried.insert(t, response.resources > 0);
-        }
+    fn on_response(&self, stream: StreamId, node: &NodeInfo, response: &ResponseInfo<'_>) {
+        self.sync.on_response(stream, node, response);
     }
 
-    fn on_request(&self, stream: StreamId, _node: &NodeInfo, outcome: &RequestOutcome) {
-        let Some(t) = served(&outcome.type_url) else {
-            return;
-        };
-        let mut streams = lock(&self.streams);
-        let Some(s) = streams.get_mut(&stream) else {
-            return;
-        };
-        match &outcome.kind {
-            RequestKind::Ack { .. } => {
-                s.in_flight.remove(t);
-                // Rejected resources are not resent until they change: an ACK of a
-                // response that only removed names leaves them missing.
-                if s.carried.get(t).copied().unwrap_or(false) {
-                    s.rejected.remove(t);
-                }
-            }
-            RequestKind::Nack {
-                version,
-                kept_version,
-                error,
-            } => {
-                s.in_flight.remove(t);
-                s.rejected.insert(
-                    t,
-                    Rejected {
-                        version: *version,
-                        kept: *kept_version,
-                        error: cut(error, MAX_ERROR),
-                    },
-                );
-            }
-            // A stale nonce answers an older response: the newest is still in flight.
-            RequestKind::Stale | RequestKind::Initial | RequestKind::Update => {}
-        }
+    fn on_request(&self, stream: StreamId, node: &NodeInfo, outcome: &RequestOutcome) {
+        self.sync.on_request(stream, node, outcome);
     }
 }
 
@@ -295,6 +209,7 @@ impl Callbacks for Fanout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flock_xds::protocol::RequestKind;
     use flock_xds::types::{CLUSTER, LISTENER};
 
     fn outcome(type_url: &str, kind: RequestKind) -> RequestOutcome {

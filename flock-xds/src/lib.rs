@@ -205,5 +205,6 @@ pub mod callbacks;
 pub mod client;
 pub mod protocol;
 pub mod server;
+pub mod sync_status;
 pub mod translate;
 pub mod types;

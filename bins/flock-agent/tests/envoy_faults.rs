@@ -9,10 +9,12 @@
 //! * **NACK everything**: every cluster and listener published is invalid (a negative
 //!   `connect_timeout`, no filter chains), so Envoy rejects every CDS and LDS update.
 //!   CNI keeps succeeding, the admin endpoint answers, `/readyz` stays 200 and names
-//!   the rejecting node and type, `flock_xds_streams_nacked` counts it, and a request
+//!   the rejecting node and type, `flock_xds_streams_nacked` counts it, `flockctl
+//!   proxy-status` shows both types NACKED with Envoy's reason (exit 1), and a request
 //!   through a listener Envoy had before the fault still reaches the app (Envoy keeps
 //!   its last good config). The first valid snapshot after the fault is ACKed, and
-//!   Envoy then holds exactly the agent's listeners and clusters.
+//!   Envoy then holds exactly the agent's listeners and clusters, and proxy-status
+//!   shows every type SYNCED (exit 0).
 //! * **Envoy SIGKILLed**: the supervisor starts a new Envoy, which gets the current
 //!   snapshot (its `/config_dump` holds exactly the agent's listeners and clusters);
 //!   CNI is unaffected meanwhile.
@@ -396,6 +398,22 @@ impl Setup {
             .unwrap_or(0)
     }
 
+    /// `flockctl proxy-status` (the real binary) against the agent: exit code, output.
+    fn proxy_status(&self) -> (Option<i32>, String) {
+        let out = std::process::Command::new(sibling_bin("flockctl"))
+            .args(["--admin", &self.agent.admin, "proxy-status"])
+            .output()
+            .expect("run flockctl");
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
     /// The agent's Envoy snapshot: version, listener and cluster names.
     fn agent_snapshot(&self) -> (u64, BTreeSet<String>, BTreeSet<String>) {
         let snap = self.agent.json("/debug/snapshot");
@@ -566,6 +584,23 @@ fn envoy_nacking_every_update_keeps_cni_and_admin_up_is_reported_and_converges_a
         s.metric("flock_xds_streams_nacked{type=\"cds\"}") == 1
             && s.metric("flock_xds_streams_nacked{type=\"lds\"}") == 1
     });
+    // flockctl proxy-status names the stream NACKED for both types, with Envoy's own
+    // reason, and exits 1.
+    let (code, table) = s.proxy_status();
+    println!("flockctl proxy-status during the fault:\n{table}");
+    assert_eq!(code, Some(1), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.contains("flock-mesh-test"))
+        .unwrap_or_else(|| panic!("no row for the node's Envoy: {table}"));
+    assert!(
+        row.contains("envoy") && row.matches("NACKED (").count() >= 2,
+        "cds and lds NACKED: {row}"
+    );
+    assert!(
+        table.contains(" cds: rejected version ") && table.contains("Expected positive duration"),
+        "Envoy's reason for cds: {table}"
+    );
     // More updates during the fault: every one carrying clusters or listeners is
     // rejected (an update that only removes names is applied), while the admin
     // endpoint answers.
@@ -611,6 +646,19 @@ fn envoy_nacking_every_update_keeps_cni_and_admin_up_is_reported_and_converges_a
         !body.contains("xds:"),
         "still reported after the fault: {body}"
     );
+    // Every type of the node's Envoy SYNCED again (no NACKED, exit 0); its last ACK
+    // may trail the config dump by a moment (STALE meanwhile).
+    let table = wait_for(
+        "flockctl proxy-status: the node's Envoy SYNCED",
+        WAIT,
+        || {
+            let (code, table) = s.proxy_status();
+            let row = table.lines().find(|l| l.contains("flock-mesh-test"))?;
+            (code == Some(0) && row.matches("SYNCED (").count() >= 4 && !row.contains("NACKED"))
+                .then_some(table)
+        },
+    );
+    println!("flockctl proxy-status after the fault:\n{table}");
     assert_eq!(s.web_request().as_deref(), Some(WEB_BODY));
     println!(
         "after the fault: first ACK in {first_ack:.2?}, Envoy converged (load stopped) in {converged:.2?}"

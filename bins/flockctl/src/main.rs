@@ -3,7 +3,7 @@
 use anyhow::bail;
 use clap::{Parser, Subcommand};
 use flock_admin::AdminClient;
-use flock_admin::api::{Pods, Policies, RegistryView, Snapshot, Status};
+use flock_admin::api::{Pods, Policies, ProxyStatus, RegistryView, Snapshot, Status, SyncState};
 use flock_admin::policy::{Answer, Call, HttpRequest, Target};
 use std::fmt::Write as _;
 
@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 ///
 /// Prints what the agent holds in a form meant for people; add --json for the raw
 /// documents (/debug/status, /debug/pods, /debug/snapshot, /debug/registry,
-/// /debug/policies).
+/// /debug/policies, /debug/proxy-status).
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -42,6 +42,11 @@ enum Command {
     /// Whether the agent is ready, and why not (and which authorization policies
     /// are refused).
     Status,
+    /// Whether every xDS client (the node's Envoy, proxyless gRPC apps) runs what the
+    /// agent sent: SYNCED, STALE (sent, not answered yet), NACKED (rejected: the
+    /// client keeps its last accepted version; its reason is printed) or NOT SENT, per
+    /// type. Exits 1 when a type is NACKED.
+    ProxyStatus,
     /// The authorization policies in force, per namespace and service; or, with
     /// `check`, whether one call would be allowed and the rule that decides it.
     Policy {
@@ -118,6 +123,18 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         Command::Pods => print(args, &client.pods().await?, render_pods)?,
         Command::Snapshot => print(args, &client.snapshot().await?, render_snapshot)?,
         Command::Endpoints => print(args, &client.registry().await?, render_endpoints)?,
+        Command::ProxyStatus => {
+            let doc = client.proxy_status().await?;
+            print(args, &doc, render_proxy_status)?;
+            if doc
+                .streams
+                .iter()
+                .flat_map(|s| &s.types)
+                .any(|t| t.state == SyncState::Nacked)
+            {
+                std::process::exit(1);
+            }
+        }
         Command::Policy { check: None } => print(args, &client.policies().await?, render_policies)?,
         Command::Policy {
             check:
@@ -222,6 +239,73 @@ fn render_pods(doc: &Pods) -> String {
         );
     }
     let _ = writeln!(out, "{} pod(s)", doc.pods.len());
+    out
+}
+
+/// A client-chosen string (node ID, user agent) on one line: control characters
+/// escaped, so a node cannot forge lines of the table.
+fn one_line(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.escape_debug().to_string()
+    }
+}
+
+fn render_proxy_status(doc: &ProxyStatus) -> String {
+    const TYPES: [&str; 5] = ["cds", "eds", "lds", "rds", "sds"];
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "{:<8} {:<28} {:<14} {:<10}",
+        "STREAM", "NODE", "AGENT", "SERVICE"
+    );
+    for t in TYPES {
+        let _ = write!(out, " {:<16}", t.to_uppercase());
+    }
+    out.push('\n');
+    let mut reasons = String::new();
+    for s in &doc.streams {
+        let _ = write!(
+            out,
+            "{:<8} {:<28} {:<14} {:<10}",
+            s.stream,
+            one_line(&s.node),
+            one_line(&s.user_agent),
+            s.service
+        );
+        for name in TYPES {
+            let cell = match s.types.iter().find(|t| t.type_name == name) {
+                None => "-".to_string(),
+                Some(t) => match (t.state, t.rejected, t.sent, t.acked) {
+                    (SyncState::Nacked, Some(v), ..) => format!("NACKED ({v})"),
+                    (SyncState::Synced, _, _, Some(v)) => format!("SYNCED ({v})"),
+                    (SyncState::Stale, _, Some(v), _) => format!("STALE ({v})"),
+                    (state, ..) => state.as_str().to_string(),
+                },
+            };
+            let _ = write!(out, " {cell:<16}");
+            if let Some(t) = s.types.iter().find(|t| t.type_name == name)
+                && t.state == SyncState::Nacked
+            {
+                let kept = t.acked.map_or("nothing".into(), |v| format!("version {v}"));
+                let _ = writeln!(
+                    reasons,
+                    "stream {} {}: rejected version {}, runs {kept}: {:?}",
+                    s.stream,
+                    name,
+                    t.rejected.unwrap_or_default(),
+                    t.error.as_deref().unwrap_or("")
+                );
+            }
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "{} stream(s)", doc.streams.len());
+    if let Some(v) = doc.envoy_version {
+        let _ = writeln!(out, "agent's Envoy snapshot: version {v}");
+    }
+    out.push_str(&reasons);
     out
 }
 
@@ -335,7 +419,9 @@ fn render_endpoints(doc: &RegistryView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flock_admin::api::{Endpoint, Health, Pod, PodKey, PodPort, Protocol, SnapshotGroup};
+    use flock_admin::api::{
+        Endpoint, Health, Pod, PodKey, PodPort, Protocol, ProxyStream, SnapshotGroup, TypeStatus,
+    };
     use std::collections::BTreeMap;
 
     #[test]
@@ -463,6 +549,53 @@ mod tests {
         assert_eq!(
             render_status(&s),
             "not ready: first xDS snapshot not published yet\n"
+        );
+    }
+
+    fn ty(name: &str, state: SyncState, sent: u64, acked: Option<u64>) -> TypeStatus {
+        TypeStatus {
+            type_name: name.into(),
+            state,
+            sent: Some(sent),
+            acked,
+            rejected: (state == SyncState::Nacked).then_some(sent),
+            error: (state == SyncState::Nacked).then(|| "bad\ncluster".into()),
+        }
+    }
+
+    #[test]
+    fn proxy_status_shows_each_type_and_the_reason_of_a_nack_on_one_line() {
+        let doc = ProxyStatus {
+            envoy_version: Some(9),
+            streams: vec![ProxyStream {
+                stream: 3,
+                node: "envoy\nforged 1 row".into(),
+                cluster: String::new(),
+                user_agent: "envoy".into(),
+                service: "ads-delta".into(),
+                types: vec![
+                    ty("cds", SyncState::Nacked, 9, Some(8)),
+                    ty("eds", SyncState::Synced, 8, Some(8)),
+                    ty("lds", SyncState::Stale, 9, Some(8)),
+                ],
+            }],
+        };
+        let text = render_proxy_status(&doc);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(
+            lines[1].starts_with("3        envoy\\nforged 1 row"),
+            "{text}"
+        );
+        assert!(lines[1].contains("NACKED (9)"), "{text}");
+        assert!(lines[1].contains("SYNCED (8)"), "{text}");
+        assert!(lines[1].contains("STALE (9)"), "{text}");
+        assert!(lines[1].trim_end().ends_with('-'), "no rds, sds: {text}");
+        assert_eq!(lines[2], "1 stream(s)");
+        assert_eq!(lines[3], "agent's Envoy snapshot: version 9");
+        assert_eq!(
+            lines[4],
+            "stream 3 cds: rejected version 9, runs version 8: \"bad\\ncluster\""
         );
     }
 }

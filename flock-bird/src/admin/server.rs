@@ -11,8 +11,8 @@
 //! `tests/admin_limits.rs`.
 
 use super::api::{
-    Health, Pod, PodPolicy, Pods, Policies, PolicyEntry, RegistryView, Route, Snapshot,
-    SnapshotGroup, Status,
+    Health, Pod, PodPolicy, Pods, Policies, PolicyEntry, ProxyStatus, RegistryView, Route,
+    Snapshot, SnapshotGroup, Status,
 };
 use super::route;
 use crate::agent::{Agent, ENVOY_GROUP, GRPC_GROUP};
@@ -103,6 +103,10 @@ pub trait Views: Send + Sync + 'static {
     /// `/debug/policies`.
     fn policies(&self) -> Policies {
         Policies::default()
+    }
+    /// `/debug/proxy-status`.
+    fn proxy_status(&self) -> ProxyStatus {
+        ProxyStatus::default()
     }
     /// `/metrics`, Prometheus text.
     fn metrics(&self) -> String;
@@ -269,6 +273,7 @@ fn respond<V: Views + ?Sized>(views: &V, req: &Request<Incoming>) -> Response<Fu
         Route::Snapshot => json(&views.snapshot()),
         Route::Registry => json(&views.registry()),
         Route::Policies => json(&views.policies()),
+        Route::ProxyStatus => json(&views.proxy_status()),
     }
 }
 
@@ -497,6 +502,49 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
     }
 }
 
+/// One stream of the xDS server's proxy status as the admin document shows it.
+fn proxy_stream(
+    (id, s): (
+        &flock_xds::callbacks::StreamId,
+        &flock_xds::sync_status::StreamSync,
+    ),
+) -> flock_admin::api::ProxyStream {
+    use flock_admin::api::{SyncState as Wire, TypeStatus};
+    use flock_xds::callbacks::StreamKind;
+    use flock_xds::sync_status::SyncState;
+    use flock_xds::types::short_name;
+    let service = match s.kind {
+        StreamKind::SotwAds => "ads-sotw".to_string(),
+        StreamKind::DeltaAds => "ads-delta".to_string(),
+        StreamKind::Sotw(url) => format!("{}-sotw", short_name(url)),
+        StreamKind::Delta(url) => format!("{}-delta", short_name(url)),
+    };
+    flock_admin::api::ProxyStream {
+        stream: id.0,
+        node: s.node.id.clone(),
+        cluster: s.node.cluster.clone(),
+        user_agent: s.node.user_agent_name.clone(),
+        service,
+        types: s
+            .types
+            .iter()
+            .map(|(name, t)| TypeStatus {
+                type_name: name.to_string(),
+                state: match t.state() {
+                    SyncState::Synced => Wire::Synced,
+                    SyncState::Stale => Wire::Stale,
+                    SyncState::Nacked => Wire::Nacked,
+                    SyncState::NotSent => Wire::NotSent,
+                },
+                sent: t.sent.map(|(v, _)| v),
+                acked: t.acked,
+                rejected: t.rejected.as_ref().map(|r| r.version),
+                error: t.rejected.as_ref().map(|r| r.error.clone()),
+            })
+            .collect(),
+    }
+}
+
 impl Views for AgentViews {
     fn startup_taint(&self) -> Option<String> {
         self.startup_taint.as_ref().and_then(|t| t.describe())
@@ -531,6 +579,21 @@ impl Views for AgentViews {
                         .map(|e| format!("{target} ({}): {e}", p.origin))
                 })
                 .collect(),
+        }
+    }
+
+    fn proxy_status(&self) -> ProxyStatus {
+        ProxyStatus {
+            envoy_version: self
+                .agent
+                .cache()
+                .snapshot(ENVOY_GROUP)
+                .map(|s| s.version()),
+            streams: self
+                .agent
+                .xds_answers()
+                .sync()
+                .with_streams(|streams| streams.iter().map(proxy_stream).collect()),
         }
     }
 
