@@ -70,6 +70,9 @@ pub struct Options {
     pub kube: Option<KubeOptions>,
     /// `--authz-dir`: the watched directory of authorization policies.
     pub authz_dir: Option<PathBuf>,
+    /// `--access-log`: where access log lines go (`None`: no access log). The agent
+    /// config's `access_log` must be set with it, so Envoy sends the entries.
+    pub access_log: Option<crate::access_log::Destination>,
 }
 
 /// Kube mode's settings (see [`crate::kube`]).
@@ -391,7 +394,26 @@ pub async fn run(
             kube.pod_wait,
         )));
     }
+    if let Some(dest) = &opts.access_log {
+        let logs = crate::access_log::AccessLogs::start(dest.clone(), agent.registry().view())
+            .context("--access-log")?;
+        tracing::info!(destination = ?dest, sample_percent = opts.agent.access_log.as_ref().map(|a| a.sample_percent), "access log on");
+        agent = agent.with_access_logs(logs);
+    }
     let agent = Arc::new(agent);
+    if let Some(logs) = agent.access_logs() {
+        let weak = Arc::downgrade(&agent);
+        logs.set_local_pods(Box::new(move || {
+            weak.upgrade()
+                .map(|a| {
+                    a.pods()
+                        .values()
+                        .flat_map(|p| p.ips.iter().map(|ip| (*ip, p.pod_ref())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        }));
+    }
     // The startup taint goes once the node is ready, which includes an Envoy's first
     // ACK: the xDS server reports ACKs to this hook.
     let envoy_acks = Arc::new(EnvoyAcks::default());
@@ -417,9 +439,17 @@ pub async fn run(
         .authorizer(AgentAuthorizer::new(opts.xds_access.clone()))
         // Envoy's authorization denials come back over the same socket (gRPC access
         // log service), accepted from the node's Envoy only.
-        .access_log_sink(
-            Arc::clone(agent.denials()) as Arc<dyn flock_xds::server::accesslog::AccessLogSink>
-        )
+        .access_log_sink(Arc::new(crate::access_log::Sinks(
+            std::iter::once(
+                Arc::clone(agent.denials()) as Arc<dyn flock_xds::server::accesslog::AccessLogSink>
+            )
+            .chain(
+                agent
+                    .access_logs()
+                    .map(|l| Arc::clone(l) as Arc<dyn flock_xds::server::accesslog::AccessLogSink>),
+            )
+            .collect(),
+        )))
         .connection_limits(ConnectionLimits {
             max_connections: opts.xds_limits.max_connections,
             max_unix_connections: opts.xds_limits.max_unix_connections,

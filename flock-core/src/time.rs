@@ -55,6 +55,29 @@ millis_clock!(
     UnixMs
 );
 
+impl UnixMs {
+    /// RFC 3339 in UTC with milliseconds (`2026-12-06T23:30:00.123Z`), for logs read by
+    /// people and log pipelines. Proleptic Gregorian calendar (the civil-from-days
+    /// conversion of Howard Hinnant's `chrono`-compatible date algorithms).
+    pub fn to_rfc3339(self) -> String {
+        let ms = self.0 % 1000;
+        let secs = self.0 / 1000;
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (h, m, s) = (rem / 3600, rem / 60 % 60, rem % 60);
+        // Days since 1970-01-01 → (year, month, day); an era is 400 years.
+        let z = days as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{ms:03}Z")
+    }
+}
+
 millis_clock!(
     /// Monotonic time: milliseconds since an arbitrary, per-process zero point. Never
     /// goes backwards; meaningless outside the process that read it.
@@ -71,6 +94,24 @@ mod tests {
         assert_eq!(MonoMs(9).since(MonoMs(5)), 4);
         assert_eq!(UnixMs(u64::MAX).plus(1), UnixMs(u64::MAX));
         assert_eq!(MonoMs(1).plus(2), MonoMs(3));
+    }
+
+    #[test]
+    fn rfc3339_names_the_utc_date_and_time() {
+        assert_eq!(UnixMs(0).to_rfc3339(), "1970-01-01T00:00:00.000Z");
+        // 2000-02-29 (a leap day of a century leap year) and 2026-12-06.
+        assert_eq!(
+            UnixMs(951_782_400_007).to_rfc3339(),
+            "2000-02-29T00:00:00.007Z"
+        );
+        assert_eq!(
+            UnixMs(1_796_599_845_123).to_rfc3339(),
+            "2026-12-06T23:30:45.123Z"
+        );
+        assert_eq!(
+            UnixMs(4_107_542_399_999).to_rfc3339(),
+            "2100-02-28T23:59:59.999Z"
+        );
     }
 
     #[test]

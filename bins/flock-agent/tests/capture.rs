@@ -25,6 +25,10 @@
 //!   restart leave exactly one flock table with the same rules; CNI CHECK (libcni)
 //!   fails with a message naming the netns and the missing table after the test
 //!   deletes it; the next agent start repairs it and CHECK passes again.
+//! * `the_access_log_has_one_line_per_request_with_both_identities`: `--access-log`
+//!   on; 100 unmodified requests from A to B's pod address (captured, mTLS) give
+//!   exactly 100 lines on B's side, each with A's and B's SPIFFE IDs, both pods, B's
+//!   service and port, status 200, a duration and the bytes, and no query string.
 //! * `a_service_vip_is_routed_to_the_service_over_mtls`: kube mode (the Service's
 //!   ClusterIP is where VIPs come from). The Kubernetes API server is flock-kube's
 //!   API-server DOUBLE (`flock_kube::double`, feature `testing`); everything else is
@@ -440,6 +444,82 @@ fn mesh_connections(stats: &std::collections::BTreeMap<String, u64>) -> u64 {
         })
         .map(|(_, v)| v)
         .sum()
+}
+
+#[test]
+fn the_access_log_has_one_line_per_request_with_both_identities() {
+    let logs = tempfile::tempdir().unwrap();
+    let log_path = logs.path().join("access.log");
+    let agent = capture_agent_with(&["--access-log", log_path.to_str().unwrap()]);
+    let _envoy = SupervisedEnvoy::start(&agent);
+    let mesh = Mesh::start(&agent, "alog");
+    let (a, b) = (&mesh.a, &mesh.b);
+    until_ok(&a.ns, &format!("http://{}:8080/warm-up", b.ip));
+    const REQUESTS: usize = 100;
+    for i in 0..REQUESTS {
+        // The query carries a token: it must not reach the log.
+        let url = format!("http://{}:8080/req-{i}?token=s3cret", b.ip);
+        let (status, body) = curl_in(&a.ns, &url);
+        assert_eq!(status, 200, "request {i}: {body}");
+    }
+    let ours = |text: &str| -> Vec<serde_json::Value> {
+        text.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+            .filter(|v| v["path"].as_str().is_some_and(|p| p.starts_with("/req-")))
+            .collect()
+    };
+    // Envoy flushes its buffered entries at least once a second.
+    let (lines, text) = wait_for("100 access log lines", WAIT, || {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let lines = ours(&text);
+        (lines.len() >= REQUESTS).then_some((lines, text))
+    });
+    assert_eq!(lines.len(), REQUESTS, "one line per request");
+    assert!(!text.contains("s3cret"), "a query reached the log");
+    let paths: std::collections::BTreeSet<&str> =
+        lines.iter().filter_map(|l| l["path"].as_str()).collect();
+    assert_eq!(paths.len(), REQUESTS, "each request once");
+    println!("an access log line: {}", lines[0]);
+    for l in &lines {
+        assert_eq!(l["protocol"], "http", "{l}");
+        assert_eq!(
+            l["source_spiffe_id"],
+            format!("spiffe://{TRUST_DOMAIN}/ns/{}/sa/client", a.namespace),
+            "{l}"
+        );
+        assert_eq!(
+            l["destination_spiffe_id"],
+            format!("spiffe://{TRUST_DOMAIN}/ns/default/sa/web"),
+            "{l}"
+        );
+        assert_eq!(
+            l["source_pod"],
+            format!("{}/{}", a.namespace, a.name),
+            "{l}"
+        );
+        assert_eq!(l["destination_pod"], "default/web-0", "{l}");
+        assert_eq!(l["destination_service"], "web.default", "{l}");
+        assert_eq!(l["destination_port"], 8080, "{l}");
+        assert_eq!(l["method"], "GET", "{l}");
+        assert_eq!(l["status"], 200, "{l}");
+        assert!(l["duration_ms"].as_f64().is_some_and(|d| d > 0.0), "{l}");
+        assert!(l["bytes_sent"].as_u64().is_some_and(|n| n > 0), "{l}");
+        assert!(
+            l["start_time"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{l}"
+        );
+        let from = l["source_address"].as_str().unwrap_or_default();
+        assert!(from.starts_with(&format!("{}:", a.ip)), "{l}");
+    }
+    // The file is the agent's: 0600.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&log_path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let (_, metrics) = agent.get("/metrics");
+    assert!(
+        metrics.contains("flock_access_log_dropped_total 0"),
+        "{metrics}"
+    );
 }
 
 /// The restart epochs of the live Envoy processes of `base_id` (from `/proc`; the

@@ -322,6 +322,9 @@ impl AgentViews {
         })));
         xds.metrics().register(&mut registry);
         agent.denials().register(&mut registry);
+        if let Some(logs) = agent.access_logs() {
+            logs.register(&mut registry);
+        }
         if let Some(r) = agent.registry().rejections() {
             registry.register_collector(Box::new(crate::registry::RejectionsCollector(r)));
         }

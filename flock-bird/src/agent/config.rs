@@ -45,6 +45,9 @@ pub struct AgentConfig {
     /// `None`: Envoy's own `rbac.denied` stats only. flock-agent sets it to its
     /// bootstrap's `xds`.
     pub denial_log_cluster: Option<String>,
+    /// Access logs: each inbound port streams an entry per request or connection
+    /// (sampled) to this cluster (flock-agent: its bootstrap's `xds`). `None`: none.
+    pub access_log: Option<flock_xds::translate::telemetry::AccessLogOptions>,
 }
 
 impl AgentConfig {
@@ -64,6 +67,7 @@ impl AgentConfig {
             register_wait: Duration::from_secs(1),
             publish_from_scratch: false,
             denial_log_cluster: None,
+            access_log: None,
         }
     }
 }

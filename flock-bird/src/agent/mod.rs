@@ -148,6 +148,8 @@ pub struct Agent {
     /// Authorization denials Envoy streams back: counted per policy, logged once
     /// per caller (`crate::denials`).
     denials: Arc<crate::denials::Denials>,
+    /// The access log writer (`--access-log`), if on.
+    access_logs: Option<Arc<crate::access_log::AccessLogs>>,
     /// The metrics.
     pub metrics: AgentMetrics,
 }
@@ -176,6 +178,7 @@ impl Agent {
             registry_synced_once: AtomicBool::new(false),
             xds_answers: Arc::default(),
             denials: Arc::default(),
+            access_logs: None,
             node_table: tokio::sync::Mutex::new(()),
             metrics: AgentMetrics::default(),
         }
@@ -198,6 +201,17 @@ impl Agent {
     /// How the xDS clients answer: give it to the xDS server as a callbacks hook.
     pub fn xds_answers(&self) -> &Arc<crate::xds_answers::XdsAnswers> {
         &self.xds_answers
+    }
+
+    /// Writes the access log entries Envoy streams back with `logs`.
+    pub fn with_access_logs(mut self, logs: Arc<crate::access_log::AccessLogs>) -> Self {
+        self.access_logs = Some(logs);
+        self
+    }
+
+    /// The access log writer, if the access log is on.
+    pub fn access_logs(&self) -> Option<&Arc<crate::access_log::AccessLogs>> {
+        self.access_logs.as_ref()
     }
 
     /// The authorization denials Envoy reports (the xDS server's access log sink).

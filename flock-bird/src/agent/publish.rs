@@ -61,6 +61,7 @@ impl Agent {
             capture_mark: (config.capture.setting != flock_core::capture::policy::Setting::Off)
                 .then_some(config.capture.mark),
             denial_log_cluster: config.denial_log_cluster.clone(),
+            access_log: config.access_log.clone(),
             ..EnvoyOptions::default()
         };
         let mut version = 0;

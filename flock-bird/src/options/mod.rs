@@ -432,6 +432,41 @@ pub struct Flags {
     /// as the files). See docs/authz.md.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["kube", "kubeconfig"], help_heading = "Authorization")]
     pub authz_dir: Option<PathBuf>,
+    /// Access log: one JSON line per HTTP request or TCP connection a meshed pod
+    /// receives (caller and callee SPIFFE IDs, pods, service, status, duration,
+    /// bytes), logged on the callee's side, to FILE (an absolute path; created 0600,
+    /// rotated to FILE.1) or `-` for standard output. Off by default. See
+    /// docs/telemetry.md.
+    #[arg(long, value_name = "FILE|-", help_heading = "Telemetry")]
+    pub access_log: Option<String>,
+    /// Percentage of requests and connections the access log keeps (1-100), sampled
+    /// by Envoy before anything is sent.
+    #[arg(long, default_value_t = 100, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(1..=100), help_heading = "Telemetry")]
+    pub access_log_sample_percent: u32,
+    /// Size at which the access log file is rotated to FILE.1 (one old file kept),
+    /// MiB.
+    #[arg(long, default_value_t = 100, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Telemetry")]
+    pub access_log_max_mib: u64,
+}
+
+/// `--access-log`: where the lines go, if anywhere.
+fn access_log(flags: &Flags) -> Result<Option<crate::access_log::Destination>, OptionsError> {
+    use crate::access_log::Destination;
+    Ok(match flags.access_log.as_deref() {
+        None => None,
+        Some("-") => Some(Destination::Stdout),
+        Some(path) if Path::new(path).is_absolute() && !path.ends_with('/') => {
+            Some(Destination::File {
+                path: PathBuf::from(path),
+                max_bytes: flags.access_log_max_mib.saturating_mul(1 << 20),
+            })
+        }
+        Some(other) => {
+            return Err(OptionsError(format!(
+                "--access-log {other:?}: an absolute file path, or - for standard output"
+            )));
+        }
+    })
 }
 
 /// Parses `--keep-capability` values (`CAP_SYS_PTRACE` or `sys_ptrace`).
@@ -543,6 +578,14 @@ impl Options {
         agent.gc_interval = Duration::from_secs(flags.gc_interval.max(1));
         agent.publish_from_scratch = env.publish_from_scratch;
         agent.denial_log_cluster = Some(runtime::XDS_CLUSTER.to_string());
+        let access_log = access_log(flags)?;
+        agent.access_log =
+            access_log
+                .as_ref()
+                .map(|_| flock_xds::translate::telemetry::AccessLogOptions {
+                    cluster: runtime::XDS_CLUSTER.to_string(),
+                    sample_percent: flags.access_log_sample_percent,
+                });
         let mut keep_capabilities = flags.keep_capabilities.clone();
         if capture.setting != Setting::Off {
             keep_capabilities.push(Capability::CAP_NET_ADMIN);
@@ -602,6 +645,7 @@ impl Options {
             identity: identity_source(flags)?,
             kube: kube_options(flags, env.in_cluster)?,
             authz_dir: flags.authz_dir.clone(),
+            access_log,
         };
         Ok(Self {
             runtime,

@@ -180,39 +180,48 @@ pub fn parse_denial_port_tag(tag: &str) -> Option<(&str, &str, u16)> {
     Some((policy, pod, port.parse().ok()?))
 }
 
-/// The `set_filter_state` config that tags a policed port's connections with `tag`
-/// ([`denial_port_tag`]) under [`DENIAL_PORT_KEY`], for its denial log entries. A `%`
-/// is doubled: the value is a format string, where `%%` is a literal `%`.
-pub fn port_tag_filter(tag: &str) -> SetFilterStateConfig {
+/// The `set_filter_state` config that sets each `(key, value)` on a new connection,
+/// as a string object access logs can carry (`filter_state_objects_to_log`). A `%` is
+/// doubled: the value is a format string, where `%%` is a literal `%`.
+pub fn filter_state_tags(tags: &[(&str, &str)]) -> SetFilterStateConfig {
     SetFilterStateConfig {
-        on_new_connection: vec![FilterStateValue {
-            key: Some(filter_state_value::Key::ObjectKey(
-                DENIAL_PORT_KEY.to_string(),
-            )),
-            factory_key: "envoy.string".to_string(),
-            value: Some(filter_state_value::Value::FormatString(
-                SubstitutionFormatString {
-                    format: Some(substitution_format_string::Format::TextFormatSource(
-                        DataSource {
-                            specifier: Some(data_source::Specifier::InlineString(
-                                tag.replace('%', "%%"),
-                            )),
-                            ..Default::default()
-                        },
-                    )),
-                    ..Default::default()
-                },
-            )),
-            ..Default::default()
-        }],
+        on_new_connection: tags
+            .iter()
+            .map(|(key, value)| FilterStateValue {
+                key: Some(filter_state_value::Key::ObjectKey(key.to_string())),
+                factory_key: "envoy.string".to_string(),
+                value: Some(filter_state_value::Value::FormatString(
+                    SubstitutionFormatString {
+                        format: Some(substitution_format_string::Format::TextFormatSource(
+                            DataSource {
+                                specifier: Some(data_source::Specifier::InlineString(
+                                    value.replace('%', "%%"),
+                                )),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    },
+                )),
+                ..Default::default()
+            })
+            .collect(),
         ..Default::default()
     }
 }
 
-fn grpc_log_config(cluster: &str) -> CommonGrpcAccessLogConfig {
+/// A gRPC access logger's common config: entries of the log `log_name`, carrying the
+/// filter state object `state_key`, to the bootstrap cluster `cluster`, flushed at
+/// least every `flush_ms`.
+pub(super) fn grpc_log_config(
+    cluster: &str,
+    log_name: &str,
+    state_key: &str,
+    flush_ms: u32,
+) -> CommonGrpcAccessLogConfig {
     CommonGrpcAccessLogConfig {
-        log_name: DENIAL_LOG_NAME.to_string(),
-        filter_state_objects_to_log: vec![DENIAL_PORT_KEY.to_string()],
+        log_name: log_name.to_string(),
+        filter_state_objects_to_log: vec![state_key.to_string()],
         grpc_service: Some(GrpcService {
             target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
                 grpc_service::EnvoyGrpc {
@@ -223,13 +232,17 @@ fn grpc_log_config(cluster: &str) -> CommonGrpcAccessLogConfig {
             ..Default::default()
         }),
         transport_api_version: ApiVersion::V3 as i32,
-        // Denials are rare and an operator waits for them: flushed within 0.5 s.
         buffer_flush_interval: Some(PbDuration {
-            seconds: 0,
-            nanos: 500_000_000,
+            seconds: i64::from(flush_ms / 1000),
+            nanos: (flush_ms % 1000 * 1_000_000) as i32,
         }),
         ..Default::default()
     }
+}
+
+/// Denials are rare and an operator waits for them: flushed within 0.5 s.
+fn denial_log_config(cluster: &str) -> CommonGrpcAccessLogConfig {
+    grpc_log_config(cluster, DENIAL_LOG_NAME, DENIAL_PORT_KEY, 500)
 }
 
 /// The HCM access log that streams an HTTP port's RBAC denials (and nothing else) to
@@ -283,7 +296,7 @@ pub fn http_denial_log(
         config_type: Some(access_log::ConfigType::TypedConfig(super::envoy::any(
             HTTP_GRPC_ACCESS_LOG,
             &HttpGrpcAccessLogConfig {
-                common_config: Some(grpc_log_config(cluster)),
+                common_config: Some(denial_log_config(cluster)),
                 ..Default::default()
             },
         ))),
@@ -303,7 +316,7 @@ pub fn tcp_denial_log(cluster: &str) -> AccessLog {
         config_type: Some(access_log::ConfigType::TypedConfig(super::envoy::any(
             TCP_GRPC_ACCESS_LOG,
             &TcpGrpcAccessLogConfig {
-                common_config: Some(grpc_log_config(cluster)),
+                common_config: Some(denial_log_config(cluster)),
             },
         ))),
     }

@@ -107,6 +107,11 @@ pub struct EnvoyOptions {
     /// `rbac.denied` stats only. Envoy refuses a listener naming a cluster its
     /// bootstrap lacks, so set it only for a bootstrap that has it.
     pub denial_log_cluster: Option<String>,
+    /// Access logs: every inbound port streams one entry per request or connection
+    /// (sampled) to the agent's gRPC access log service
+    /// ([`super::telemetry`]). `None` (the default): no access log. The cluster must
+    /// be in the bootstrap, as for `denial_log_cluster`.
+    pub access_log: Option<super::telemetry::AccessLogOptions>,
 }
 
 impl Default for EnvoyOptions {
@@ -118,6 +123,7 @@ impl Default for EnvoyOptions {
             retry_per_try_timeout_ms: 5000,
             capture_mark: None,
             denial_log_cluster: None,
+            access_log: None,
         }
     }
 }
@@ -314,18 +320,19 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
             .denial_log_cluster
             .as_deref()
             .filter(|_| !authz.is_empty());
-        let port_tag = denial_log.map(|_| {
+        let denial_tag = denial_log.map(|_| {
             let policy = ib.authz.as_ref().map_or("", |a| a.governed_by.as_str());
+            super::authz::denial_port_tag(policy, &pod.namespace, &pod.name, ib.app_port)
+        });
+        let access_log = opts.access_log.as_ref();
+        let access_tag = access_log
+            .map(|_| super::telemetry::access_port_tag(&pod.namespace, &pod.name, ib.app_port));
+        let port_tag = (denial_tag.is_some() || access_tag.is_some()).then(|| {
             network_filter(
                 "envoy.filters.network.set_filter_state",
                 type_urls::SET_FILTER_STATE,
-                super::authz::port_tag_filter(&super::authz::denial_port_tag(
-                    policy,
-                    &pod.namespace,
-                    &pod.name,
-                    ib.app_port,
-                ))
-                .encode_to_vec(),
+                super::telemetry::port_tags(access_tag.as_deref(), denial_tag.as_deref())
+                    .encode_to_vec(),
             )
         });
         let mut listener_access_log = Vec::new();
@@ -336,6 +343,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                         super::authz::http_denial_log(&authz, &authz_prefix, cluster)
                     })
                     .into_iter()
+                    .chain(access_log.map(super::telemetry::http_access_log))
                     .collect(),
                 stat_prefix,
                 route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
@@ -380,6 +388,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                 .collect()
         } else {
             listener_access_log.extend(denial_log.map(super::authz::tcp_denial_log));
+            listener_access_log.extend(access_log.map(super::telemetry::tcp_access_log));
             let tcp = TcpProxy {
                 stat_prefix,
                 cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster_name.clone())),

@@ -172,6 +172,7 @@ pub mod grpc;
 pub mod memo;
 pub mod model;
 pub mod refs;
+pub mod telemetry;
 
 pub use envoy::{
     EnvoyOptions, blackhole_cluster, caller_resources, capture_caller_resources, capture_listener,
