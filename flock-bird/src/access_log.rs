@@ -17,6 +17,7 @@
 //! following a symlink, and rotated to `<path>.1` past `max_bytes`. A path's query is
 //! never written (queries carry tokens).
 
+use crate::workload_metrics::{Pair, Recorder, WorkloadMetrics};
 use envoy_types::pb::envoy::config::core::v3::{RequestMethod, address, socket_address};
 use envoy_types::pb::envoy::data::accesslog::v3::{
     AccessLogCommon, HttpAccessLogEntry, TcpAccessLogEntry,
@@ -125,6 +126,19 @@ pub struct AccessLogs {
     dropped: Counter,
     written: Counter,
     local_pods: Arc<std::sync::OnceLock<LocalPods>>,
+    metrics: Option<WorkloadMetrics>,
+}
+
+/// What the writer does with the entries.
+#[derive(Debug, Clone)]
+pub struct Outputs {
+    /// Where the lines go (`None`: no lines, metrics only).
+    pub lines: Option<Destination>,
+    /// Percentage of entries written as lines, when Envoy does not sample them
+    /// (it sends every entry when the metrics need them all): 100 keeps all.
+    pub line_percent: u32,
+    /// The golden metrics to record every entry into.
+    pub metrics: Option<WorkloadMetrics>,
 }
 
 impl std::fmt::Debug for AccessLogs {
@@ -143,20 +157,28 @@ impl AccessLogs {
     /// Starts the writer thread for `dest`; lines are enriched from `view`. Fails when
     /// the file cannot be opened (it is opened here, so a bad path stops the agent at
     /// start, not at its first request).
-    pub fn start(dest: Destination, view: ViewSource) -> std::io::Result<Arc<Self>> {
-        let out = Output::open(dest)?;
+    pub fn start(outputs: Outputs, view: ViewSource) -> std::io::Result<Arc<Self>> {
+        let out = outputs.lines.map(Output::open).transpose()?;
         let (tx, rx) = sync_channel(QUEUE);
         let logs = Arc::new(Self {
             tx,
             dropped: Counter::default(),
             written: Counter::default(),
             local_pods: Arc::default(),
+            metrics: outputs.metrics.clone(),
         });
-        let written = logs.written.clone();
-        let local_pods = Arc::clone(&logs.local_pods);
+        let writer = Writer {
+            out,
+            line_percent: outputs.line_percent.min(100),
+            recorder: outputs
+                .metrics
+                .map(|m| Recorder::new(m, crate::workload_metrics::MAX_SERIES)),
+            written: logs.written.clone(),
+            local_pods: Arc::clone(&logs.local_pods),
+        };
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || write_lines(rx, out, view, local_pods, written))?;
+            .spawn(move || writer.run(rx, view))?;
         Ok(logs)
     }
 
@@ -168,6 +190,9 @@ impl AccessLogs {
 
     /// Registers `flock_access_log_lines_total` and `flock_access_log_dropped_total`.
     pub fn register(&self, registry: &mut Registry) {
+        if let Some(m) = &self.metrics {
+            m.register(registry);
+        }
         registry.register(
             "flock_access_log_lines",
             "Access log lines written",
@@ -469,41 +494,68 @@ impl Names {
     }
 }
 
-fn write_lines(
-    rx: Receiver<Record>,
-    mut out: Output,
-    view: ViewSource,
-    local_pods: Arc<std::sync::OnceLock<LocalPods>>,
+/// The writer thread's state.
+struct Writer {
+    out: Option<Output>,
+    line_percent: u32,
+    recorder: Option<Recorder>,
     written: Counter,
-) {
-    let mut names = Names::default();
-    let mut failing = false;
-    while let Ok(first) = rx.recv() {
-        names.refresh(&view);
-        let mut next = Some(first);
-        while let Some(record) = next {
-            let line = names.enrich(record, &local_pods);
-            let result = serde_json::to_vec(&line)
-                .map_err(std::io::Error::other)
-                .and_then(|bytes| out.write_line(&bytes));
-            match result {
-                Ok(()) => {
-                    written.inc();
-                    failing = false;
+    local_pods: Arc<std::sync::OnceLock<LocalPods>>,
+}
+
+impl Writer {
+    fn run(mut self, rx: Receiver<Record>, view: ViewSource) {
+        let mut names = Names::default();
+        let mut failing = false;
+        // Lines kept so far in hundredths: a line is written each time this passes 100
+        // (exactly `line_percent` of the entries, interleaved over every caller).
+        let mut credit = 0u32;
+        while let Ok(first) = rx.recv() {
+            names.refresh(&view);
+            let mut next = Some(first);
+            while let Some(record) = next {
+                let line = names.enrich(record, &self.local_pods);
+                if let Some(r) = &mut self.recorder {
+                    let pair = Pair::of(
+                        line.source_spiffe_id.as_deref(),
+                        line.destination_service.as_deref(),
+                    );
+                    if line.protocol == "tcp" {
+                        r.connection(&pair, line.bytes_received, line.bytes_sent);
+                    } else {
+                        r.request(&pair, line.status.unwrap_or(0), line.duration_ms / 1e3);
+                    }
                 }
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::error!(error = %e, "access log: cannot write a line (lines are lost until a write succeeds)");
+                credit += self.line_percent;
+                if let Some(out) = &mut self.out
+                    && credit >= 100
+                {
+                    credit -= 100;
+                    let result = serde_json::to_vec(&line)
+                        .map_err(std::io::Error::other)
+                        .and_then(|bytes| out.write_line(&bytes));
+                    match result {
+                        Ok(()) => {
+                            self.written.inc();
+                            failing = false;
+                        }
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::error!(error = %e, "access log: cannot write a line (lines are lost until a write succeeds)");
+                        }
+                        Err(_) => {}
+                    }
                 }
-                Err(_) => {}
+                credit %= 100;
+                next = rx.try_recv().ok();
             }
-            next = rx.try_recv().ok();
-        }
-        if let Err(e) = out.flush()
-            && !failing
-        {
-            failing = true;
-            tracing::error!(error = %e, "access log: cannot flush");
+            if let Some(out) = &mut self.out
+                && let Err(e) = out.flush()
+                && !failing
+            {
+                failing = true;
+                tracing::error!(error = %e, "access log: cannot flush");
+            }
         }
     }
 }
@@ -621,6 +673,7 @@ mod tests {
             dropped: Counter::default(),
             written: Counter::default(),
             local_pods: Arc::default(),
+            metrics: None,
         };
         (logs, rx)
     }
@@ -732,11 +785,15 @@ mod tests {
         v.seq = 1;
         let (_tx, rx) = tokio::sync::watch::channel(Arc::new(v));
         let logs = AccessLogs::start(
-            Destination::File {
-                path: path.clone(),
-                // About five lines of these (some 430 bytes each): eight lines
-                // rotate once.
-                max_bytes: 2500,
+            Outputs {
+                lines: Some(Destination::File {
+                    path: path.clone(),
+                    // About five lines of these (some 430 bytes each): eight lines
+                    // rotate once.
+                    max_bytes: 2500,
+                }),
+                line_percent: 100,
+                metrics: None,
             },
             rx,
         )
@@ -774,6 +831,45 @@ mod tests {
     }
 
     #[test]
+    fn with_metrics_every_entry_is_counted_and_the_lines_sampled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let metrics = WorkloadMetrics::default();
+        let logs = AccessLogs::start(
+            Outputs {
+                lines: Some(Destination::File {
+                    path: path.clone(),
+                    max_bytes: 1 << 20,
+                }),
+                line_percent: 10,
+                metrics: Some(metrics.clone()),
+            },
+            view(),
+        )
+        .unwrap();
+        let tag = access_port_tag("default", "web-0", 8080);
+        for _ in 0..40 {
+            logs.http(ACCESS_LOG_NAME, &http(Some(&tag)));
+        }
+        wait_written(&logs, 4);
+        let mut registry = Registry::default();
+        logs.register(&mut registry);
+        let count = r#"flock_requests_total{source_namespace="default",source="a",destination="unknown",code="201"} 40"#;
+        flock_testkit::wait_for(
+            "40 requests counted",
+            std::time::Duration::from_secs(10),
+            || {
+                let mut out = String::new();
+                flock_telemetry::prometheus_client::encoding::text::encode(&mut out, &registry)
+                    .unwrap();
+                out.contains(count)
+            },
+        );
+        assert_eq!(logs.written(), 4, "one line in ten");
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 4);
+    }
+
+    #[test]
     fn a_symlink_is_not_followed() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("elsewhere");
@@ -781,9 +877,13 @@ mod tests {
         let link = dir.path().join("access.log");
         std::os::unix::fs::symlink(&target, &link).unwrap();
         let err = AccessLogs::start(
-            Destination::File {
-                path: link.clone(),
-                max_bytes: 1 << 20,
+            Outputs {
+                lines: Some(Destination::File {
+                    path: link.clone(),
+                    max_bytes: 1 << 20,
+                }),
+                line_percent: 100,
+                metrics: None,
             },
             view(),
         )

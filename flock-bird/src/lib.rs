@@ -20,6 +20,7 @@ pub mod probe;
 pub mod registry;
 pub mod runtime;
 pub mod store;
+pub mod workload_metrics;
 pub mod xds_answers;
 pub mod xds_auth;
 

@@ -73,6 +73,13 @@ pub struct Options {
     /// `--access-log`: where access log lines go (`None`: no access log). The agent
     /// config's `access_log` must be set with it, so Envoy sends the entries.
     pub access_log: Option<crate::access_log::Destination>,
+    /// Percentage of entries the agent writes as lines (100 unless Envoy sends every
+    /// entry for the workload metrics and the lines are sampled here).
+    pub access_log_line_percent: u32,
+    /// `--workload-metrics`: golden metrics per workload pair on `/metrics`
+    /// ([`crate::workload_metrics`]). The agent config's `access_log` must be set with
+    /// it, unsampled.
+    pub workload_metrics: bool,
 }
 
 /// Kube mode's settings (see [`crate::kube`]).
@@ -394,10 +401,23 @@ pub async fn run(
             kube.pod_wait,
         )));
     }
-    if let Some(dest) = &opts.access_log {
-        let logs = crate::access_log::AccessLogs::start(dest.clone(), agent.registry().view())
+    if opts.access_log.is_some() || opts.workload_metrics {
+        let outputs = crate::access_log::Outputs {
+            lines: opts.access_log.clone(),
+            line_percent: opts.access_log_line_percent,
+            metrics: opts
+                .workload_metrics
+                .then(crate::workload_metrics::WorkloadMetrics::default),
+        };
+        let logs = crate::access_log::AccessLogs::start(outputs, agent.registry().view())
             .context("--access-log")?;
-        tracing::info!(destination = ?dest, sample_percent = opts.agent.access_log.as_ref().map(|a| a.sample_percent), "access log on");
+        tracing::info!(
+            access_log = ?opts.access_log,
+            line_percent = opts.access_log_line_percent,
+            envoy_sample_percent = opts.agent.access_log.as_ref().map(|a| a.sample_percent),
+            workload_metrics = opts.workload_metrics,
+            "telemetry from Envoy's access log stream on"
+        );
         agent = agent.with_access_logs(logs);
     }
     let agent = Arc::new(agent);

@@ -2,7 +2,8 @@
 //! `StreamAccessLogsMessage` (what the access log service takes from the node's
 //! Envoy), under the denial log's name, the access log's and the message's own, fed to
 //! the authorization-denial sink (`flock_bird::denials`) and the access log writer
-//! (`flock_bird::access_log`, writing to a temporary file rotated at 1 MiB). Neither
+//! (`flock_bird::access_log`, writing half the entries to a temporary file rotated at
+//! 1 MiB and recording every one in the workload metrics). Neither
 //! may panic, and every denial counted is one it was given: the counts never exceed
 //! the entries fed.
 
@@ -10,7 +11,8 @@
 
 use envoy_types::pb::envoy::service::accesslog::v3::StreamAccessLogsMessage;
 use envoy_types::pb::envoy::service::accesslog::v3::stream_access_logs_message::LogEntries;
-use flock_bird::access_log::{AccessLogs, Destination};
+use flock_bird::access_log::{AccessLogs, Destination, Outputs};
+use flock_bird::workload_metrics::WorkloadMetrics;
 use flock_bird::denials::Denials;
 use flock_xds::translate::telemetry::ACCESS_LOG_NAME;
 use std::sync::{Arc, OnceLock};
@@ -27,9 +29,13 @@ fn access_logs() -> &'static Arc<AccessLogs> {
             let dir = tempfile::tempdir().expect("a temporary directory");
             let (_, view) = tokio::sync::watch::channel(Arc::default());
             let logs = AccessLogs::start(
-                Destination::File {
-                    path: dir.path().join("access.log"),
-                    max_bytes: 1 << 20,
+                Outputs {
+                    lines: Some(Destination::File {
+                        path: dir.path().join("access.log"),
+                        max_bytes: 1 << 20,
+                    }),
+                    line_percent: 50,
+                    metrics: Some(WorkloadMetrics::default()),
                 },
                 view,
             )

@@ -447,6 +447,14 @@ pub struct Flags {
     /// MiB.
     #[arg(long, default_value_t = 100, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Telemetry")]
     pub access_log_max_mib: u64,
+    /// Golden metrics per workload pair on the admin /metrics: requests by response
+    /// code and their latency histogram, TCP connections and bytes, per caller
+    /// (namespace and service account, from its SPIFFE ID) and destination service;
+    /// at most 10,000 label sets (flock_workload_metrics_dropped_total counts the
+    /// rest). Envoy then streams every request's entry to the agent (any
+    /// --access-log-sample-percent is applied by the agent). See docs/telemetry.md.
+    #[arg(long, help_heading = "Telemetry")]
+    pub workload_metrics: bool,
 }
 
 /// `--access-log`: where the lines go, if anywhere.
@@ -579,13 +587,19 @@ impl Options {
         agent.publish_from_scratch = env.publish_from_scratch;
         agent.denial_log_cluster = Some(runtime::XDS_CLUSTER.to_string());
         let access_log = access_log(flags)?;
-        agent.access_log =
-            access_log
-                .as_ref()
-                .map(|_| flock_xds::translate::telemetry::AccessLogOptions {
-                    cluster: runtime::XDS_CLUSTER.to_string(),
-                    sample_percent: flags.access_log_sample_percent,
-                });
+        // With the workload metrics on, Envoy must send every entry (the metrics count
+        // them all) and the agent samples the lines; without, Envoy samples.
+        let (envoy_percent, line_percent) = if flags.workload_metrics {
+            (100, flags.access_log_sample_percent)
+        } else {
+            (flags.access_log_sample_percent, 100)
+        };
+        agent.access_log = (access_log.is_some() || flags.workload_metrics).then(|| {
+            flock_xds::translate::telemetry::AccessLogOptions {
+                cluster: runtime::XDS_CLUSTER.to_string(),
+                sample_percent: envoy_percent,
+            }
+        });
         let mut keep_capabilities = flags.keep_capabilities.clone();
         if capture.setting != Setting::Off {
             keep_capabilities.push(Capability::CAP_NET_ADMIN);
@@ -646,6 +660,8 @@ impl Options {
             kube: kube_options(flags, env.in_cluster)?,
             authz_dir: flags.authz_dir.clone(),
             access_log,
+            access_log_line_percent: line_percent,
+            workload_metrics: flags.workload_metrics,
         };
         Ok(Self {
             runtime,

@@ -151,7 +151,8 @@ pub fn without_counts(ruleset: &str) -> String {
 
 /// A real HTTP/1.1 server (Python) inside `ns` on `0.0.0.0:port` that answers every
 /// GET with `<name> saw <peer ip>:<peer port>` and prints each caller's address on a
-/// line of its log; returns once it answers on the namespace's loopback.
+/// line of its log; returns once it answers on the namespace's loopback. The status
+/// is 200, or NNN for a path `/status/NNN` (an error backend on demand).
 pub fn peer_echo_server_in(ns: &NetNs, port: u16, name: &str, log: &Path) -> ChildGuard {
     let src = format!(
         "import http.server, sys\n\
@@ -161,7 +162,8 @@ pub fn peer_echo_server_in(ns: &NetNs, port: u16, name: &str, log: &Path) -> Chi
          \x20       peer = '%s:%d' % self.client_address[:2]\n\
          \x20       print('peer ' + peer, flush=True)\n\
          \x20       b = ('{name} saw ' + peer).encode()\n\
-         \x20       self.send_response(200)\n\
+         \x20       code = int(self.path[8:11]) if self.path.startswith('/status/') else 200\n\
+         \x20       self.send_response(code)\n\
          \x20       self.send_header('content-length', str(len(b)))\n\
          \x20       self.end_headers()\n\
          \x20       self.wfile.write(b)\n\
