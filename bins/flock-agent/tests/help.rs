@@ -55,6 +55,10 @@ fn help_names_every_flag_group() {
         "--capture <MODE>",
         "Authorization:",
         "--authz-dir <DIR>",
+        "Telemetry:",
+        "--access-log <FILE|->",
+        "--access-log-sample-percent <PERCENT>",
+        "--workload-metrics",
         // The xDS quotas.
         "--xds-max-unix-connections <N>",
         "--xds-idle-timeout <SECS>",
