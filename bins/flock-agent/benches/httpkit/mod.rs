@@ -173,4 +173,3 @@ pub fn measure(netns: &str, addr: &str, host: &str) -> (f64, f64, f64) {
     }
     (pct(&sorted, 0.50), pct(&sorted, 0.99), n as f64 / secs)
 }
-
