@@ -59,6 +59,7 @@ fn help_names_every_flag_group() {
         "--access-log <FILE|->",
         "--access-log-sample-percent <PERCENT>",
         "--workload-metrics",
+        "--trace-collector <HOST:PORT>",
         // The xDS quotas.
         "--xds-max-unix-connections <N>",
         "--xds-idle-timeout <SECS>",
