@@ -18,6 +18,7 @@ pub mod node_ready;
 pub mod options;
 pub mod probe;
 pub mod registry;
+pub mod repair;
 pub mod runtime;
 pub mod store;
 pub mod workload_metrics;

@@ -96,6 +96,9 @@ pub struct KubeOptions {
     pub remove_startup_taint: bool,
     /// The CNI installer's ready file: the startup taint stays until it exists.
     pub cni_ready_file: Option<PathBuf>,
+    /// What to do with a running pod that should be meshed and is not
+    /// ([`crate::repair`]).
+    pub repair: crate::repair::RepairMode,
 }
 
 /// Starts kube mode's reflectors (`None` without kube mode): this node's pods, the
@@ -399,6 +402,10 @@ pub async fn run(
             Arc::clone(watch),
             opts.agent.node_name.clone(),
             kube.pod_wait,
+        )));
+        agent = agent.with_repairer(Arc::new(crate::repair::Repairer::new(
+            opts.agent.node_name.clone(),
+            kube.repair,
         )));
     }
     if opts.access_log.is_some() || opts.workload_metrics {
@@ -955,6 +962,10 @@ async fn gc_loop(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
         let removed = agent.gc_sweep(None).await;
         if removed > 0 {
             tracing::info!(removed, "orphan GC sweep removed items");
+        }
+        // Kube mode: pods that run without the mesh (`crate::repair`).
+        if let (Some(repairer), Some(kube)) = (agent.repairer(), agent.kube()) {
+            repairer.sweep(&agent, kube).await;
         }
     }
 }

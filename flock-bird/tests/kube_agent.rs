@@ -761,3 +761,99 @@ async fn authorization_policies_come_from_the_api_and_follow_memberships() {
     })
     .await;
 }
+
+/// `pod` with `status.phase`.
+fn pod_in_phase(ns: &str, name: &str, uid: &str, phase: &str) -> Pod {
+    let mut p = pod(ns, name, uid, json!({"app": "web"}));
+    p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        phase: Some(phase.into()),
+        ..Default::default()
+    });
+    p
+}
+
+/// Unmeshed pods: a Running, opted-in pod of this node with no store record (it
+/// started before the plugin was in the chain) is reported by one sweep — the
+/// sweeper's count and one Warning Event `Unmeshed` on the pod — while a pod the agent
+/// added, a pod not opted in and a Pending pod are not; with `--repair delete` it is
+/// deleted (only that UID: a pod re-created under the name is not). The API server is
+/// the double, as in the rest of this file.
+#[tokio::test]
+async fn a_running_pod_without_a_record_is_reported_in_one_sweep_and_deleted_on_request() {
+    use flock_bird::repair::{RepairMode, Repairer};
+    use k8s_openapi::api::core::v1::Event;
+    let s = setup().await;
+    let uid = |n: u8| format!("0e0c8a4f-0000-4000-8000-0000000000{n:02x}");
+    s.api
+        .apply(&pod_in_phase("shop", "web-0", &uid(1), "Running"));
+    s.api
+        .apply(&pod_in_phase("shop", "web-1", &uid(2), "Running"));
+    s.api
+        .apply(&pod_in_phase("plain", "app-0", &uid(3), "Running"));
+    s.api
+        .apply(&pod_in_phase("shop", "web-2", &uid(4), "Pending"));
+    let kube = Arc::clone(s.agent.kube().unwrap());
+    wait_for_async("the reflector to hold the four pods", WAIT, || {
+        kube.snapshot().pods.len() == 4
+    })
+    .await;
+    // web-0 went through the agent (its record is in the store); web-1 did not.
+    let out = s
+        .agent
+        .add_pod(&input("shop", "web-0", &uid(1)))
+        .await
+        .unwrap();
+    assert!(matches!(out, PodOutcome::Done(_)), "{out:?}");
+    wait_for_async("the agent ready", WAIT, || s.agent.not_ready().is_none()).await;
+
+    let report = Repairer::new("n1", RepairMode::Report);
+    let found = report.sweep(&s.agent, &kube).await;
+    let names: Vec<&str> = found.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(names, ["web-1"]);
+    assert_eq!(report.unmeshed(), 1);
+    // Read in process: the audit of the agent's requests stays the agent's.
+    let list: Vec<Event> = s.api.list(Some("shop"));
+    assert_eq!(list.len(), 1, "{list:?}");
+    let e = &list[0];
+    assert_eq!(e.reason.as_deref(), Some("Unmeshed"));
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.involved_object.name.as_deref(), Some("web-1"));
+    assert_eq!(e.involved_object.uid.as_deref(), Some(uid(2).as_str()));
+    // Reported once per pod: a second sweep finds it again and writes no new Event.
+    assert_eq!(report.sweep(&s.agent, &kube).await.len(), 1);
+    assert_eq!(s.api.list::<Event>(Some("shop")).len(), 1);
+    assert!(
+        s.api.get::<Pod>(Some("shop"), "web-1").is_some(),
+        "report mode deletes nothing"
+    );
+
+    // --repair delete: the unmeshed pod goes; the others stay.
+    let repair = Repairer::new("n1", RepairMode::Delete);
+    assert_eq!(repair.sweep(&s.agent, &kube).await.len(), 1);
+    assert_eq!(repair.deleted(), 1);
+    assert!(s.api.get::<Pod>(Some("shop"), "web-1").is_none(), "deleted");
+    for (ns, name) in [("shop", "web-0"), ("plain", "app-0"), ("shop", "web-2")] {
+        assert!(
+            s.api.get::<Pod>(Some(ns), name).is_some(),
+            "{ns}/{name} kept"
+        );
+    }
+    // Only the UID it saw: a pod re-created under the name before the delete lands
+    // is refused by the UID precondition (the reflector still shows the old one).
+    let stale = flock_bird::repair::Unmeshed {
+        namespace: "shop".into(),
+        name: "web-0".into(),
+        uid: uid(9),
+    };
+    let api: kube::Api<Pod> = kube::Api::namespaced(s.api.client(), "shop");
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(stale.uid.clone()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let err = api.delete(&stale.name, &params).await.unwrap_err();
+    assert!(err.to_string().contains("Precondition failed"), "{err}");
+    assert!(s.api.get::<Pod>(Some("shop"), "web-0").is_some());
+}

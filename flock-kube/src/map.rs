@@ -449,6 +449,33 @@ fn container_ports(
     Ok((ports, names))
 }
 
+/// Whether `pod` is a pod the agent on `node` should have meshed and must have seen
+/// (a CNI ADD stores it before the sandbox is up, so before any container runs): it is
+/// opted in, bound to `node`, `Running`, not hostNetwork and not terminating. A pod
+/// like that without a record in the agent's store started without the mesh (the
+/// plugin was not in the node's chain yet) and is reachable around Envoy. `None` when
+/// its facts do not map (the agent then cannot tell; it does not report it).
+pub fn should_be_meshed_on(
+    pod: &Pod,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    node: &str,
+) -> Option<PodFacts> {
+    let running = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Running");
+    if !running {
+        return None;
+    }
+    let facts = pod_facts(pod, namespace_labels).ok()?;
+    (facts.mesh.is_meshed()
+        && !facts.host_network
+        && !facts.terminating
+        && facts.node_name.as_deref() == Some(node))
+    .then_some(facts)
+}
+
 /// Maps a Pod. `namespace_labels` are its Namespace's labels (`None`: the namespace is
 /// not known, so only the pod's own label can mesh it).
 ///

@@ -204,10 +204,11 @@ fn clusterrole_allows_exactly_what_the_suite_asked_for() {
     );
 }
 
-/// The ClusterRole only reads, except patching Nodes (the startup taint), and names no
+/// The ClusterRole only reads, except creating Events (about unmeshed pods), deleting
+/// Pods (`--repair delete`) and patching Nodes (the startup taint), and names no
 /// wildcard (checked by `granted`).
 #[test]
-fn clusterrole_is_read_only_but_for_the_node_patch() {
+fn clusterrole_writes_only_events_unmeshed_pod_deletes_and_the_node_patch() {
     let role: ClusterRole = manifest("clusterrole.yaml");
     let writes: Vec<Permission> = granted(&role)
         .into_iter()
@@ -215,8 +216,13 @@ fn clusterrole_is_read_only_but_for_the_node_patch() {
         .collect();
     assert_eq!(
         writes,
-        [(String::new(), "nodes".into(), "patch".into())],
-        "the agent writes nothing to the API but its Node's taints"
+        [
+            (String::new(), "events".into(), "create".into()),
+            (String::new(), "nodes".into(), "patch".into()),
+            (String::new(), "pods".into(), "delete".into()),
+        ],
+        "the agent writes nothing to the API but Events, unmeshed pods' deletion and its \
+         Node's taints"
     );
     // Secrets and ConfigMaps are never read by the agent.
     assert!(

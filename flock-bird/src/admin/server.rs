@@ -496,6 +496,18 @@ fn sample_agent(agent: &Agent, s: &mut Samples) {
             issued,
         );
     }
+    if let Some(r) = agent.repairer() {
+        s.gauge(
+            "flock_agent_unmeshed_pods",
+            "Running pods of this node that should be meshed and have no record in the store (started before the CNI plugin was in the chain): their traffic bypasses Envoy",
+            r.unmeshed(),
+        );
+        s.counter(
+            "flock_agent_unmeshed_pods_deleted",
+            "Unmeshed pods deleted so their controllers recreate them meshed (--repair delete)",
+            r.deleted(),
+        );
+    }
     if let Some(snap) = agent.cache().snapshot(ENVOY_GROUP) {
         s.gauge(
             "flock_agent_xds_version",

@@ -150,6 +150,8 @@ pub struct Agent {
     denials: Arc<crate::denials::Denials>,
     /// The access log writer (`--access-log`), if on.
     access_logs: Option<Arc<crate::access_log::AccessLogs>>,
+    /// Kube mode's unmeshed-pod sweeper.
+    repairer: Option<Arc<crate::repair::Repairer>>,
     /// The metrics.
     pub metrics: AgentMetrics,
 }
@@ -179,6 +181,7 @@ impl Agent {
             xds_answers: Arc::default(),
             denials: Arc::default(),
             access_logs: None,
+            repairer: None,
             node_table: tokio::sync::Mutex::new(()),
             metrics: AgentMetrics::default(),
         }
@@ -207,6 +210,17 @@ impl Agent {
     pub fn with_access_logs(mut self, logs: Arc<crate::access_log::AccessLogs>) -> Self {
         self.access_logs = Some(logs);
         self
+    }
+
+    /// Sweeps for running pods that should be meshed and are not (kube mode).
+    pub fn with_repairer(mut self, repairer: Arc<crate::repair::Repairer>) -> Self {
+        self.repairer = Some(repairer);
+        self
+    }
+
+    /// The unmeshed-pod sweeper (kube mode).
+    pub fn repairer(&self) -> Option<&Arc<crate::repair::Repairer>> {
+        self.repairer.as_ref()
     }
 
     /// The access log writer, if the access log is on.

@@ -345,6 +345,14 @@ pub struct Flags {
     /// turns it off.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_value_t = true, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = "Kubernetes")]
     pub remove_startup_taint: bool,
+    /// Kube mode: what to do with a pod of this node that should be meshed and runs
+    /// without the mesh (it started before the CNI plugin was in the node's chain):
+    /// `report` (the default: a Warning Event `Unmeshed` on the pod, a log line and
+    /// flock_agent_unmeshed_pods) or `delete` (report it, then delete it so its
+    /// controller recreates it meshed; at most 5 per sweep). Checked every
+    /// --gc-interval.
+    #[arg(long, value_name = "WHAT", default_value = "report", value_parser = ["report", "delete"], help_heading = "Kubernetes")]
+    pub repair: String,
     /// Kube mode: the CNI installer's ready file (flock-install-cni --ready-file); the
     /// startup taint stays until it exists.
     #[arg(long, value_name = "PATH", help_heading = "Kubernetes")]
@@ -868,6 +876,11 @@ fn kube_options(flags: &Flags, in_cluster: bool) -> Result<Option<KubeOptions>, 
         pod_wait: flags.kube_pod_wait,
         remove_startup_taint: flags.remove_startup_taint,
         cni_ready_file: flags.cni_ready_file.clone(),
+        repair: if flags.repair == "delete" {
+            crate::repair::RepairMode::Delete
+        } else {
+            crate::repair::RepairMode::Report
+        },
     }))
 }
 

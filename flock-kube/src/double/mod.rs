@@ -124,6 +124,8 @@ struct Shared {
     watch_cap: Mutex<Option<Duration>>,
     audit: Mutex<Vec<ApiRequest>>,
     audit_file: Option<PathBuf>,
+    /// The suffix of the next `generateName` name.
+    generated: AtomicU64,
 }
 
 impl Shared {
@@ -209,6 +211,7 @@ impl ApiServer {
             watch_cap: Mutex::new(None),
             audit: Mutex::new(Vec::new()),
             audit_file,
+            generated: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         let ticker = {
@@ -320,6 +323,21 @@ impl ApiServer {
             .get(kind_of::<K>(), namespace.unwrap_or_default(), name)
             .cloned()?;
         Some(serde_json::from_value(obj).expect("API double: stored object deserializes"))
+    }
+
+    /// Every stored object of `K` in `namespace` (all namespaces: `None`), read in
+    /// process: not an API request, so not in the audit.
+    pub fn list<K: DeserializeOwned + k8s_openapi::Resource>(
+        &self,
+        namespace: Option<&str>,
+    ) -> Vec<K> {
+        self.shared
+            .store()
+            .list(kind_of::<K>(), namespace, None)
+            .map(|(_, obj)| {
+                serde_json::from_value(obj.clone()).expect("API double: stored object deserializes")
+            })
+            .collect()
     }
 
     /// While `down`, every open connection (watches included) is closed and new ones
@@ -660,13 +678,12 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
                 .unwrap_or_default()
                 .to_string();
             let method = req.method().clone();
-            let body = if method == Method::DELETE {
-                Value::Null
-            } else {
-                match read_json(req.into_body()).await {
-                    Ok(v) => v,
-                    Err(e) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", &e)),
-                }
+            let delete = method == Method::DELETE;
+            let body = match read_json(req.into_body()).await {
+                Ok(v) => v,
+                // A DELETE may come without DeleteOptions.
+                Err(_) if delete => Value::Null,
+                Err(e) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", &e)),
             };
             write(&shared, verb, &target, &content_type, body)
         }
@@ -896,6 +913,26 @@ fn write(
     let mut store = shared.store();
     let result = match verb {
         "delete" => {
+            // DeleteOptions.preconditions.uid: the real server refuses to delete an
+            // object of another UID (one re-created under the same name) with 409.
+            if let (Some(want), Some(obj)) = (
+                body.pointer("/preconditions/uid").and_then(Value::as_str),
+                store.get(kind, &ns, &name),
+            ) {
+                let have = obj
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                if want != have {
+                    return status(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        &format!(
+                            "Precondition failed: UID in precondition: {want}, UID in object meta: {have}"
+                        ),
+                    );
+                }
+            }
             return match store.remove(kind, &ns, &name) {
                 Some(obj) => json_response(StatusCode::OK, &obj),
                 None => not_found(kind, &name),
@@ -905,6 +942,18 @@ fn write(
             let mut body = body;
             if kind.namespaced() && body.is_object() {
                 body["metadata"]["namespace"] = json!(ns);
+            }
+            // metadata.generateName: the server picks the name (prefix + a suffix).
+            if store::name_of(&body).is_none()
+                && let Some(prefix) = body
+                    .pointer("/metadata/generateName")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            {
+                let n = shared
+                    .generated
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                body["metadata"]["name"] = json!(format!("{prefix}{n:05x}"));
             }
             store
                 .put(kind, body, false, false, true)

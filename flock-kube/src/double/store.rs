@@ -19,16 +19,19 @@ pub(crate) enum Kind {
     /// flock's own `AuthorizationPolicy` (`flock.io/v1alpha1`), as if its CRD were
     /// installed.
     AuthorizationPolicies,
+    /// core/v1 Events (written by the agent, read by tests).
+    Events,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 6] = [
+    pub(crate) const ALL: [Kind; 7] = [
         Kind::Pods,
         Kind::Services,
         Kind::EndpointSlices,
         Kind::Namespaces,
         Kind::Nodes,
         Kind::AuthorizationPolicies,
+        Kind::Events,
     ];
 
     pub(crate) fn group(self) -> &'static str {
@@ -63,6 +66,7 @@ impl Kind {
             Kind::Namespaces => "Namespace",
             Kind::Nodes => "Node",
             Kind::AuthorizationPolicies => "AuthorizationPolicy",
+            Kind::Events => "Event",
         }
     }
 
@@ -74,13 +78,18 @@ impl Kind {
             Kind::Namespaces => "namespaces",
             Kind::Nodes => "nodes",
             Kind::AuthorizationPolicies => "authorizationpolicies",
+            Kind::Events => "events",
         }
     }
 
     pub(crate) fn namespaced(self) -> bool {
         matches!(
             self,
-            Kind::Pods | Kind::Services | Kind::EndpointSlices | Kind::AuthorizationPolicies
+            Kind::Pods
+                | Kind::Services
+                | Kind::EndpointSlices
+                | Kind::AuthorizationPolicies
+                | Kind::Events
         )
     }
 
