@@ -77,6 +77,9 @@ pub struct Line {
     /// The caller's pod (`<namespace>/<name>`), when its address is a meshed pod's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_pod: Option<String>,
+    /// The caller's service (`<service>.<namespace>`), when its pod names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_service: Option<String>,
     /// The callee pod.
     pub destination_pod: String,
     /// The service the callee's port serves, when the registry names one.
@@ -117,8 +120,17 @@ struct Record {
     source_ip: Option<IpAddr>,
 }
 
-/// This node's meshed pods by address: `(address, <namespace>/<name>)`.
-pub type LocalPods = Box<dyn Fn() -> Vec<(IpAddr, String)> + Send + Sync>;
+/// A pod as a line names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodName {
+    /// `<namespace>/<name>`.
+    pub pod: String,
+    /// `<service>.<namespace>`, when the pod names a service.
+    pub service: Option<String>,
+}
+
+/// This node's meshed pods by address.
+pub type LocalPods = Box<dyn Fn() -> Vec<(IpAddr, PodName)> + Send + Sync>;
 
 /// The access log sink (see the module docs).
 pub struct AccessLogs {
@@ -440,9 +452,9 @@ const LOCAL_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Default)]
 struct Names {
     seq: Option<u64>,
-    pods: HashMap<IpAddr, String>,
+    pods: HashMap<IpAddr, PodName>,
     services: HashMap<(String, u16), String>,
-    local: HashMap<IpAddr, String>,
+    local: HashMap<IpAddr, PodName>,
     local_read: Option<std::time::Instant>,
 }
 
@@ -451,7 +463,7 @@ impl Names {
         &mut self,
         ip: IpAddr,
         local_pods: &std::sync::OnceLock<LocalPods>,
-    ) -> Option<String> {
+    ) -> Option<PodName> {
         if let Some(pod) = self.pods.get(&ip).or_else(|| self.local.get(&ip)) {
             return Some(pod.clone());
         }
@@ -474,7 +486,13 @@ impl Names {
         self.services.clear();
         for r in v.endpoints.values() {
             let e = &r.endpoint;
-            self.pods.insert(e.address, e.pod.clone());
+            self.pods.insert(
+                e.address,
+                PodName {
+                    pod: e.pod.clone(),
+                    service: Some(format!("{}.{}", e.service, e.namespace)),
+                },
+            );
             self.services
                 .entry((e.pod.clone(), e.service_port))
                 .or_insert_with(|| format!("{}.{}", e.service, e.namespace));
@@ -483,9 +501,13 @@ impl Names {
 
     fn enrich(&mut self, record: Record, local_pods: &std::sync::OnceLock<LocalPods>) -> Line {
         let mut line = record.line;
-        line.source_pod = record
+        if let Some(who) = record
             .source_ip
-            .and_then(|ip| self.source_pod(ip, local_pods));
+            .and_then(|ip| self.source_pod(ip, local_pods))
+        {
+            line.source_pod = Some(who.pod);
+            line.source_service = who.service;
+        }
         line.destination_service = self
             .services
             .get(&(line.destination_pod.clone(), line.destination_port))
@@ -788,7 +810,7 @@ mod tests {
             Outputs {
                 lines: Some(Destination::File {
                     path: path.clone(),
-                    // About five lines of these (some 430 bytes each): eight lines
+                    // About five lines of these (some 460 bytes each): eight lines
                     // rotate once.
                     max_bytes: 2500,
                 }),
@@ -799,7 +821,13 @@ mod tests {
         )
         .unwrap();
         logs.set_local_pods(Box::new(|| {
-            vec![("10.0.0.7".parse().unwrap(), "default/a-0".into())]
+            vec![(
+                "10.0.0.7".parse().unwrap(),
+                PodName {
+                    pod: "default/a-0".into(),
+                    service: Some("a.default".into()),
+                },
+            )]
         }));
         let tag = access_port_tag("default", "web-0", 8080);
         for _ in 0..8 {
@@ -821,6 +849,7 @@ mod tests {
         let line: serde_json::Value = serde_json::from_str(now.lines().next().unwrap()).unwrap();
         assert_eq!(line["destination_service"], "web.default");
         assert_eq!(line["source_pod"], "default/a-0");
+        assert_eq!(line["source_service"], "a.default");
         use std::os::unix::fs::PermissionsExt as _;
         for p in [&path, &rotated] {
             assert_eq!(

@@ -435,7 +435,14 @@ pub async fn run(
                 .map(|a| {
                     a.pods()
                         .values()
-                        .flat_map(|p| p.ips.iter().map(|ip| (*ip, p.pod_ref())))
+                        .flat_map(|p| {
+                            let who = crate::access_log::PodName {
+                                pod: p.pod_ref(),
+                                service: (!p.service.is_empty())
+                                    .then(|| format!("{}.{}", p.service, p.namespace)),
+                            };
+                            p.ips.iter().map(move |ip| (*ip, who.clone()))
+                        })
                         .collect()
                 })
                 .unwrap_or_default()

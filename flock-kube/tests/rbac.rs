@@ -794,3 +794,72 @@ fn the_documented_authorization_policy_is_accepted() {
         sourced.written.as_ref().err()
     );
 }
+
+/// The node-patch admission policy (deploy/node-patch-policy.yaml) is bound (Deny),
+/// matches Node updates by exactly the agent's service account as the manifests name
+/// it, and its rules name the token's node-name extra and the taint the agent removes
+/// (`flock_kube::taint::STARTUP_TAINT_KEY`). Its CEL runs only in an API server; the
+/// schema check is `scripts/validate-manifests`'.
+#[test]
+fn the_node_patch_policy_confines_the_agents_node_writes() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let path = deploy_dir().join("node-patch-policy.yaml");
+    let text = read_limited(&path);
+    let docs: Vec<&str> = text.split("\n---\n").collect();
+    assert_eq!(docs.len(), 2, "the policy and its binding");
+    let parse = |doc: &str| -> serde_json::Value {
+        serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(parse(docs[0])).unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(parse(docs[1])).unwrap();
+    let spec = policy.spec.expect("policy spec");
+    let bspec = binding.spec.expect("binding spec");
+    assert_eq!(bspec.policy_name, policy.metadata.name);
+    assert_eq!(bspec.validation_actions, Some(vec!["Deny".to_string()]));
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+
+    let rules = spec
+        .match_constraints
+        .expect("matchConstraints")
+        .resource_rules
+        .expect("resourceRules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].resources, Some(vec!["nodes".to_string()]));
+    assert_eq!(rules[0].operations, Some(vec!["UPDATE".to_string()]));
+
+    let ns: Namespace = manifest("namespace.yaml");
+    let sa: ServiceAccount = manifest("serviceaccount.yaml");
+    let user = format!(
+        "system:serviceaccount:{}:{}",
+        ns.metadata.name.unwrap(),
+        sa.metadata.name.unwrap()
+    );
+    let conditions = spec.match_conditions.expect("matchConditions");
+    assert_eq!(conditions.len(), 1);
+    assert_eq!(
+        conditions[0].expression,
+        format!("request.userInfo.username == '{user}'")
+    );
+    let rules: Vec<String> = spec
+        .validations
+        .expect("validations")
+        .into_iter()
+        .map(|v| v.expression)
+        .collect();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.contains("authentication.kubernetes.io/node-name")
+                && r.contains("object.metadata.name")),
+        "{rules:?}"
+    );
+    assert!(
+        rules.iter().any(|r| r.contains(&format!(
+            "t.key != '{}'",
+            flock_kube::taint::STARTUP_TAINT_KEY
+        ))),
+        "{rules:?}"
+    );
+}
