@@ -66,20 +66,8 @@ fn main() {
     app_in(&ns_b.path(), 8080);
     let ns_m = NetNs::new("bm");
     app_in(&ns_m.path(), 8080);
-    let b = Pod::add_in(
-        cni,
-        ns_b,
-        "default",
-        "web-0",
-        json!({"flock.io/service": "web", "flock.io/ports": "8080/http",
-               "flock.io/service-account": "web"}),
-    );
-    let a = Pod::add(
-        cni,
-        "ba",
-        "client-0",
-        json!({"flock.io/service": "client", "flock.io/service-account": "client"}),
-    );
+    let b = Pod::add_server(cni, ns_b, "web-0", "web");
+    let a = Pod::add_client(cni, "ba", "client-0");
     let e = Pod::add(
         cni,
         "be",

@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use capturekit::*;
 use common::*;
 use httpkit::*;
-use serde_json::json;
 
 /// The agent's user + system CPU time so far (from `/proc/<pid>/stat`).
 fn cpu_of(pid: u32) -> Duration {
@@ -67,20 +66,8 @@ fn round(telemetry: bool) -> (f64, f64, f64, f64) {
     let net = ChainedNetwork::start(work.path(), &agent, "tbench", 8000);
     let ns_b = NetNs::new("tb");
     app_in(&ns_b.path(), 8080);
-    let b = Pod::add_in(
-        &net.cni,
-        ns_b,
-        "default",
-        "web-0",
-        json!({"flock.io/service": "web", "flock.io/ports": "8080/http",
-               "flock.io/service-account": "web"}),
-    );
-    let a = Pod::add(
-        &net.cni,
-        "ta",
-        "client-0",
-        json!({"flock.io/service": "client", "flock.io/service-account": "client"}),
-    );
+    let b = Pod::add_server(&net.cni, ns_b, "web-0", "web");
+    let a = Pod::add_client(&net.cni, "ta", "client-0");
     let cpu = cpu_of(agent.proc.pid());
     let (p50, p99, rps) = measure(&a.ns.path(), &format!("{}:8080", b.ip), "web");
     let requests = (LATENCY_REQUESTS + 200) as f64 + rps * THROUGHPUT_FOR.as_secs_f64();

@@ -29,7 +29,7 @@ mod common;
 
 use capturekit::*;
 use common::*;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 const TRUST_DOMAIN: &str = "mesh.test";
@@ -152,28 +152,9 @@ fn prometheus_sees_each_pairs_requests_and_success_rate() {
     let _web_app = peer_echo_server_in(&ns_web, 8080, "web-0", &log("web-0"));
     let ns_flaky = NetNs::new("tf");
     let _flaky_app = peer_echo_server_in(&ns_flaky, 8080, "flaky-0", &log("flaky-0"));
-    let client = Pod::add(
-        &net.cni,
-        "tc",
-        "client-0",
-        json!({"flock.io/service": "client", "flock.io/service-account": "client"}),
-    );
-    let web = Pod::add_in(
-        &net.cni,
-        ns_web,
-        "default",
-        "web-0",
-        json!({"flock.io/service": "web", "flock.io/ports": "8080/http",
-               "flock.io/service-account": "web"}),
-    );
-    let flaky = Pod::add_in(
-        &net.cni,
-        ns_flaky,
-        "default",
-        "flaky-0",
-        json!({"flock.io/service": "flaky", "flock.io/ports": "8080/http",
-               "flock.io/service-account": "flaky"}),
-    );
+    let client = Pod::add_client(&net.cni, "tc", "client-0");
+    let web = Pod::add_server(&net.cni, ns_web, "web-0", "web");
+    let flaky = Pod::add_server(&net.cni, ns_flaky, "flaky-0", "flaky");
     let prom = Prometheus::start(&agent, work.path());
     let web_url = format!("http://{}:8080/", web.ip);
     wait_for("client → web answers 200", WAIT, || {
@@ -337,20 +318,8 @@ fn a_calls_two_hops_share_one_trace_at_the_otlp_receiver() {
     let net = ChainedNetwork::start(work.path(), &agent, "trc", 8000);
     let ns_web = NetNs::new("rw");
     let _web_app = peer_echo_server_in(&ns_web, 8080, "web-0", &work.path().join("web-0.log"));
-    let client = Pod::add(
-        &net.cni,
-        "rc",
-        "client-0",
-        json!({"flock.io/service": "client", "flock.io/service-account": "client"}),
-    );
-    let web = Pod::add_in(
-        &net.cni,
-        ns_web,
-        "default",
-        "web-0",
-        json!({"flock.io/service": "web", "flock.io/ports": "8080/http",
-               "flock.io/service-account": "web"}),
-    );
+    let client = Pod::add_client(&net.cni, "rc", "client-0");
+    let web = Pod::add_server(&net.cni, ns_web, "web-0", "web");
     let url = format!("http://{}:8080/traced", web.ip);
     wait_for("client → web answers 200", WAIT, || {
         curl_in(&client.ns, &url).0 == 200

@@ -34,6 +34,30 @@ impl Pod {
         Self::add_in(cni, NetNs::new(tag), "default", name, annotations)
     }
 
+    /// A meshed server pod `default/<name>` in `ns` (where its app already listens):
+    /// service and service account `service`, one HTTP port 8080.
+    pub fn add_server(cni: &Cni, ns: NetNs, name: &str, service: &str) -> Self {
+        Self::add_in(
+            cni,
+            ns,
+            "default",
+            name,
+            serde_json::json!({"flock.io/service": service, "flock.io/ports": "8080/http",
+                               "flock.io/service-account": service}),
+        )
+    }
+
+    /// A meshed client pod `default/<name>` in a new netns: service and service
+    /// account `client`, no ports.
+    pub fn add_client(cni: &Cni, tag: &str, name: &str) -> Self {
+        Self::add(
+            cni,
+            tag,
+            name,
+            serde_json::json!({"flock.io/service": "client", "flock.io/service-account": "client"}),
+        )
+    }
+
     /// Like [`Pod::add`] in an existing netns and Kubernetes namespace.
     pub fn add_in(cni: &Cni, ns: NetNs, namespace: &str, name: &str, annotations: Value) -> Self {
         let mut pod = Self {
