@@ -34,6 +34,7 @@
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //! | [`registry`] | the registry key layout and which remote entries an agent serves | one node's bad or forged entry taking a service down or widening who a caller trusts |
 //! | [`regsync`] | the registry writes that make the registry hold exactly the live pods' endpoints | CNI failing while the registry is down; ghosts of writes abandoned midway |
+//! | [`route`] | a Service's traffic policy from Gateway API `HTTPRoute`s: matches, weighted backends, timeouts, retries, and the order Envoy tries them in | a bad route (an unknown filter, a regex Envoy would refuse) breaking every route of the node; a `POST` retried twice |
 //! | [`rotation`] | when a certificate (an SVID) is rotated: half its written lifetime after issuance, on the monotonic clock | a wall-clock step rotating every identity at once, or stalling rotation for hours |
 //!
 //! The names R1–R8 are the races described in the repository's `docs/races.md`. Each can be re-introduced with
@@ -82,6 +83,7 @@ pub mod regsync;
 pub mod reintroduce;
 pub mod resources;
 pub mod rotation;
+pub mod route;
 pub mod snapshot;
 pub mod sync;
 pub mod time;

@@ -517,6 +517,8 @@ mod props {
                         } else {
                             Vec::new()
                         },
+                        routes: Vec::new(),
+                        pool: None,
                     })
                     .collect();
                 m

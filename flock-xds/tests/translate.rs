@@ -333,6 +333,8 @@ fn same_service_name_in_two_namespaces_drops_the_ambiguous_short_names() {
         }],
         endpoints: vec![],
         vips: vec![],
+        routes: Vec::new(),
+        pool: None,
     };
     let services = vec![svc("a"), svc("b")];
     let r = translate::outbound_routes(&services, &EnvoyOptions::default());
@@ -782,6 +784,8 @@ proptest::proptest! {
                 })
                 .collect(),
             vips: vips.iter().map(|v| v.parse().unwrap()).collect(),
+            routes: Vec::new(),
+            pool: None,
         };
         let alone: Vec<String> = svc.validate().err().unwrap_or_default().iter().map(ToString::to_string).collect();
         let mesh = Mesh { services: vec![svc], ..Mesh::default() };
@@ -896,6 +900,8 @@ fn validation_enforces_limits() {
         }],
         endpoints: eps.clone(),
         vips: vec![],
+        routes: Vec::new(),
+        pool: None,
     };
     let m = Mesh {
         services: vec![svc.clone()],
@@ -1152,6 +1158,8 @@ mod props {
                         ports,
                         endpoints,
                         vips,
+                        routes: Vec::new(),
+                        pool: None,
                     }
                 })
                 .collect()

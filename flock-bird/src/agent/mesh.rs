@@ -158,6 +158,8 @@ pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<tr
                 ports: Vec::new(),
                 endpoints: Vec::new(),
                 vips: Vec::new(),
+                routes: Vec::new(),
+                pool: None,
             });
         if !svc.ports.iter().any(|p| p.port == ep.service_port) {
             svc.ports.push(translate::ServicePort {

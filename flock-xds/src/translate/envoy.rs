@@ -167,6 +167,14 @@ fn address_of(sa: SocketAddress) -> Address {
     }
 }
 
+/// `ms` milliseconds as a protobuf `Duration`.
+pub(crate) fn duration_ms_u64(ms: u64) -> Duration {
+    Duration {
+        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
 fn duration_ms(ms: u32) -> Duration {
     Duration {
         seconds: i64::from(ms / 1000),
@@ -1018,6 +1026,12 @@ pub(crate) fn outbound_cluster(service: &Service, port: u16, protocol: Protocol)
         connect_timeout: Some(duration_ms(MESH_CONNECT_TIMEOUT_MS)),
         lb_policy: LbPolicy::RoundRobin as i32,
         outlier_detection: Some(outlier_detection()),
+        circuit_breakers: Some(super::policy::circuit_breakers(
+            service
+                .pool
+                .as_ref()
+                .unwrap_or(&super::policy::ConnectionPool::default()),
+        )),
         ..Default::default()
     };
     if protocol == Protocol::Grpc {
@@ -1184,14 +1198,17 @@ fn domains(
 /// not depend on the order of `services`. Domains are unique: the bare `<svc>`
 /// names are only used for a service name that exists in one namespace only.
 pub fn outbound_routes<S: Borrow<Service>>(services: &[S], opts: &EnvoyOptions) -> Resource {
-    routes(names::OUTBOUND_ROUTE, services, opts, &|s, port| {
-        names::outbound_cluster(s, port)
-    })
+    routes(
+        names::OUTBOUND_ROUTE,
+        services,
+        opts,
+        &|ns, name, port, _| names::outbound_cluster_of(name, ns, port),
+    )
 }
 
 /// The methods RFC 9110 (section 9.2.2) defines as idempotent, as an RE2 pattern
 /// Envoy matches against the whole `:method`.
-const IDEMPOTENT_METHODS: &str = "GET|HEAD|OPTIONS|TRACE|PUT|DELETE";
+pub(crate) const IDEMPOTENT_METHODS: &str = "GET|HEAD|OPTIONS|TRACE|PUT|DELETE";
 
 /// What the outbound routes retry for idempotent requests: everything that fails
 /// with a gateway error (502, 503, 504: a refused or timed-out connection, a
@@ -1216,7 +1233,7 @@ pub const RETRY_ON_OTHER: &str = "connect-failure,refused-stream,reset-before-re
 /// left, another priority (`previous_priorities`: the first retry after the local
 /// zone's only endpoint failed goes to the next zone, not back to the same dead
 /// endpoint, which outlier detection may not have ejected yet).
-fn retry_policy(retry_on: &str, per_try_timeout_ms: u32) -> RetryPolicy {
+pub(crate) fn retry_policy(retry_on: &str, per_try_timeout_ms: u32) -> RetryPolicy {
     RetryPolicy {
         retry_on: retry_on.to_string(),
         num_retries: Some(UInt32Value { value: 2 }),
@@ -1286,7 +1303,7 @@ fn routes<S: Borrow<Service>>(
     name: &str,
     services: &[S],
     opts: &EnvoyOptions,
-    cluster_for: &dyn Fn(&Service, u16) -> String,
+    cluster_for: &super::policy::ClusterFor<'_>,
 ) -> Resource {
     let ambiguous = ambiguous_service_names(services);
     let mut sorted: Vec<&Service> = services.iter().map(Borrow::borrow).collect();
@@ -1322,7 +1339,7 @@ fn service_virtual_hosts(
     s: &Service,
     short: bool,
     opts: &EnvoyOptions,
-    cluster_for: &dyn Fn(&Service, u16) -> String,
+    cluster_for: &super::policy::ClusterFor<'_>,
     emitted: &mut std::collections::HashSet<String>,
 ) -> Vec<VirtualHost> {
     let mut out = Vec::new();
@@ -1332,13 +1349,24 @@ fn service_virtual_hosts(
         if !seen.insert(p.port) {
             continue; // an invalid mesh; never emit a duplicate domain
         }
-        let cluster = cluster_for(s, p.port);
         let mut domains = domains(s, p.port, first, short, &opts.cluster_domain);
         domains.retain(|d| emitted.insert(d.clone()));
+        let mut rules = super::policy::rules_of(s, p.port).peekable();
+        let routes = if rules.peek().is_some() {
+            super::policy::policy_routes(
+                rules,
+                opts.retry_per_try_timeout_ms,
+                cluster_for,
+                super::policy::Flavor::Envoy,
+            )
+        } else {
+            let cluster = cluster_for(&s.namespace, &s.name, p.port, None);
+            outbound_service_routes(&cluster, opts)
+        };
         out.push(VirtualHost {
             name: names::service_authority(s, p.port),
             domains,
-            routes: outbound_service_routes(&cluster, opts),
+            routes,
             ..Default::default()
         });
         first = false;
@@ -1355,7 +1383,7 @@ pub(crate) fn encoded_service_routes(
     s: &Service,
     short: bool,
     opts: &EnvoyOptions,
-    cluster_for: &dyn Fn(&Service, u16) -> String,
+    cluster_for: &super::policy::ClusterFor<'_>,
 ) -> Vec<u8> {
     let mut emitted = std::collections::HashSet::new();
     let mut buf = Vec::new();
@@ -1602,12 +1630,13 @@ pub fn caller_routes<S: Borrow<Service>>(
         &names::outbound_route_for(identity),
         services,
         opts,
-        &|s, port| {
-            let name = names::mtls_cluster(s, port, identity);
-            if has_cluster(&name) {
+        &|ns, svc, port, backend_mtls| {
+            let name = names::mtls_cluster_of(svc, ns, port, identity);
+            let mtls = backend_mtls.unwrap_or_else(|| has_cluster(&name));
+            if mtls {
                 name
             } else {
-                names::outbound_cluster(s, port)
+                names::outbound_cluster_of(svc, ns, port)
             }
         },
     )

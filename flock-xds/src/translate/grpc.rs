@@ -73,7 +73,16 @@ pub fn grpc_service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Res
                 domains,
                 // gRPC matches paths like "/pkg.Service/Method": the empty prefix
                 // matches them all.
-                routes: vec![route_to("", &cluster_name)],
+                routes: if service.routes.is_empty() {
+                    vec![route_to("", &cluster_name)]
+                } else {
+                    super::policy::policy_routes(
+                        super::policy::rules_of(service, p.port),
+                        0,
+                        &|ns, name, port, _| names::outbound_cluster_of(name, ns, port),
+                        super::policy::Flavor::Grpc,
+                    )
+                },
                 ..Default::default()
             }],
             ..Default::default()

@@ -481,9 +481,12 @@ fn own_resources(envoy: bool, svc: &Service, opts: &EnvoyOptions) -> Translated 
 
 /// A service's part of the shared outbound route configuration.
 fn shared_part(svc: &Service, short: bool, opts: &EnvoyOptions) -> Arc<Vec<u8>> {
-    Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
-        names::outbound_cluster(s, port)
-    }))
+    Arc::new(encoded_service_routes(
+        svc,
+        short,
+        opts,
+        &|ns, name, port, _| names::outbound_cluster_of(name, ns, port),
+    ))
 }
 
 /// A service's part of `caller`'s route configuration: to its mTLS cluster of a port
@@ -500,14 +503,22 @@ fn caller_part(
             .iter()
             .any(|(ty, n, ..)| *ty == CLUSTER && &**n == name)
     };
-    Arc::new(encoded_service_routes(svc, short, opts, &|s, port| {
-        let name = names::mtls_cluster(s, port, caller);
-        if has(&name) {
-            name
-        } else {
-            names::outbound_cluster(s, port)
-        }
-    }))
+    // A backend of a route rule says whether its port is mTLS itself: the memo
+    // keeps this part while the service is unchanged, and the resolution that set
+    // `BackendRef::mtls` is part of the service.
+    Arc::new(encoded_service_routes(
+        svc,
+        short,
+        opts,
+        &|ns, name, port, backend_mtls| {
+            let cluster = names::mtls_cluster_of(name, ns, port, caller);
+            if backend_mtls.unwrap_or_else(|| has(&cluster)) {
+                cluster
+            } else {
+                names::outbound_cluster_of(name, ns, port)
+            }
+        },
+    ))
 }
 
 /// Pushes each secret's resource, reusing the one in `kept` for an equal secret (no

@@ -171,6 +171,7 @@ pub mod envoy;
 pub mod grpc;
 pub mod memo;
 pub mod model;
+pub mod policy;
 pub mod refs;
 pub mod telemetry;
 
@@ -305,7 +306,17 @@ pub mod names {
 
     /// `outbound|<port>|<svc>.<ns>`: a service port's cluster and endpoints.
     pub fn outbound_cluster(service: &Service, port: u16) -> String {
-        format!("outbound|{port}|{}.{}", service.name, service.namespace)
+        outbound_cluster_of(&service.name, &service.namespace, port)
+    }
+
+    /// [`outbound_cluster`] of the service `name` in `namespace`.
+    pub fn outbound_cluster_of(name: &str, namespace: &str, port: u16) -> String {
+        format!("outbound|{port}|{name}.{namespace}")
+    }
+
+    /// [`mtls_cluster`] of the service `name` in `namespace`.
+    pub fn mtls_cluster_of(name: &str, namespace: &str, port: u16, identity: &str) -> String {
+        format!("{}|{identity}", outbound_cluster_of(name, namespace, port))
     }
 
     /// `<svc>.<ns>:<port>`: a service port's virtual host, and its proxyless gRPC

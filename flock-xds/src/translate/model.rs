@@ -98,7 +98,25 @@ pub struct Service {
     /// service's too. Default: none.
     #[serde(default)]
     pub vips: Vec<IpAddr>,
+    /// Traffic policy: the rules of the `HTTPRoute`s whose parent is this service
+    /// ([`flock_core::route`]), each for one HTTP/gRPC port or all of them. A port
+    /// with rules routes by them (and answers 404 to what none matches); a port
+    /// without keeps the default route to all its endpoints. At most
+    /// [`MAX_ROUTE_RULES`]. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<RouteRule>,
+    /// Connection-pool limits of the service's clusters; default
+    /// [`ConnectionPool::default`] (every mesh cluster has limits: one Envoy
+    /// carries every pod of the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<ConnectionPool>,
 }
+
+/// Most route rules of one service (16 routes of 16 rules each).
+pub const MAX_ROUTE_RULES: usize = 256;
+
+pub use super::policy::ConnectionPool;
+pub use flock_core::route::RouteRule;
 
 /// One port of a service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -497,6 +515,30 @@ impl Mesh {
     }
 }
 
+impl Mesh {
+    /// Resolves every service's route rules against the mesh's services
+    /// ([`super::policy::resolve`]): what a control plane that writes rules by hand
+    /// calls before translating. Returns what was dropped.
+    pub fn resolve_routes(&mut self) -> Vec<super::policy::RouteProblem> {
+        let snapshot = self.services.clone();
+        let lookup = |ns: &str, name: &str| {
+            snapshot
+                .iter()
+                .find(|s| s.namespace == ns && s.name == name)
+        };
+        let mut problems = Vec::new();
+        for s in &mut self.services {
+            if s.routes.is_empty() {
+                continue;
+            }
+            let (rules, p) = super::policy::resolve(&s.routes, s, &lookup);
+            s.routes = rules;
+            problems.extend(p);
+        }
+        problems
+    }
+}
+
 impl Service {
     /// [`Mesh::validate`] of a mesh of this service alone (the same problems, with
     /// paths under `services[0]`), without building one: the agent validates a
@@ -661,6 +703,106 @@ impl Validator {
         }
     }
 
+    /// A service's route rules and pool: what [`flock_core::route`] checks of a
+    /// route, again (the mesh JSON carries rules written by hand), and that each
+    /// rule's port is one of the service's HTTP/gRPC ports.
+    fn routes(&mut self, path: &str, s: &Service) {
+        if s.routes.len() > MAX_ROUTE_RULES {
+            self.err(
+                format!("{path}.routes"),
+                format!(
+                    "{} rules, more than the limit of {MAX_ROUTE_RULES}",
+                    s.routes.len()
+                ),
+            );
+        }
+        for (j, r) in s.routes.iter().enumerate() {
+            let rp = format!("{path}.routes[{j}]");
+            if let Some(port) = r.port
+                && !s
+                    .ports
+                    .iter()
+                    .any(|p| p.port == port && p.protocol.is_http())
+            {
+                self.err(
+                    format!("{rp}.port"),
+                    format!("{port} is not an HTTP or gRPC port of the service"),
+                );
+            }
+            if r.matches.len() > flock_core::route::MAX_MATCHES
+                || r.backends.len() > flock_core::route::MAX_BACKENDS
+            {
+                self.err(&rp, "too many matches or backends");
+            }
+            for (k, m) in r.matches.iter().enumerate() {
+                let p = match &m.path {
+                    flock_core::route::PathMatch::Exact(p)
+                    | flock_core::route::PathMatch::Prefix(p) => p,
+                };
+                if !p.starts_with('/')
+                    || p.len() > flock_core::route::MAX_PATH_LEN
+                    || p.chars().any(char::is_control)
+                {
+                    self.err(
+                        format!("{rp}.matches[{k}].path"),
+                        "must start with / (at most 1024 characters, no control characters)",
+                    );
+                }
+                if m.headers.len() > flock_core::route::MAX_HEADERS
+                    || m.headers.iter().any(|h| {
+                        h.name.is_empty()
+                            || h.name.starts_with(':')
+                            || h.name.len() > flock_core::route::MAX_HEADER_NAME_LEN
+                            || h.value.len() > flock_core::route::MAX_HEADER_VALUE_LEN
+                            || h.name.chars().chain(h.value.chars()).any(char::is_control)
+                    })
+                {
+                    self.err(
+                        format!("{rp}.matches[{k}].headers"),
+                        "an invalid or oversized header match",
+                    );
+                }
+                if m.method
+                    .as_deref()
+                    .is_some_and(|mt| !flock_core::route::METHODS.contains(&mt))
+                {
+                    self.err(format!("{rp}.matches[{k}].method"), "not an HTTP method");
+                }
+            }
+            let mut sum = 0u64;
+            for (k, b) in r.backends.iter().enumerate() {
+                self.label(
+                    &format!("{rp}.backends[{k}].service"),
+                    "service name",
+                    &b.service,
+                );
+                self.label(
+                    &format!("{rp}.backends[{k}].namespace"),
+                    "namespace",
+                    &b.namespace,
+                );
+                if b.port == 0 {
+                    self.err(format!("{rp}.backends[{k}].port"), "port must be 1-65535");
+                }
+                sum += u64::from(b.weight);
+            }
+            if sum > u64::from(u32::MAX) {
+                self.err(format!("{rp}.backends"), "weights sum to more than 2^32-1");
+            }
+        }
+        if let Some(pool) = &s.pool
+            && (pool.max_connections == 0
+                || pool.max_pending_requests == 0
+                || pool.max_requests == 0
+                || !(1..=100).contains(&pool.retry_budget_percent))
+        {
+            self.err(
+                format!("{path}.pool"),
+                "limits must be at least 1, the retry budget 1-100%",
+            );
+        }
+    }
+
     fn service(&mut self, path: &str, s: &Service) {
         self.label(&format!("{path}.name"), "service name", &s.name);
         self.label(&format!("{path}.namespace"), "namespace", &s.namespace);
@@ -708,6 +850,7 @@ impl Validator {
                 }
             }
         }
+        self.routes(path, s);
         // Per service port: which endpoints (address, port) it has, and their weight sum.
         let mut per_port: BTreeMap<u16, (HashSet<(IpAddr, u16)>, u64)> = BTreeMap::new();
         // The ports an endpoint without a service port serves: every port, in order

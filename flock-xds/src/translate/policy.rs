@@ -1,0 +1,461 @@
+//! Traffic policy in the translation: a service's [`RouteRule`]s (from Gateway API
+//! `HTTPRoute`s, [`flock_core::route`]) as the routes of its outbound virtual host,
+//! for Envoy and for proxyless gRPC, and the circuit breakers of every mesh cluster.
+//!
+//! Per (rule, match) in [`flock_core::route::ordered`] order, one or two Envoy routes:
+//! a path prefix `/api` is the exact path `/api` and the prefix `/api/` (Gateway
+//! API's segment-wise prefix, in the two matchers both Envoy and gRPC implement).
+//! Each routes to its backends by weight (`weighted_clusters`; one backend: its
+//! cluster), with the rule's timeout. A rule's retries are split by method as the
+//! mesh's default routes are: idempotent methods retry on everything the rule names,
+//! other methods only where the request never left (unless the route allows
+//! non-idempotent retries). After every rule, a 404 for what no rule matched.
+
+use super::envoy::{
+    IDEMPOTENT_METHODS, RETRY_ON_IDEMPOTENT, RETRY_ON_OTHER, duration_ms_u64, retry_policy,
+};
+use super::model::Service;
+use envoy_types::pb::envoy::config::cluster::v3::{CircuitBreakers, circuit_breakers};
+use envoy_types::pb::envoy::config::core::v3::{DataSource, RoutingPriority, data_source};
+use envoy_types::pb::envoy::config::route::v3::{
+    DirectResponseAction, HeaderMatcher, Route, RouteAction, RouteMatch as PbRouteMatch,
+    WeightedCluster, header_matcher, retry_policy::RetryBackOff, route, route_action, route_match,
+    weighted_cluster,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    RegexMatcher, StringMatcher, string_matcher::MatchPattern,
+};
+use envoy_types::pb::envoy::r#type::v3::Percent;
+use envoy_types::pb::google::protobuf::UInt32Value;
+use flock_core::route::{BackendRef, PathMatch, RouteMatch, RouteRule, ordered};
+
+/// Which cluster a route sends to: `(namespace, service, port, backend_mtls)`;
+/// `backend_mtls` is `None` for the service's own port, `Some` for a rule's backend
+/// ([`BackendRef::mtls`]).
+pub(crate) type ClusterFor<'a> = dyn Fn(&str, &str, u16, Option<bool>) -> String + 'a;
+
+/// Who the routes are for: Envoy's outbound routes, or a proxyless gRPC client's
+/// (no retry policy: gRPC's own transparent retries and the client's service config
+/// decide; see [`super::grpc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    Envoy,
+    Grpc,
+}
+
+/// The rules of `s` that govern `port` (those of every port, and the port's own).
+pub fn rules_of(s: &Service, port: u16) -> impl Iterator<Item = &RouteRule> {
+    s.routes
+        .iter()
+        .filter(move |r| r.port.is_none_or(|p| p == port))
+}
+
+fn exact(name: &str, value: &str) -> HeaderMatcher {
+    HeaderMatcher {
+        name: name.to_string(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+            StringMatcher {
+                match_pattern: Some(MatchPattern::Exact(value.to_string())),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+fn idempotent_methods() -> HeaderMatcher {
+    HeaderMatcher {
+        name: ":method".to_string(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+            StringMatcher {
+                match_pattern: Some(MatchPattern::SafeRegex(RegexMatcher {
+                    regex: IDEMPOTENT_METHODS.to_string(),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+/// Whether `method` is idempotent (RFC 9110 section 9.2.2).
+fn is_idempotent(method: &str) -> bool {
+    IDEMPOTENT_METHODS.split('|').any(|m| m == method)
+}
+
+/// The Envoy matchers of one match: the path (two for a segment-wise prefix), each
+/// with the headers and the method.
+fn matchers(m: &RouteMatch, flavor: Flavor) -> Vec<PbRouteMatch> {
+    let mut headers: Vec<HeaderMatcher> =
+        m.headers.iter().map(|h| exact(&h.name, &h.value)).collect();
+    if let Some(method) = &m.method {
+        headers.push(exact(":method", method));
+    }
+    let with = |path: route_match::PathSpecifier| PbRouteMatch {
+        path_specifier: Some(path),
+        headers: headers.clone(),
+        ..Default::default()
+    };
+    use route_match::PathSpecifier::{Path, Prefix};
+    match &m.path {
+        PathMatch::Exact(p) => vec![with(Path(p.clone()))],
+        // gRPC paths are `/pkg.Service/Method`; the empty prefix is how gRPC's own
+        // routes say "everything".
+        PathMatch::Prefix(p) if p == "/" => vec![with(Prefix(match flavor {
+            Flavor::Envoy => "/".to_string(),
+            Flavor::Grpc => String::new(),
+        }))],
+        PathMatch::Prefix(p) => vec![with(Path(p.clone())), with(Prefix(format!("{p}/")))],
+    }
+}
+
+/// A status-only answer (404 for what no rule matches, 500 for a rule without a
+/// usable backend).
+fn direct(status: u32, body: &str) -> route::Action {
+    route::Action::DirectResponse(DirectResponseAction {
+        status,
+        body: Some(DataSource {
+            specifier: Some(data_source::Specifier::InlineString(body.to_string())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+/// The route action of a rule: its backends by weight (those with weight 0 get
+/// none), its timeout; `None` when no backend has a weight (the rule answers 500).
+fn forward(rule: &RouteRule, cluster_for: &ClusterFor<'_>, flavor: Flavor) -> Option<RouteAction> {
+    let live: Vec<&BackendRef> = rule.backends.iter().filter(|b| b.weight > 0).collect();
+    let cluster = |b: &BackendRef| cluster_for(&b.namespace, &b.service, b.port, Some(b.mtls));
+    let specifier = match live.as_slice() {
+        [] => return None,
+        [one] => route_action::ClusterSpecifier::Cluster(cluster(one)),
+        many => route_action::ClusterSpecifier::WeightedClusters(WeightedCluster {
+            clusters: many
+                .iter()
+                .map(|b| weighted_cluster::ClusterWeight {
+                    name: cluster(b),
+                    weight: Some(UInt32Value { value: b.weight }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }),
+    };
+    let mut action = RouteAction {
+        cluster_specifier: Some(specifier),
+        ..Default::default()
+    };
+    if let Some(ms) = rule.timeout_ms {
+        match flavor {
+            // 0 disables Envoy's route timeout (15 s by default).
+            Flavor::Envoy => action.timeout = Some(duration_ms_u64(ms)),
+            // gRPC reads a route's deadline from max_stream_duration (gRFC A31).
+            Flavor::Grpc if ms > 0 => {
+                action.max_stream_duration = Some(route_action::MaxStreamDuration {
+                    max_stream_duration: Some(duration_ms_u64(ms)),
+                    ..Default::default()
+                })
+            }
+            Flavor::Grpc => {}
+        }
+    }
+    Some(action)
+}
+
+/// The routes of one port of a service that rules govern, in the order Envoy tries
+/// them (see the [module docs](self)), ending in a 404 for everything else.
+pub(crate) fn policy_routes<'a>(
+    rules: impl IntoIterator<Item = &'a RouteRule>,
+    default_per_try_ms: u32,
+    cluster_for: &ClusterFor<'_>,
+    flavor: Flavor,
+) -> Vec<Route> {
+    let mut out = Vec::new();
+    for (rule, m) in ordered(rules) {
+        let action = forward(rule, cluster_for, flavor);
+        for matcher in matchers(&m, flavor) {
+            let Some(action) = &action else {
+                out.push(Route {
+                    r#match: Some(matcher),
+                    action: Some(direct(
+                        500,
+                        "no backend of this route can take the request\n",
+                    )),
+                    ..Default::default()
+                });
+                continue;
+            };
+            let route = |matcher: PbRouteMatch, action: RouteAction| Route {
+                r#match: Some(matcher),
+                action: Some(route::Action::Route(action)),
+                ..Default::default()
+            };
+            if flavor == Flavor::Grpc {
+                out.push(route(matcher, action.clone()));
+                continue;
+            }
+            let retry = rule.retry.as_ref();
+            let attempts = retry.map_or(2, |r| r.attempts);
+            let per_try = retry
+                .and_then(|r| r.per_try_timeout_ms)
+                .map_or(u64::from(default_per_try_ms), |ms| ms);
+            let full = {
+                let mut on = RETRY_ON_IDEMPOTENT.to_string();
+                let mut policy;
+                match retry {
+                    Some(r) if !r.codes.is_empty() => {
+                        on = RETRY_ON_OTHER.replace("reset-before-request", "reset");
+                        on.push_str(",retriable-status-codes");
+                        policy = retry_policy(&on, 0);
+                        policy.retriable_status_codes =
+                            r.codes.iter().map(|c| u32::from(*c)).collect();
+                    }
+                    _ => policy = retry_policy(&on, 0),
+                }
+                policy.per_try_timeout = (per_try > 0).then(|| duration_ms_u64(per_try));
+                policy.num_retries = Some(UInt32Value { value: attempts });
+                if let Some(ms) = retry.and_then(|r| r.backoff_ms).filter(|ms| *ms > 0) {
+                    policy.retry_back_off = Some(RetryBackOff {
+                        base_interval: Some(duration_ms_u64(ms)),
+                        max_interval: Some(duration_ms_u64(ms.saturating_mul(10))),
+                    });
+                }
+                policy
+            };
+            let mut safe = retry_policy(RETRY_ON_OTHER, 0);
+            safe.num_retries = Some(UInt32Value { value: attempts });
+            let everything = retry.is_some_and(|r| r.non_idempotent);
+            match m.method.as_deref() {
+                _ if everything => {
+                    out.push(route(
+                        matcher,
+                        RouteAction {
+                            retry_policy: Some(full),
+                            ..action.clone()
+                        },
+                    ));
+                }
+                Some(method) if is_idempotent(method) => {
+                    out.push(route(
+                        matcher,
+                        RouteAction {
+                            retry_policy: Some(full),
+                            ..action.clone()
+                        },
+                    ));
+                }
+                Some(_) => {
+                    out.push(route(
+                        matcher,
+                        RouteAction {
+                            retry_policy: Some(safe),
+                            ..action.clone()
+                        },
+                    ));
+                }
+                None => {
+                    // A RetryPolicy cannot depend on the method: the method selects
+                    // the route.
+                    let mut idempotent = matcher.clone();
+                    idempotent.headers.push(idempotent_methods());
+                    out.push(route(
+                        idempotent,
+                        RouteAction {
+                            retry_policy: Some(full),
+                            ..action.clone()
+                        },
+                    ));
+                    out.push(route(
+                        matcher,
+                        RouteAction {
+                            retry_policy: Some(safe),
+                            ..action.clone()
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    out.push(Route {
+        r#match: Some(PbRouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix(match flavor {
+                Flavor::Envoy => "/".to_string(),
+                Flavor::Grpc => String::new(),
+            })),
+            ..Default::default()
+        }),
+        action: Some(direct(
+            404,
+            "no route of this service matches the request\n",
+        )),
+        ..Default::default()
+    });
+    out
+}
+
+/// The connection-pool limits of one mesh cluster, when its service sets none.
+///
+/// One Envoy carries every pod of the node, so one service's callers must not be
+/// able to take all of its connections, memory or retries: each cluster gets
+/// bounds of its own. Requests over a bound fail at once with a 503 (and the
+/// cluster's `upstream_rq_pending_overflow` counter), rather than queueing behind
+/// a backend that cannot keep up. Retries are bounded by a budget (a share of the
+/// active requests, as Linkerd does) instead of Envoy's default of 3 concurrent
+/// retries per cluster, which a busy service exceeds in ordinary operation.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+/// See [`DEFAULT_MAX_CONNECTIONS`].
+pub const DEFAULT_MAX_PENDING_REQUESTS: u32 = 4096;
+/// See [`DEFAULT_MAX_CONNECTIONS`].
+pub const DEFAULT_MAX_REQUESTS: u32 = 16384;
+/// Retries may add this percentage of the active requests (see
+/// [`DEFAULT_MAX_CONNECTIONS`]).
+pub const DEFAULT_RETRY_BUDGET_PERCENT: u32 = 20;
+/// Retries always allowed, whatever the budget (a service with few requests must
+/// still be able to retry).
+pub const DEFAULT_MIN_RETRY_CONCURRENCY: u32 = 10;
+
+/// A service's connection-pool limits (every one of its mesh clusters).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionPool {
+    /// Most connections to all endpoints of a port.
+    #[serde(default = "max_connections")]
+    pub max_connections: u32,
+    /// Most requests waiting for a connection.
+    #[serde(default = "max_pending")]
+    pub max_pending_requests: u32,
+    /// Most requests in flight.
+    #[serde(default = "max_requests")]
+    pub max_requests: u32,
+    /// Retries may add this percentage of the requests in flight (1–100).
+    #[serde(default = "retry_budget")]
+    pub retry_budget_percent: u32,
+}
+
+fn max_connections() -> u32 {
+    DEFAULT_MAX_CONNECTIONS
+}
+fn max_pending() -> u32 {
+    DEFAULT_MAX_PENDING_REQUESTS
+}
+fn max_requests() -> u32 {
+    DEFAULT_MAX_REQUESTS
+}
+fn retry_budget() -> u32 {
+    DEFAULT_RETRY_BUDGET_PERCENT
+}
+
+impl Default for ConnectionPool {
+    fn default() -> Self {
+        ConnectionPool {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_pending_requests: DEFAULT_MAX_PENDING_REQUESTS,
+            max_requests: DEFAULT_MAX_REQUESTS,
+            retry_budget_percent: DEFAULT_RETRY_BUDGET_PERCENT,
+        }
+    }
+}
+
+/// The circuit breakers of a mesh cluster: `pool`'s limits at the default priority.
+pub fn circuit_breakers(pool: &ConnectionPool) -> CircuitBreakers {
+    let v = |value| Some(UInt32Value { value });
+    CircuitBreakers {
+        thresholds: vec![circuit_breakers::Thresholds {
+            priority: RoutingPriority::Default as i32,
+            max_connections: v(pool.max_connections),
+            max_pending_requests: v(pool.max_pending_requests),
+            max_requests: v(pool.max_requests),
+            retry_budget: Some(circuit_breakers::thresholds::RetryBudget {
+                budget_percent: Some(Percent {
+                    value: f64::from(pool.retry_budget_percent),
+                }),
+                min_retry_concurrency: v(DEFAULT_MIN_RETRY_CONCURRENCY),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// A rule the resolution changed or dropped, for the route's status.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RouteProblem {
+    /// The route, `<namespace>/<name>`.
+    pub route: String,
+    /// What is wrong, for the operator.
+    pub message: String,
+}
+
+/// The rules `rules` of the service `parent` as the translation can serve them,
+/// against the services `lookup` finds by (namespace, name): a rule for a port that
+/// is not one of `parent`'s HTTP/gRPC ports is dropped; a backend that is not an
+/// HTTP/gRPC port of an existing service is dropped from its rule (a rule left with
+/// none answers 500); each remaining backend's [`BackendRef::mtls`] is set from its
+/// port's endpoints. Each change is a [`RouteProblem`]; the other rules and
+/// backends are kept (a bad reference never breaks what is fine).
+pub fn resolve<'a>(
+    rules: &[RouteRule],
+    parent: &Service,
+    lookup: &dyn Fn(&str, &str) -> Option<&'a Service>,
+) -> (Vec<RouteRule>, Vec<RouteProblem>) {
+    let mut out = Vec::with_capacity(rules.len());
+    let mut problems = Vec::new();
+    let http_port = |s: &Service, port: u16| {
+        s.ports
+            .iter()
+            .any(|p| p.port == port && p.protocol.is_http())
+    };
+    for rule in rules {
+        if let Some(port) = rule.port
+            && !http_port(parent, port)
+        {
+            problems.push(RouteProblem {
+                route: rule.route.clone(),
+                message: format!(
+                    "parent {}.{} has no HTTP or gRPC port {port}: its rules are not served",
+                    parent.name, parent.namespace
+                ),
+            });
+            continue;
+        }
+        let mut rule = rule.clone();
+        rule.backends.retain_mut(|b| {
+            let found = if b.namespace == parent.namespace && b.service == parent.name {
+                Some(parent)
+            } else {
+                lookup(&b.namespace, &b.service)
+            };
+            match found {
+                Some(s) if http_port(s, b.port) => {
+                    b.mtls = super::model::port_endpoints(s, b.port).mtls;
+                    true
+                }
+                Some(_) => {
+                    problems.push(RouteProblem {
+                        route: rule.route.clone(),
+                        message: format!(
+                            "backend {}.{} has no HTTP or gRPC port {}: requests for it get 500",
+                            b.service, b.namespace, b.port
+                        ),
+                    });
+                    false
+                }
+                None => {
+                    problems.push(RouteProblem {
+                        route: rule.route.clone(),
+                        message: format!(
+                            "backend {}.{} does not exist (no endpoints): requests for it get 500",
+                            b.service, b.namespace
+                        ),
+                    });
+                    false
+                }
+            }
+        });
+        out.push(rule);
+    }
+    (out, problems)
+}
