@@ -29,11 +29,13 @@ pub enum Route {
     Policies,
     /// `/debug/proxy-status`: [`ProxyStatus`].
     ProxyStatus,
+    /// `/debug/routes`: [`Routes`].
+    Routes,
 }
 
 impl Route {
     /// Every route, in the order the 404 page lists them.
-    pub const ALL: [Route; 9] = [
+    pub const ALL: [Route; 10] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
@@ -43,6 +45,7 @@ impl Route {
         Route::Registry,
         Route::Policies,
         Route::ProxyStatus,
+        Route::Routes,
     ];
 
     /// The route's path.
@@ -57,6 +60,7 @@ impl Route {
             Route::Registry => "/debug/registry",
             Route::Policies => "/debug/policies",
             Route::ProxyStatus => "/debug/proxy-status",
+            Route::Routes => "/debug/routes",
         }
     }
 
@@ -125,6 +129,32 @@ pub struct ProxyStatus {
     pub envoy_version: Option<u64>,
     /// Open streams, oldest first.
     pub streams: Vec<ProxyStream>,
+}
+
+/// `/debug/routes`: the traffic-policy routes the agent read, and what of each is
+/// served.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Routes {
+    /// Every route, by source key.
+    pub routes: Vec<RouteEntry>,
+}
+
+/// One route's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteEntry {
+    /// The source's key (a file name).
+    pub key: String,
+    /// Where it came from (a path).
+    pub origin: String,
+    /// `<namespace>/<name>`, when it parsed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    /// `Accepted`, `PartiallyInvalid` (see `problems`) or `Refused` (none of it is
+    /// served).
+    pub state: String,
+    /// What is wrong.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// One open xDS stream.

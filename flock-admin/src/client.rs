@@ -174,6 +174,11 @@ impl AdminClient {
         self.document(Route::ProxyStatus).await
     }
 
+    /// `/debug/routes`.
+    pub async fn routes(&self) -> Result<crate::api::Routes, ClientError> {
+        self.document(Route::Routes).await
+    }
+
     /// `/metrics`, as text.
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let r = self.expect_ok(Route::Metrics).await?;

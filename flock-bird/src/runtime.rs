@@ -70,6 +70,8 @@ pub struct Options {
     pub kube: Option<KubeOptions>,
     /// `--authz-dir`: the watched directory of authorization policies.
     pub authz_dir: Option<PathBuf>,
+    /// `--routes-dir`: the watched directory of traffic-policy routes.
+    pub routes_dir: Option<PathBuf>,
     /// `--access-log`: where access log lines go (`None`: no access log). The agent
     /// config's `access_log` must be set with it, so Envoy sends the entries.
     pub access_log: Option<crate::access_log::Destination>,
@@ -635,6 +637,16 @@ pub async fn run(
             tokio::select! {
                 _ = until_stopped(&mut stop) => {}
                 _ = crate::agent::policies::watch_dir(agent, dir, Duration::from_secs(30)) => {}
+            }
+        });
+    }
+    if let Some(dir) = opts.routes_dir.clone() {
+        let mut stop = stop_rx.clone();
+        let agent = Arc::clone(&agent);
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = until_stopped(&mut stop) => {}
+                _ = crate::agent::routes::watch_dir(agent, dir, Duration::from_secs(30)) => {}
             }
         });
     }

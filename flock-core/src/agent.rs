@@ -219,6 +219,9 @@ pub struct AgentCore<R: Clone, W> {
     /// record (kube mode's memberships; journaled like the policies: a membership
     /// change re-derives that pod's policies and no other pod's).
     pod_services: JournaledMap<PodKey, Arc<Vec<PortService>>>,
+    /// The traffic-policy routes in force, by source key (a file name, an object's
+    /// `<namespace>/<name>`), refusals included (the status names them).
+    routes: JournaledMap<String, Arc<crate::route::SourcedRoute>>,
 }
 
 impl<R: Clone, W> AgentCore<R, W> {
@@ -236,6 +239,7 @@ impl<R: Clone, W> AgentCore<R, W> {
             tickets: 0,
             policies: JournaledMap::new(),
             pod_services: JournaledMap::new(),
+            routes: JournaledMap::new(),
         }
     }
 
@@ -324,6 +328,27 @@ impl<R: Clone, W> AgentCore<R, W> {
                 true
             }
             None => self.policies.remove(&target).is_some(),
+        }
+    }
+
+    /// The traffic-policy routes in force, by source key, with the keys of their
+    /// recent changes.
+    pub fn routes(&self) -> Snapshot<String, Arc<crate::route::SourcedRoute>> {
+        self.routes.snapshot()
+    }
+
+    /// Sets (`Some`) or removes (`None`) the route its source names `key`. Returns
+    /// whether what is in force changed (an equal route read again changes nothing).
+    pub fn set_route(&mut self, key: String, route: Option<crate::route::SourcedRoute>) -> bool {
+        match route {
+            Some(r) => {
+                if self.routes.get(&key).is_some_and(|old| **old == r) {
+                    return false;
+                }
+                self.routes.insert(key, Arc::new(r));
+                true
+            }
+            None => self.routes.remove(&key).is_some(),
         }
     }
 

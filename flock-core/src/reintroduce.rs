@@ -72,6 +72,7 @@ pub const KNOWN: &[&str] = &[
     "registry-wildcard-identity",
     "noncanonical-address",
     "xds-union-peer-identities",
+    "route-retries-non-idempotent",
     "registry-uncapped-node",
     "registry-any-scope",
     "xds-shared-connection-pool",

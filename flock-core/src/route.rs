@@ -434,8 +434,44 @@ pub struct HttpRoute {
     pub namespace: String,
     /// The Services it governs (names in `namespace`), each with a port or `None`.
     pub parents: Vec<(String, Option<u16>)>,
-    /// Its rules, once per parent port they govern (`RouteRule::port`).
+    /// Its rules (`RouteRule::port` unset: [`HttpRoute::rules_for`] sets it).
     pub rules: Vec<RouteRule>,
+}
+
+impl HttpRoute {
+    /// The rules this route puts on the Service `service` of its namespace: its rules
+    /// once per parent reference to that Service, with that reference's port.
+    pub fn rules_for(&self, service: &str) -> Vec<RouteRule> {
+        let mut out = Vec::new();
+        for (_, port) in self.parents.iter().filter(|(name, _)| name == service) {
+            out.extend(self.rules.iter().map(|r| RouteRule {
+                port: *port,
+                ..r.clone()
+            }));
+        }
+        out
+    }
+}
+
+/// A route as its source gave it: where it came from, and the route or why it was
+/// refused (kept, so the status names it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourcedRoute {
+    /// A file path or an object name.
+    pub origin: String,
+    /// The route, or the refusal.
+    pub written: Result<HttpRoute, RouteError>,
+}
+
+impl SourcedRoute {
+    /// Reads one `HTTPRoute` document from `origin`: parsed ([`parse`]) and checked
+    /// ([`HttpRoute::from_object`]).
+    pub fn read(origin: impl Into<String>, bytes: &[u8]) -> SourcedRoute {
+        SourcedRoute {
+            origin: origin.into(),
+            written: parse(bytes).and_then(|obj| HttpRoute::from_object(&obj)),
+        }
+    }
 }
 
 /// A Gateway API duration (`^([0-9]{1,5}(h|m|s|ms)){1,4}$`) in milliseconds.
@@ -610,7 +646,6 @@ impl HttpRoute {
                 format!("more than {MAX_RULES}"),
             ));
         }
-        let mut rules = Vec::new();
         let one_rule = [RuleSpec::default()];
         let specs: &[RuleSpec] = if spec.rules.is_empty() {
             &one_rule
@@ -627,19 +662,11 @@ impl HttpRoute {
                 non_idempotent,
             )?);
         }
-        for (_, port) in &parents {
-            for rule in &checked {
-                rules.push(RouteRule {
-                    port: *port,
-                    ..rule.clone()
-                });
-            }
-        }
         Ok(HttpRoute {
             id,
             namespace: namespace.to_string(),
             parents,
-            rules,
+            rules: checked,
         })
     }
 }
@@ -956,6 +983,12 @@ mod tests {
         let r = route(canary()).unwrap();
         assert_eq!(r.id, "shop/web");
         assert_eq!(r.parents, vec![("web".to_string(), Some(80))]);
+        assert!(r.rules_for("other").is_empty());
+        let r = HttpRoute {
+            rules: r.rules_for("web"),
+            ..r
+        };
+        assert!(r.rules.iter().all(|rule| rule.port == Some(80)));
         assert_eq!(r.rules.len(), 2);
         assert_eq!(r.rules[0].matches[0].headers[0].name, "x-canary");
         assert_eq!(r.rules[0].matches[0].path, PathMatch::Prefix("/".into()));

@@ -69,7 +69,7 @@ fn canary(extra_backend: Option<&str>) -> HttpRoute {
 }
 
 fn routed(mut m: Mesh, route: &HttpRoute) -> (Mesh, Vec<translate::policy::RouteProblem>) {
-    m.services[0].routes = route.rules.clone();
+    m.services[0].routes = route.rules_for("web");
     let problems = m.resolve_routes();
     (m, problems)
 }
@@ -204,6 +204,7 @@ fn a_missing_backend_is_dropped_and_reported_and_the_rest_is_served() {
 
     // A rule whose every backend is gone answers 500.
     let mut only_gone = canary(None);
+    only_gone.rules = only_gone.rules_for("web");
     only_gone.rules[1].backends.retain(|_| false);
     only_gone.rules[1]
         .backends
@@ -226,6 +227,7 @@ fn a_missing_backend_is_dropped_and_reported_and_the_rest_is_served() {
 #[test]
 fn a_rule_for_a_port_the_service_lacks_is_invalid_in_the_model_and_dropped_by_resolution() {
     let mut route = canary(None);
+    route.rules = route.rules_for("web");
     for r in &mut route.rules {
         r.port = Some(81);
     }

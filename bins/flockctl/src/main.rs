@@ -47,6 +47,11 @@ enum Command {
     /// client keeps its last accepted version; its reason is printed) or NOT SENT, per
     /// type. Exits 1 when a type is NACKED.
     ProxyStatus,
+    /// The traffic-policy routes (HTTPRoutes) the agent read: Accepted,
+    /// PartiallyInvalid (a backend or rule dropped; the problems are printed) or
+    /// Refused (not served; the field and reason are printed). Exits 1 when a route
+    /// is not Accepted.
+    Routes,
     /// The authorization policies in force, per namespace and service; or, with
     /// `check`, whether one call would be allowed and the rule that decides it.
     Policy {
@@ -123,6 +128,13 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         Command::Pods => print(args, &client.pods().await?, render_pods)?,
         Command::Snapshot => print(args, &client.snapshot().await?, render_snapshot)?,
         Command::Endpoints => print(args, &client.registry().await?, render_endpoints)?,
+        Command::Routes => {
+            let doc = client.routes().await?;
+            print(args, &doc, render_routes)?;
+            if doc.routes.iter().any(|r| r.state != "Accepted") {
+                std::process::exit(1);
+            }
+        }
         Command::ProxyStatus => {
             let doc = client.proxy_status().await?;
             print(args, &doc, render_proxy_status)?;
@@ -250,6 +262,23 @@ fn one_line(s: &str) -> String {
     } else {
         s.escape_debug().to_string()
     }
+}
+
+fn render_routes(doc: &flock_admin::api::Routes) -> String {
+    let mut out = format!("{:<32} {:<32} {:<18}\n", "FILE", "ROUTE", "STATE");
+    for r in &doc.routes {
+        let _ = writeln!(
+            out,
+            "{:<32} {:<32} {:<18}",
+            one_line(&r.key),
+            r.route.as_deref().unwrap_or("-"),
+            r.state
+        );
+        for p in &r.problems {
+            let _ = writeln!(out, "  {}", one_line(p));
+        }
+    }
+    out
 }
 
 fn render_proxy_status(doc: &ProxyStatus) -> String {

@@ -108,6 +108,10 @@ pub trait Views: Send + Sync + 'static {
     fn proxy_status(&self) -> ProxyStatus {
         ProxyStatus::default()
     }
+    /// `/debug/routes`.
+    fn routes(&self) -> flock_admin::api::Routes {
+        flock_admin::api::Routes::default()
+    }
     /// `/metrics`, Prometheus text.
     fn metrics(&self) -> String;
 }
@@ -274,6 +278,7 @@ fn respond<V: Views + ?Sized>(views: &V, req: &Request<Incoming>) -> Response<Fu
         Route::Registry => json(&views.registry()),
         Route::Policies => json(&views.policies()),
         Route::ProxyStatus => json(&views.proxy_status()),
+        Route::Routes => json(&views.routes()),
     }
 }
 
@@ -592,6 +597,23 @@ impl Views for AgentViews {
                         .as_ref()
                         .err()
                         .map(|e| format!("{target} ({}): {e}", p.origin))
+                })
+                .collect(),
+        }
+    }
+
+    fn routes(&self) -> flock_admin::api::Routes {
+        flock_admin::api::Routes {
+            routes: self
+                .agent
+                .route_status()
+                .into_iter()
+                .map(|r| flock_admin::api::RouteEntry {
+                    key: r.key,
+                    origin: r.origin,
+                    route: r.route,
+                    state: r.state.to_string(),
+                    problems: r.problems,
                 })
                 .collect(),
         }

@@ -674,6 +674,9 @@ impl Agent {
             }
             Arc::clone(table.services())
         };
+        // Traffic policy: the routed services carry their resolved rules.
+        let routes = self.core().routes();
+        let services = super::routes::apply(&routes, services, &mut state.routed);
         let identity = self.identity_view();
         if self.cfg.publish_from_scratch {
             // The baseline again: every pod re-derived and re-validated, every secret

@@ -65,6 +65,7 @@ pub mod policies;
 mod publish;
 mod regsync;
 mod request;
+pub mod routes;
 pub mod services;
 mod turns;
 

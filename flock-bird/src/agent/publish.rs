@@ -19,6 +19,8 @@ pub(super) struct PublishState {
     pub(super) secrets: Option<super::mesh::SecretsOf>,
     /// The pod models, kept per pod.
     pub(super) pods: super::mesh::PodsOf,
+    /// The services with traffic-policy routes, resolved, and the routes' status.
+    pub(super) routed: super::routes::RoutedCache,
 }
 
 impl PublishState {
@@ -29,6 +31,7 @@ impl PublishState {
             services: super::services::ServiceTable::new(),
             secrets: None,
             pods: super::mesh::PodsOf::default(),
+            routed: super::routes::RoutedCache::default(),
         }
     }
 }

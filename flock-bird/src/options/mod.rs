@@ -440,6 +440,21 @@ pub struct Flags {
     /// as the files). See docs/authz.md.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["kube", "kubeconfig"], help_heading = "Authorization")]
     pub authz_dir: Option<PathBuf>,
+    /// A directory of traffic-policy routes the agent watches (inotify, and a full
+    /// re-read every 30 s): each `*.json` file is one Gateway API HTTPRoute
+    /// (gateway.networking.k8s.io/v1) whose parentRefs name a Service (kind: Service,
+    /// group: "") of its own namespace. Its rules split the Service's requests by
+    /// weight over backendRefs (Services of the namespace), match on path (Exact,
+    /// PathPrefix), headers (Exact) and method, and set timeouts (request,
+    /// backendRequest) and retries (attempts, codes, backoff; POST and PATCH are only
+    /// retried where the request never left, unless the route's annotation
+    /// flock.io/retry-non-idempotent is "true"). A routed Service answers 404 to a
+    /// request no rule matches. A file that does not parse or check is refused alone
+    /// (its Service keeps its default route), a missing backend is dropped from its
+    /// rule; both are named in /debug/routes and `flockctl routes`. See
+    /// docs/traffic.md.
+    #[arg(long, value_name = "DIR", help_heading = "Traffic policy")]
+    pub routes_dir: Option<PathBuf>,
     /// Access log: one JSON line per HTTP request or TCP connection a meshed pod
     /// receives (caller and callee SPIFFE IDs, pods, service, status, duration,
     /// bytes), logged on the callee's side, to FILE (an absolute path; created 0600,
@@ -714,6 +729,7 @@ impl Options {
             identity: identity_source(flags)?,
             kube: kube_options(flags, env.in_cluster)?,
             authz_dir: flags.authz_dir.clone(),
+            routes_dir: flags.routes_dir.clone(),
             access_log,
             access_log_line_percent: line_percent,
             workload_metrics: flags.workload_metrics,

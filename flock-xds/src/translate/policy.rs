@@ -227,6 +227,11 @@ pub(crate) fn policy_routes<'a>(
             let mut safe = retry_policy(RETRY_ON_OTHER, 0);
             safe.num_retries = Some(UInt32Value { value: attempts });
             let everything = retry.is_some_and(|r| r.non_idempotent);
+            // The mutant retries every method like an idempotent one: a POST that
+            // reached the app and failed is sent again.
+            if flock_core::reintroduced!("route-retries-non-idempotent") {
+                safe = full.clone();
+            }
             match m.method.as_deref() {
                 _ if everything => {
                     out.push(route(

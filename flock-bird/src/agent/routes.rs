@@ -1,0 +1,393 @@
+//! The agent's traffic policy: Gateway API `HTTPRoute`s with a `Service` parent
+//! ([`flock_core::route`]), from a watched directory (`--routes-dir`: one route per
+//! `*.json` file), kept in the agent's core ([`flock_core::agent::AgentCore::set_route`])
+//! and applied to the services at each publish.
+//!
+//! At a publish, each service some route names gets those routes' rules, resolved
+//! against the services of that publish ([`translate::policy::resolve`]): a backend
+//! that does not exist is dropped from its rule and reported, never the route. A
+//! route that does not parse or check is refused alone: its Service keeps the
+//! default route (or its other routes), every other route stays in force, and
+//! [`Agent::route_status`] (`/debug/routes`, `flockctl routes`) names the file and
+//! the field. The resolved service is kept while its base service, its routes and
+//! its backends are the very same values, so a publish with routes in force
+//! re-resolves only the services a change touched.
+
+use super::Agent;
+use flock_core::route::{MAX_ROUTE_BYTES, RouteRule, SourcedRoute};
+use flock_xds::translate::{self, policy::RouteProblem};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most route files the agent reads from its directory.
+pub const MAX_FILES: usize = 10_000;
+
+/// One route's status, as `/debug/routes` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteStatus {
+    /// The source's key (the file name).
+    pub key: String,
+    /// Where it came from.
+    pub origin: String,
+    /// `<namespace>/<name>`, when it parsed.
+    pub route: Option<String>,
+    /// `Accepted` (every rule served as written), `PartiallyInvalid` (a backend or
+    /// a rule dropped: see `problems`) or `Refused` (nothing of it is served).
+    pub state: &'static str,
+    /// What is wrong, for the operator.
+    pub problems: Vec<String>,
+}
+
+/// What the last publish resolved: per routed service, the base service it was
+/// resolved from, the rules and backends it was resolved against, and the result.
+#[derive(Default)]
+pub(super) struct RoutedCache {
+    entries: HashMap<(String, String), Routed>,
+    /// The status of every route, from the last publish.
+    pub(super) status: Vec<RouteStatus>,
+}
+
+struct Routed {
+    base: Arc<translate::Service>,
+    rules: Vec<RouteRule>,
+    backends: Vec<Option<Arc<translate::Service>>>,
+    problems: Vec<RouteProblem>,
+    service: Arc<translate::Service>,
+}
+
+/// `services` with each routed service replaced by one carrying its resolved rules
+/// (see the [module docs](self)); the same list when no route is in force.
+pub(super) fn apply(
+    routes: &flock_core::journal::Snapshot<String, Arc<SourcedRoute>>,
+    services: Arc<Vec<Arc<translate::Service>>>,
+    cache: &mut RoutedCache,
+) -> Arc<Vec<Arc<translate::Service>>> {
+    if routes.map().is_empty() {
+        cache.entries.clear();
+        cache.status.clear();
+        return services;
+    }
+    // The rules per parent (namespace, service), routes in key order.
+    let mut by_parent: BTreeMap<(String, String), Vec<RouteRule>> = BTreeMap::new();
+    for (_, sourced) in routes.map().iter() {
+        if let Ok(route) = &sourced.written {
+            let names: BTreeSet<&str> = route.parents.iter().map(|(n, _)| n.as_str()).collect();
+            for name in names {
+                by_parent
+                    .entry((route.namespace.clone(), name.to_string()))
+                    .or_default()
+                    .extend(route.rules_for(name));
+            }
+        }
+    }
+    let index: HashMap<(&str, &str), &Arc<translate::Service>> = services
+        .iter()
+        .map(|s| ((s.namespace.as_str(), s.name.as_str()), s))
+        .collect();
+    let mut out: Vec<Arc<translate::Service>> = Vec::with_capacity(services.len());
+    let mut problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut kept = HashMap::with_capacity(by_parent.len());
+    for s in services.iter() {
+        let key = (s.namespace.clone(), s.name.clone());
+        let Some(rules) = by_parent.remove(&key) else {
+            out.push(Arc::clone(s));
+            continue;
+        };
+        let backends: Vec<Option<Arc<translate::Service>>> = rules
+            .iter()
+            .flat_map(|r| &r.backends)
+            .map(|b| {
+                index
+                    .get(&(b.namespace.as_str(), b.service.as_str()))
+                    .map(|s| Arc::clone(s))
+            })
+            .collect();
+        let same = |r: &Routed| {
+            Arc::ptr_eq(&r.base, s)
+                && r.rules == rules
+                && r.backends.len() == backends.len()
+                && r.backends.iter().zip(&backends).all(|(a, b)| match (a, b) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                })
+        };
+        let routed = match cache.entries.remove(&key) {
+            Some(r) if same(&r) => r,
+            _ => {
+                let lookup = |ns: &str, name: &str| index.get(&(ns, name)).map(|s| &***s);
+                let (resolved, found) = translate::policy::resolve(&rules, s, &lookup);
+                let mut service = (**s).clone();
+                service.routes = resolved;
+                Routed {
+                    base: Arc::clone(s),
+                    rules,
+                    backends,
+                    problems: found,
+                    service: Arc::new(service),
+                }
+            }
+        };
+        for p in &routed.problems {
+            problems
+                .entry(p.route.clone())
+                .or_default()
+                .push(p.message.clone());
+        }
+        out.push(Arc::clone(&routed.service));
+        kept.insert(key, routed);
+    }
+    // A parent with no endpoints of its own (GAMMA's usual shape: a Service that only
+    // names the traffic, with `web-v1` and `web-v2` behind it) is served from its
+    // routes alone, on the ports its parentRefs name, as HTTP.
+    let mut synthesized = false;
+    for ((ns, name), rules) in by_parent {
+        let mut ports: Vec<u16> = rules.iter().filter_map(|r| r.port).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        if ports.is_empty() {
+            let ids: BTreeSet<&str> = rules.iter().map(|r| r.route.as_str()).collect();
+            for id in ids {
+                problems.entry(id.to_string()).or_default().push(format!(
+                    "parent Service {name}.{ns} has no endpoints and the parentRef no port: not served"
+                ));
+            }
+            continue;
+        }
+        let base = translate::Service {
+            name: name.clone(),
+            namespace: ns.clone(),
+            ports: ports
+                .iter()
+                .map(|p| translate::ServicePort {
+                    name: None,
+                    port: *p,
+                    protocol: flock_core::pod::Protocol::Http,
+                })
+                .collect(),
+            endpoints: Vec::new(),
+            vips: Vec::new(),
+            routes: Vec::new(),
+            pool: None,
+        };
+        let lookup = |ns: &str, name: &str| index.get(&(ns, name)).map(|s| &***s);
+        let (resolved, found) = translate::policy::resolve(&rules, &base, &lookup);
+        for p in &found {
+            problems
+                .entry(p.route.clone())
+                .or_default()
+                .push(p.message.clone());
+        }
+        let service = translate::Service {
+            routes: resolved,
+            ..base
+        };
+        let key = (ns, name);
+        let service = match cache.entries.remove(&key) {
+            Some(r) if *r.service == service => r.service,
+            _ => Arc::new(service),
+        };
+        out.push(Arc::clone(&service));
+        synthesized = true;
+        kept.insert(
+            key,
+            Routed {
+                base: Arc::clone(&service),
+                rules,
+                backends: Vec::new(),
+                problems: found,
+                service,
+            },
+        );
+    }
+    if synthesized {
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    }
+    cache.entries = kept;
+    cache.status = routes
+        .map()
+        .iter()
+        .map(|(key, sourced)| match &sourced.written {
+            Ok(route) => {
+                let found = problems.get(&route.id).cloned().unwrap_or_default();
+                RouteStatus {
+                    key: key.clone(),
+                    origin: sourced.origin.clone(),
+                    route: Some(route.id.clone()),
+                    state: if found.is_empty() {
+                        "Accepted"
+                    } else {
+                        "PartiallyInvalid"
+                    },
+                    problems: found,
+                }
+            }
+            Err(e) => RouteStatus {
+                key: key.clone(),
+                origin: sourced.origin.clone(),
+                route: None,
+                state: "Refused",
+                problems: vec![e.to_string()],
+            },
+        })
+        .collect();
+    Arc::new(out)
+}
+
+impl Agent {
+    /// Puts the route `key` (or its removal) into the core and, when what is in force
+    /// changed, publishes. Returns whether it changed.
+    pub fn set_route(&self, key: &str, route: Option<SourcedRoute>) -> bool {
+        let log = route.clone();
+        let changed = self.core().set_route(key.to_string(), route);
+        if changed {
+            match log {
+                None => tracing::info!(key, "route removed"),
+                Some(SourcedRoute {
+                    origin,
+                    written: Ok(r),
+                }) => tracing::info!(key, %origin, route = %r.id, "route in force"),
+                Some(SourcedRoute {
+                    origin,
+                    written: Err(e),
+                }) => tracing::warn!(
+                    key, %origin, error = %e,
+                    "route refused: its Service keeps its other routes (or the default route) until it is fixed"
+                ),
+            }
+            let version = self.publish();
+            tracing::debug!(key, version, "route change published");
+            for s in self.route_status() {
+                if s.state == "PartiallyInvalid" && s.key == key {
+                    for p in &s.problems {
+                        tracing::warn!(key, route = s.route.as_deref().unwrap_or(""), problem = %p, "route partly served");
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    /// Every route's status as of the last publish.
+    pub fn route_status(&self) -> Vec<RouteStatus> {
+        super::lock(&self.publish).routed.status.clone()
+    }
+}
+
+/// What the directory says about the file `path`: its route (or refusal), or `None`
+/// when there is no such file.
+pub fn read_file(path: &Path) -> Option<SourcedRoute> {
+    let origin = path.display().to_string();
+    let refused = |reason: String| SourcedRoute {
+        origin: origin.clone(),
+        written: Err(flock_core::route::RouteError {
+            field: "file".to_string(),
+            reason,
+        }),
+    };
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(refused(format!("cannot open: {e}"))),
+    };
+    match file.metadata() {
+        Ok(m) if !m.is_file() => return Some(refused("not a regular file".to_string())),
+        Err(e) => return Some(refused(format!("cannot stat: {e}"))),
+        Ok(_) => {}
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = file
+        .take(MAX_ROUTE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+    {
+        return Some(refused(format!("cannot read: {e}")));
+    }
+    Some(SourcedRoute::read(origin, &bytes))
+}
+
+/// Re-reads every `*.json` file of `dir` into `agent`; a key whose file is gone is
+/// removed. An unreadable directory keeps the routes in force.
+pub fn resync_dir(agent: &Agent, dir: &Path) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot read the routes directory; keeping the routes in force");
+            return;
+        }
+    };
+    let mut seen = BTreeSet::new();
+    for entry in entries.flatten().take(MAX_FILES) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // `..data` and its timestamped directories (a ConfigMap volume), swap files.
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        let route = read_file(&dir.join(&name));
+        if route.is_some() {
+            seen.insert(name.clone());
+        }
+        agent.set_route(&name, route);
+    }
+    let gone: Vec<String> = agent
+        .core()
+        .routes()
+        .map()
+        .keys()
+        .filter(|k| !seen.contains(*k))
+        .cloned()
+        .collect();
+    for key in gone {
+        agent.set_route(&key, None);
+    }
+}
+
+/// Follows `dir` forever: every inotify event (a file written, renamed or deleted;
+/// a ConfigMap's `..data` swap) and a timer every `resync` re-read the directory.
+/// Spawn it; abort to stop.
+pub async fn watch_dir(agent: Arc<Agent>, dir: PathBuf, resync: Duration) {
+    use inotify::WatchMask;
+    use tokio_stream::StreamExt as _;
+    let arm = |dir: &Path| {
+        crate::dirwatch::arm(
+            dir,
+            WatchMask::CLOSE_WRITE
+                | WatchMask::MOVED_TO
+                | WatchMask::MOVED_FROM
+                | WatchMask::DELETE,
+            "routes directory",
+        )
+    };
+    let mut events = arm(&dir);
+    resync_dir(&agent, &dir);
+    let mut timer = tokio::time::interval(resync);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    timer.tick().await;
+    loop {
+        let event = async {
+            match events.as_mut() {
+                Some(stream) => stream.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ev = event => {
+                if !crate::dirwatch::alive(ev.as_ref()) {
+                    tracing::warn!(dir = %dir.display(), "routes directory watch lost; re-arming it");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    events = arm(&dir);
+                }
+                resync_dir(&agent, &dir);
+            }
+            _ = timer.tick() => {
+                if events.is_none() {
+                    events = arm(&dir);
+                }
+                resync_dir(&agent, &dir);
+            }
+        }
+    }
+}
