@@ -815,6 +815,90 @@ pub fn envoy_bootstrap(
     xds_socket: &Path,
     admin: &EnvoyAdmin,
 ) -> serde_json::Value {
+    envoy_bootstrap_with(node_id, cluster, xds_socket, admin, &EnvoyLimits::default())
+}
+
+/// Envoy's resource limits in the bootstrap (its overload manager).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyLimits {
+    /// The Envoy container's memory limit, in bytes (`--envoy-memory-limit`): when
+    /// set, Envoy's heap is watched against [`ENVOY_HEAP_SHARE_PERCENT`] of it.
+    pub memory_limit_bytes: Option<u64>,
+    /// Most downstream connections Envoy holds open at once, all listeners together.
+    pub max_downstream_connections: u64,
+}
+
+/// The default of [`EnvoyLimits::max_downstream_connections`].
+pub const DEFAULT_ENVOY_MAX_CONNECTIONS: u64 = 65_536;
+
+/// The share of the container's memory limit Envoy's heap may use before it sheds
+/// load: the rest is for what the heap monitor does not count (thread stacks, the
+/// hot-restart shared memory, the allocator's free pages).
+pub const ENVOY_HEAP_SHARE_PERCENT: u64 = 90;
+
+impl Default for EnvoyLimits {
+    fn default() -> Self {
+        EnvoyLimits {
+            memory_limit_bytes: None,
+            max_downstream_connections: DEFAULT_ENVOY_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// The bootstrap's overload manager: one Envoy carries every pod of the node, so one
+/// service's load (a flood of connections, requests whose buffers grow the heap) must
+/// degrade that load, not kill the proxy every pod depends on. Always: a cap on the
+/// downstream connections of all listeners (Envoy refuses new ones beyond it). With a
+/// memory limit: the heap is watched against [`ENVOY_HEAP_SHARE_PERCENT`] of it; at
+/// 90% of that Envoy returns free memory to the system (`shrink_heap`), at 95% it
+/// closes idle keep-alive connections (`disable_http_keepalive`), and at 98% it
+/// answers new requests with 503 (`stop_accepting_requests`) until the heap falls
+/// back: the container is not OOM-killed, which would drop every connection of the
+/// node.
+pub fn overload_manager(limits: &EnvoyLimits) -> serde_json::Value {
+    let mut monitors = vec![serde_json::json!({
+        "name": "envoy.resource_monitors.global_downstream_max_connections",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+            "max_active_downstream_connections": limits.max_downstream_connections
+        }
+    })];
+    let mut actions = Vec::new();
+    if let Some(bytes) = limits.memory_limit_bytes {
+        const HEAP: &str = "envoy.resource_monitors.fixed_heap";
+        monitors.push(serde_json::json!({
+            "name": HEAP,
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                "max_heap_size_bytes": bytes / 100 * ENVOY_HEAP_SHARE_PERCENT
+            }
+        }));
+        for (action, at) in [
+            ("envoy.overload_actions.shrink_heap", 0.90),
+            ("envoy.overload_actions.disable_http_keepalive", 0.95),
+            ("envoy.overload_actions.stop_accepting_requests", 0.98),
+        ] {
+            actions.push(serde_json::json!({
+                "name": action,
+                "triggers": [{ "name": HEAP, "threshold": { "value": at } }]
+            }));
+        }
+    }
+    serde_json::json!({
+        "refresh_interval": "0.25s",
+        "resource_monitors": monitors,
+        "actions": actions
+    })
+}
+
+/// [`envoy_bootstrap`] with `limits` in its overload manager.
+pub fn envoy_bootstrap_with(
+    node_id: &str,
+    cluster: &str,
+    xds_socket: &Path,
+    admin: &EnvoyAdmin,
+    limits: &EnvoyLimits,
+) -> serde_json::Value {
     let admin_address = match admin {
         EnvoyAdmin::Socket(path) => serde_json::json!({
             "pipe": { "path": path, "mode": ENVOY_ADMIN_SOCKET_MODE }
@@ -826,6 +910,7 @@ pub fn envoy_bootstrap(
     serde_json::json!({
         "node": { "id": node_id, "cluster": cluster },
         "admin": { "address": admin_address },
+        "overload_manager": overload_manager(limits),
         "dynamic_resources": {
             "ads_config": {
                 "api_type": "DELTA_GRPC",

@@ -335,3 +335,65 @@ fn routes_split_match_time_out_and_retry_through_envoy() {
     );
     drop(pods);
 }
+
+/// The bootstrap's overload manager as `flock-agent envoy-bootstrap` writes it with
+/// the DaemonSet's memory limit (the downward API's bytes) is one the real Envoy
+/// accepts (`--mode validate` loads every extension and checks every field), with
+/// the heap monitor at 90% of the limit and the three actions; without a limit only
+/// the connection cap is there. Every other end-to-end test runs Envoy on this
+/// bootstrap too (`Agent::envoy_bootstrap`).
+#[test]
+fn the_overload_manager_in_the_bootstrap_is_accepted_by_envoy() {
+    let envoy = envoy_bin();
+    let dir = tempfile::tempdir().unwrap();
+    for limit in [Some("536870912"), None] {
+        let mut cmd = std::process::Command::new(sibling_bin("flock-agent"));
+        cmd.args(["--node-name", "n1", "--xds-socket"])
+            .arg(dir.path().join("xds.sock"))
+            .arg("--envoy-admin-socket")
+            .arg(dir.path().join("admin.sock"))
+            .env_remove("FLOCK_ENVOY_MEMORY_LIMIT");
+        if let Some(bytes) = limit {
+            cmd.env("FLOCK_ENVOY_MEMORY_LIMIT", bytes);
+        }
+        let out = cmd.arg("envoy-bootstrap").output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let om = &doc["overload_manager"];
+        let monitors = om["resource_monitors"].as_array().unwrap();
+        assert_eq!(
+            monitors[0]["typed_config"]["max_active_downstream_connections"],
+            65536
+        );
+        match limit {
+            Some(_) => {
+                assert_eq!(
+                    monitors[1]["typed_config"]["max_heap_size_bytes"],
+                    536870912u64 / 100 * 90
+                );
+                assert_eq!(om["actions"].as_array().unwrap().len(), 3, "{om}");
+            }
+            None => {
+                assert_eq!(monitors.len(), 1, "{om}");
+                assert!(om["actions"].as_array().unwrap().is_empty(), "{om}");
+            }
+        }
+        let path = dir.path().join("envoy.json");
+        std::fs::write(&path, &out.stdout).unwrap();
+        let check = std::process::Command::new(&envoy)
+            .args(["--mode", "validate", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "Envoy refused the bootstrap: {}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+}

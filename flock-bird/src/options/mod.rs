@@ -292,6 +292,24 @@ pub struct Flags {
     /// must name the same path.
     #[arg(long, value_name = "PATH", global = true)]
     pub envoy_admin_socket: Option<PathBuf>,
+    /// The Envoy container's memory limit in bytes, for the bootstrap's overload
+    /// manager (`envoy-bootstrap`; in Kubernetes the downward API's
+    /// `resourceFieldRef: {containerName: envoy, resource: limits.memory}`): Envoy's
+    /// heap may use 90% of it; at 90%, 95% and 98% of that it returns free memory,
+    /// closes idle keep-alive connections, and answers new requests 503, rather
+    /// than be OOM-killed with every pod's connections. Unset or 0: no heap limit.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        env = "FLOCK_ENVOY_MEMORY_LIMIT",
+        global = true
+    )]
+    pub envoy_memory_limit: Option<u64>,
+    /// Most downstream connections the node's Envoy holds at once, all listeners
+    /// together (`envoy-bootstrap`'s overload manager): one pod's flood of
+    /// connections cannot exhaust Envoy's descriptors for every other pod.
+    #[arg(long, value_name = "N", default_value_t = runtime::DEFAULT_ENVOY_MAX_CONNECTIONS, global = true)]
+    pub envoy_max_connections: u64,
     /// Compatibility, opt-in: Envoy's admin on TCP 127.0.0.1:PORT instead of the unix
     /// socket (wins over --envoy-admin-socket). Any process on the host can reach it,
     /// stop Envoy (`/quitquitquit`) and read its config, secrets included.
@@ -792,11 +810,15 @@ pub fn envoy_bootstrap(flags: &Flags) -> Result<serde_json::Value, OptionsError>
             ));
         }
     };
-    Ok(runtime::envoy_bootstrap(
+    Ok(runtime::envoy_bootstrap_with(
         &node,
         &flags.envoy_cluster,
         &socket,
         &envoy_admin(flags),
+        &runtime::EnvoyLimits {
+            memory_limit_bytes: flags.envoy_memory_limit.filter(|b| *b > 0),
+            max_downstream_connections: flags.envoy_max_connections,
+        },
     ))
 }
 
