@@ -269,3 +269,128 @@ async fn grpcio_resolves_through_flock_xds_and_follows_endpoints() {
     let _ = stop.send(());
     serving.await.unwrap().unwrap();
 }
+
+/// A proxyless gRPC client follows an `HTTPRoute` on its target: `greeter` (no
+/// endpoints of its own) split 90/10 over `greeter-v1` and `greeter-v2` lands within
+/// ±5 points over 1,000 calls, and calls with the metadata `x-canary: 1` all reach
+/// v2; the client ACKs every route it gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_follows_a_weighted_split_and_a_header_match() {
+    let dir = TempDir::new("grpc-routes");
+    let (_held, [p1, p2]) = flock_testkit::reserve_ports_for_child();
+    let (backends, _backends_in, mut backends_out) = peer(
+        &dir,
+        &["serve", &format!("v1:{p1}"), &format!("v2:{p2}")],
+        None,
+    );
+    assert_eq!(read_line(&mut backends_out, &backends), "ready");
+    let svc = |name: &str, port: Option<u16>| {
+        let eps = port.map_or(String::new(), |p| {
+            format!(r#"{{"address": "127.0.0.1", "port": {p}}}"#)
+        });
+        format!(
+            r#"{{"name": "{name}", "ports": [{{"port": 50051, "protocol": "grpc"}}], "endpoints": [{eps}]}}"#
+        )
+    };
+    let mut mesh = Mesh::from_json(
+        format!(
+            r#"{{"services": [{}, {}, {}]}}"#,
+            svc("greeter", None),
+            svc("greeter-v1", Some(p1)),
+            svc("greeter-v2", Some(p2))
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let route = flock_core::route::SourcedRoute::read(
+        "test",
+        serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": { "name": "greeter", "namespace": "default" },
+            "spec": {
+                "parentRefs": [{ "group": "", "kind": "Service", "name": "greeter", "port": 50051 }],
+                "rules": [
+                    { "matches": [{ "headers": [{ "name": "x-canary", "value": "1" }] }],
+                      "backendRefs": [{ "name": "greeter-v2", "port": 50051 }] },
+                    { "backendRefs": [
+                        { "name": "greeter-v1", "port": 50051, "weight": 90 },
+                        { "name": "greeter-v2", "port": 50051, "weight": 10 }] }
+                ]
+            }
+        })
+        .to_string()
+        .as_bytes(),
+    )
+    .written
+    .unwrap();
+    mesh.services[0].routes = route.rules_for("greeter");
+    assert!(mesh.resolve_routes().is_empty());
+    mesh.validate().unwrap();
+
+    let cache = Arc::new(Cache::by_node_id());
+    publish(&cache, &mesh);
+    let server = Server::new(Arc::clone(&cache));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let xds = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let s = server.clone();
+    let serving = tokio::spawn(async move {
+        s.serve_tcp(listener, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let bootstrap = dir.0.join("bootstrap.json");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            r#"{{"xds_servers": [{{"server_uri": "{xds}", "channel_creds": [{{"type": "insecure"}}],
+                 "server_features": ["xds_v3"]}}],
+                "node": {{"id": "{NODE}", "locality": {{"region": "r1"}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let (guard, mut stdin, mut stdout) = peer(
+        &dir,
+        &["client", "xds:///greeter.default:50051"],
+        Some(&bootstrap),
+    );
+    let tallies = tokio::task::spawn_blocking(move || {
+        let mut many = |args: &str| {
+            writeln!(stdin, "many {args}").unwrap();
+            stdin.flush().unwrap();
+            let line = read_line(&mut stdout, &guard);
+            let counts: std::collections::BTreeMap<String, usize> = line
+                .strip_prefix("tally ")
+                .unwrap_or_else(|| panic!("{line}"))
+                .split_whitespace()
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap();
+                    (k.to_string(), v.parse().unwrap())
+                })
+                .collect();
+            counts
+        };
+        let split = many("1000");
+        let canary = many("100 x-canary=1");
+        (split, canary)
+    })
+    .await
+    .unwrap();
+    let (split, canary) = tallies;
+    println!("proxyless 90/10 over 1000 calls: {split:?}; canary: {canary:?}");
+    let v2 = split.get("v2").copied().unwrap_or(0);
+    assert_eq!(
+        split.get("v1").copied().unwrap_or(0) + v2,
+        1000,
+        "{split:?}"
+    );
+    assert!((50..=150).contains(&v2), "v2 got {v2} of 1000: {split:?}");
+    assert_eq!(
+        canary,
+        std::collections::BTreeMap::from([("v2".to_string(), 100)])
+    );
+    assert_eq!(server.metrics().counter("flock_xds_nacks_total", "rds"), 0);
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}

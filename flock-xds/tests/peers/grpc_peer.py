@@ -7,7 +7,9 @@
   grpc_peer.py client TARGET
       A channel to TARGET (e.g. xds:///greeter.default:50051; GRPC_XDS_BOOTSTRAP names
       the bootstrap file). For every line "call" on stdin, makes one call with a 5 s
-      deadline and prints "ok NAME" or "error CODE DETAILS". Exits when stdin closes.
+      deadline and prints "ok NAME" or "error CODE DETAILS"; for "many N [KEY=VALUE]"
+      makes N calls (with that metadata) and prints "tally NAME=COUNT ..." (errors
+      as error:CODE=COUNT). Exits when stdin closes.
 
 No generated code: the method uses raw bytes, so only grpcio is needed.
 """
@@ -46,6 +48,18 @@ def client(target):
     channel = grpc.insecure_channel(target)
     who = channel.unary_unary(METHOD)
     for line in sys.stdin:
+        words = line.split()
+        if words and words[0] == "many":
+            metadata = [tuple(w.split("=", 1)) for w in words[2:]]
+            tally = {}
+            for _ in range(int(words[1])):
+                try:
+                    key = who(b"", timeout=5, metadata=metadata).decode()
+                except grpc.RpcError as e:  # noqa: PERF203
+                    key = "error:%s" % e.code().name
+                tally[key] = tally.get(key, 0) + 1
+            print("tally " + " ".join("%s=%d" % kv for kv in sorted(tally.items())), flush=True)
+            continue
         if line.strip() != "call":
             print("error INVALID_ARGUMENT unknown command %r" % line.strip(), flush=True)
             continue
