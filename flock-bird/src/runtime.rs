@@ -660,6 +660,16 @@ pub async fn run(
             }
         });
     }
+    if let Some(kube) = agent.kube().cloned() {
+        let mut stop = stop_rx.clone();
+        let agent = Arc::clone(&agent);
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = until_stopped(&mut stop) => {}
+                _ = crate::agent::routes::follow_kube(agent, kube) => {}
+            }
+        });
+    }
     tasks.spawn(liveness_loop(Arc::clone(&agent), stop_rx.clone()));
     tasks.spawn(gc_loop(Arc::clone(&agent), stop_rx.clone()));
     // Kube mode: registrations follow labels and Services (returns at once without).

@@ -5,8 +5,10 @@
 //!   EndpointSlices → remote endpoints.
 //! * [`policy`] (pure): flock's `AuthorizationPolicy` custom resource and the policies
 //!   it puts in force, by target.
+//! * [`route`] (pure): Gateway API `HTTPRoute` objects with a Service parent, read
+//!   into the agent's traffic-policy routes.
 //! * [`watch`]: reflectors of this node's pods, Services, EndpointSlices, Namespaces,
-//!   Nodes and AuthorizationPolicies, behind one watch channel.
+//!   Nodes, AuthorizationPolicies and HTTPRoutes, behind one watch channel.
 //! * [`taint`]: removing the startup taint from this node once the agent is ready.
 //! * `double` (feature `testing`): an API-server double for tests.
 #![forbid(unsafe_code)]
@@ -16,5 +18,6 @@
 pub mod double;
 pub mod map;
 pub mod policy;
+pub mod route;
 pub mod taint;
 pub mod watch;

@@ -1,8 +1,8 @@
 //! Node-scoped reflectors: this node's pods, Services, EndpointSlices, Namespaces,
-//! Nodes and flock's AuthorizationPolicies, folded into one persistent [`Snapshot`]
-//! behind a watch channel. A cluster without the AuthorizationPolicy CRD answers its
-//! list with 404: that reads as "no policies" (and is asked again after the backoff),
-//! not as an outage.
+//! Nodes, flock's AuthorizationPolicies and Gateway API HTTPRoutes, folded into one persistent [`Snapshot`]
+//! behind a watch channel. A cluster without the AuthorizationPolicy CRD (or the Gateway
+//! API's) answers its list with 404: that reads as "no policies" ("no routes"), asked
+//! again after the backoff, not as an outage.
 //!
 //! Each resource has its own `kube::runtime::watcher`. Its events fold into the
 //! snapshot: a (re-)list (`Init` … `InitApply` … `InitDone`) builds the resource's set
@@ -117,6 +117,9 @@ pub struct Snapshot {
     /// flock's `AuthorizationPolicy` objects by (namespace, name); empty (and synced)
     /// on a cluster without their CRD.
     pub policies: OrdMap<(String, String), Arc<AuthorizationPolicy>>,
+    /// Gateway API `HTTPRoute` objects by (namespace, name); empty (and synced) on a
+    /// cluster without the Gateway API CRDs.
+    pub routes: OrdMap<(String, String), Arc<crate::route::HttpRoute>>,
     /// Every watcher has completed its first list. Stays true through outages: the
     /// maps are then the last-known state and `last_error` says why they may be stale.
     pub synced: bool,
@@ -273,6 +276,22 @@ impl Slot for AuthorizationPolicy {
     }
 }
 
+impl Slot for crate::route::HttpRoute {
+    type Key = (String, String);
+    type Val = Arc<crate::route::HttpRoute>;
+    const NAME: &'static str = "httproutes.gateway.networking.k8s.io";
+    const OPTIONAL: bool = true;
+    fn map(snapshot: &mut Snapshot) -> &mut OrdMap<Self::Key, Self::Val> {
+        &mut snapshot.routes
+    }
+    fn key(&self) -> Self::Key {
+        (self.namespace().unwrap_or_default(), self.name_any())
+    }
+    fn val(self) -> Self::Val {
+        Arc::new(self)
+    }
+}
+
 /// Whether `e` is the API server's 404 for a resource it does not serve.
 fn not_served(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
@@ -299,7 +318,7 @@ impl KubeWatch {
     /// first list is done.
     pub fn start(client: kube::Client, opts: WatchOptions) -> KubeWatch {
         let node = opts.node_name.clone();
-        let watcher_count = if opts.endpoint_slices { 6 } else { 5 };
+        let watcher_count = if opts.endpoint_slices { 7 } else { 6 };
         let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -327,6 +346,12 @@ impl KubeWatch {
             spawn_watcher::<Service>(Api::all(client.clone()), config(), &shared, 1),
             spawn_watcher::<Namespace>(Api::all(client.clone()), config(), &shared, 2),
             spawn_watcher::<AuthorizationPolicy>(Api::all(client.clone()), config(), &shared, 4),
+            spawn_watcher::<crate::route::HttpRoute>(
+                Api::all(client.clone()),
+                config(),
+                &shared,
+                5,
+            ),
         ];
         if opts.endpoint_slices {
             tasks.push(spawn_watcher::<Node>(
@@ -339,7 +364,7 @@ impl KubeWatch {
                 Api::all(client.clone()),
                 config(),
                 &shared,
-                5,
+                6,
             ));
         } else {
             tasks.push(spawn_watcher::<Node>(

@@ -23,6 +23,9 @@
 //! * an AuthorizationPolicy object for the Service is enforced by the callee's Envoy
 //!   (403, then 200 once it names the caller), a misspelt field fails closed and is
 //!   named in `/readyz`, and deleting it restores the default;
+//! * an HTTPRoute on the Service routes by header and weight, a missing backend is
+//!   reported and answered 500, a route with an unsupported filter is refused alone
+//!   (both in `/debug/routes`), and deleting the route restores the default route;
 //! * a pod whose namespace is not opted in is not meshed.
 //!
 //! Needs what `mtls.rs` needs (root, Envoy, libcni, sibling binaries).
@@ -287,6 +290,73 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
     );
     assert!(api.delete::<flock_kube::policy::AuthorizationPolicy>(Some("shop"), "web"));
     wait_for("client allowed with no policy", WAIT, || get_web() == 200);
+
+    // An HTTPRoute (Gateway API, the upstream CRD's shape) on Service web: requests
+    // with `x-route: direct` go to web itself, the rest to a backend that does not
+    // exist (reported, and answered 500 as Gateway API says); a route with a filter
+    // flock does not support is refused alone; deleting the route restores web's
+    // default route. All live, from the API, with no restart.
+    let http_route = |name: &str, rules: Value| -> flock_kube::route::HttpRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
+                     "rules": rules}
+        }))
+        .unwrap()
+    };
+    let get_web_with = |header: &str| {
+        curl(
+            &ns_client,
+            &[
+                "-H",
+                "Host: web.shop",
+                "-H",
+                header,
+                "http://127.0.0.1:15001/",
+            ],
+        )
+        .0
+    };
+    api.apply(&http_route(
+        "web",
+        json!([
+            {"matches": [{"headers": [{"name": "x-route", "value": "direct"}]}],
+             "backendRefs": [{"name": "web", "port": 80}]},
+            {"backendRefs": [{"name": "web-gone", "port": 80}]}
+        ]),
+    ));
+    wait_for("web routed by its HTTPRoute", WAIT, || {
+        get_web() == 500 && get_web_with("x-route: direct") == 200
+    });
+    api.apply(&http_route(
+        "bad",
+        json!([{"filters": [{"type": "RequestMirror"}],
+                "backendRefs": [{"name": "web", "port": 80}]}]),
+    ));
+    let routes = wait_for("both HTTPRoutes reported", WAIT, || {
+        let r = agent.json("/debug/routes").to_string();
+        (r.contains("HTTPRoute shop/bad") && r.contains("HTTPRoute shop/web")).then_some(r)
+    });
+    assert!(
+        routes.contains("Refused") && routes.contains("RequestMirror"),
+        "{routes}"
+    );
+    assert!(
+        routes.contains("PartiallyInvalid") && routes.contains("web-gone"),
+        "{routes}"
+    );
+    assert_eq!(
+        get_web_with("x-route: direct"),
+        200,
+        "the refused route broke web's"
+    );
+    assert!(api.delete::<flock_kube::route::HttpRoute>(Some("shop"), "web"));
+    wait_for(
+        "web's default route once its HTTPRoute is gone",
+        WAIT,
+        || get_web() == 200,
+    );
 
     // A pod whose namespace is not opted in: the ADD succeeds, nothing is meshed.
     api.apply(&pod(

@@ -391,3 +391,40 @@ pub async fn watch_dir(agent: Arc<Agent>, dir: PathBuf, resync: Duration) {
         }
     }
 }
+
+/// Kube mode's source: puts the `HTTPRoute` objects of `kube`'s reflectors with a
+/// Service parent into `agent` whenever they change ([`flock_kube::route`]: one route
+/// or refusal per object; an object gone, or no longer the mesh's, is removed).
+/// Nothing is put before the reflectors' first list. Routes of `--routes-dir` (keys
+/// that are file names) are left alone. Returns when the reflectors stop.
+pub async fn follow_kube(agent: Arc<Agent>, kube: Arc<crate::kube::KubePods>) {
+    let mut view = kube.watch().view();
+    let mut seen: Option<imbl::OrdMap<(String, String), Arc<flock_kube::route::HttpRoute>>> = None;
+    loop {
+        let snapshot = view.borrow_and_update().clone();
+        let unchanged = seen.as_ref().is_some_and(|s| s.ptr_eq(&snapshot.routes));
+        if snapshot.synced && !unchanged {
+            let now =
+                flock_kube::route::routes_by_key(snapshot.routes.iter().map(|(k, v)| (k, &**v)));
+            let keys: BTreeSet<&str> = now.iter().map(|(k, _)| k.as_str()).collect();
+            let gone: Vec<String> = agent
+                .core()
+                .routes()
+                .map()
+                .keys()
+                .filter(|k| k.starts_with("HTTPRoute ") && !keys.contains(k.as_str()))
+                .cloned()
+                .collect();
+            for key in gone {
+                agent.set_route(&key, None);
+            }
+            for (key, route) in now {
+                agent.set_route(&key, Some(route));
+            }
+            seen = Some(snapshot.routes.clone());
+        }
+        if view.changed().await.is_err() {
+            return;
+        }
+    }
+}

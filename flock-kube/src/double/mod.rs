@@ -6,9 +6,10 @@
 //! as to a cluster; objects are stored as JSON in the k8s-openapi shapes.
 //!
 //! Behaviours implemented (and only these), for `pods`, `services` (core v1),
-//! `endpointslices` (discovery.k8s.io/v1), `namespaces`, `nodes` and flock's own
-//! `authorizationpolicies` (flock.io/v1alpha1, stored as given: the double does not
-//! apply the CRD's schema; [`ApiServer::set_policy_crd_installed`] removes it):
+//! `endpointslices` (discovery.k8s.io/v1), `namespaces`, `nodes`, flock's own
+//! `authorizationpolicies` (flock.io/v1alpha1) and the Gateway API's `httproutes`
+//! (gateway.networking.k8s.io/v1), custom resources stored as given (the double does
+//! not apply a CRD's schema; [`ApiServer::set_policy_crd_installed`] removes flock's):
 //! * **Authentication**: every request must carry `Authorization: Bearer <token>` with
 //!   the server's random token, else `401 Unauthorized` (a Status object).
 //! * **GET one** (`…/{name}`), 404 NotFound Status when absent.

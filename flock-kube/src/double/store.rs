@@ -21,10 +21,13 @@ pub(crate) enum Kind {
     AuthorizationPolicies,
     /// core/v1 Events (written by the agent, read by tests).
     Events,
+    /// Gateway API `HTTPRoute` (`gateway.networking.k8s.io/v1`), as if the upstream
+    /// CRDs were installed (stored as given: the double does not run their schema).
+    HttpRoutes,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 7] = [
+    pub(crate) const ALL: [Kind; 8] = [
         Kind::Pods,
         Kind::Services,
         Kind::EndpointSlices,
@@ -32,12 +35,14 @@ impl Kind {
         Kind::Nodes,
         Kind::AuthorizationPolicies,
         Kind::Events,
+        Kind::HttpRoutes,
     ];
 
     pub(crate) fn group(self) -> &'static str {
         match self {
             Kind::EndpointSlices => "discovery.k8s.io",
             Kind::AuthorizationPolicies => "flock.io",
+            Kind::HttpRoutes => "gateway.networking.k8s.io",
             _ => "",
         }
     }
@@ -54,6 +59,7 @@ impl Kind {
         match self {
             Kind::EndpointSlices => "discovery.k8s.io/v1",
             Kind::AuthorizationPolicies => "flock.io/v1alpha1",
+            Kind::HttpRoutes => "gateway.networking.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -67,6 +73,7 @@ impl Kind {
             Kind::Nodes => "Node",
             Kind::AuthorizationPolicies => "AuthorizationPolicy",
             Kind::Events => "Event",
+            Kind::HttpRoutes => "HTTPRoute",
         }
     }
 
@@ -79,6 +86,7 @@ impl Kind {
             Kind::Nodes => "nodes",
             Kind::AuthorizationPolicies => "authorizationpolicies",
             Kind::Events => "events",
+            Kind::HttpRoutes => "httproutes",
         }
     }
 
@@ -90,6 +98,7 @@ impl Kind {
                 | Kind::EndpointSlices
                 | Kind::AuthorizationPolicies
                 | Kind::Events
+                | Kind::HttpRoutes
         )
     }
 
