@@ -286,8 +286,8 @@ async fn gone_forces_a_relist_that_converges() {
     })
     .await;
     until_double(
-        "the five watches open (pods, services, namespaces, nodes, policies)",
-        || api.open_watches() == 5,
+        "the six watches open (pods, services, namespaces, nodes, policies, routes)",
+        || api.open_watches() == 6,
     )
     .await;
     let lists_before = kw.stats().lists;
@@ -319,8 +319,8 @@ async fn dropped_watch_connections_resume() {
     let mut view = kw.view();
     until(&mut view, "the first sync", |s| s.synced).await;
     until_double(
-        "the five watches open (pods, services, namespaces, nodes, policies)",
-        || api.open_watches() == 5,
+        "the six watches open (pods, services, namespaces, nodes, policies, routes)",
+        || api.open_watches() == 6,
     )
     .await;
     let watches_before = api.requests().iter().filter(|r| r.verb == "watch").count();
@@ -328,8 +328,8 @@ async fn dropped_watch_connections_resume() {
     api.drop_watches();
     api.apply(&pod("default", "during-drop", NODE, json!({})));
     until_double("the watches re-opened", || {
-        api.open_watches() == 5
-            && api.requests().iter().filter(|r| r.verb == "watch").count() >= watches_before + 5
+        api.open_watches() == 6
+            && api.requests().iter().filter(|r| r.verb == "watch").count() >= watches_before + 6
     })
     .await;
     api.apply(&pod("default", "after-drop", NODE, json!({})));

@@ -100,6 +100,18 @@ impl World {
         w
     }
 
+    /// The baseline: one route change translated whole, by a fresh memo (what a
+    /// control plane without one pays).
+    fn change_from_scratch(&mut self) {
+        self.changes += 1;
+        let k = (self.changes as usize * 7919) % self.n;
+        self.weights[k] = 1 + (self.weights[k] % 98);
+        self.services[k] = Arc::new(service(k, self.n, self.weights[k]));
+        let t =
+            Memo::new(Flavor::Envoy).translate_shared(&self.services, &self.pods, &[], &self.opts);
+        std::hint::black_box(t);
+    }
+
     /// One route change: service `k`'s v2 weight moves, and the memo translates.
     fn change(&mut self) {
         self.changes += 1;
@@ -142,13 +154,16 @@ fn main() {
             ratios[i].push(this[i] / this[0]);
         }
     }
-    for w in &worlds {
-        eprintln!(
-            "{} services: {} of {} translations in place",
-            w.n,
-            w.memo.in_place_count(),
-            w.changes
-        );
+    // The baseline, a few changes per size (a whole translation is slow at 1,000).
+    let mut baseline = Vec::new();
+    for &n in &SIZES {
+        let mut w = World::new(n);
+        let reps = if smoke { 1 } else { 20 };
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            w.change_from_scratch();
+        }
+        baseline.push(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -158,16 +173,19 @@ fn main() {
         "route change translation: {rounds} rounds of {batch} changes per size, sizes interleaved, {CALLERS} callers with an identity"
     );
     println!(
-        "| routed services | per change (median) | ratio to {} (median) |",
+        "| routed services | per change (median) | ratio to {} (median) | baseline: whole translation | flock / baseline |",
         SIZES[0]
     );
-    println!("|---|---|---|");
+    println!("|---|---|---|---|---|");
     for i in 0..SIZES.len() {
+        let m = median(&mut per_change[i]);
         println!(
-            "| {} | {:.1} µs | {:.2}× |",
+            "| {} | {:.1} µs | {:.2}× | {:.1} µs | {:.3} |",
             SIZES[i],
-            median(&mut per_change[i]),
-            median(&mut ratios[i])
+            m,
+            median(&mut ratios[i]),
+            baseline[i],
+            m / baseline[i]
         );
     }
 }
