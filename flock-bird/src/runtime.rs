@@ -861,7 +861,7 @@ impl Default for EnvoyLimits {
 /// downstream connections of all listeners (Envoy refuses new ones beyond it). With a
 /// memory limit: the heap is watched against [`ENVOY_HEAP_SHARE_PERCENT`] of it; at
 /// 90% of that Envoy returns free memory to the system (`shrink_heap`), at 95% it
-/// closes idle keep-alive connections (`disable_http_keepalive`), and at 98% it
+/// stops keeping connections alive (`disable_http_keepalive`), and at 98% it
 /// answers new requests with 503 (`stop_accepting_requests`) until the heap falls
 /// back: the container is not OOM-killed, which would drop every connection of the
 /// node.

@@ -327,3 +327,152 @@ fn the_memo_follows_route_changes_like_a_fresh_translation() {
         );
     }
 }
+
+#[test]
+fn a_grpc_port_without_rules_keeps_its_default_route_beside_a_routed_http_port() {
+    let mut m = Mesh::from_json(
+        br#"{"services": [
+          {"name": "web", "namespace": "shop",
+           "ports": [{"port": 80, "protocol": "http"}, {"port": 9090, "protocol": "grpc"}],
+           "endpoints": [{"address": "10.0.0.1", "port": 15006}]},
+          {"name": "web-v1", "namespace": "shop", "ports": [{"port": 80}],
+           "endpoints": [{"address": "10.0.0.2", "port": 15006}]},
+          {"name": "web-v2", "namespace": "shop", "ports": [{"port": 80}],
+           "endpoints": [{"address": "10.0.0.3", "port": 15006}]}]}"#,
+    )
+    .unwrap();
+    m.services[0].routes = canary(None).rules_for("web");
+    assert!(m.resolve_routes().is_empty());
+    let rs = translate::grpc_resources(&m);
+    let routes = vhost_routes(&rs, "grpc|web.shop:9090", "web.shop:9090");
+    assert_eq!(routes.len(), 1, "{routes:#?}");
+    assert_eq!(
+        weighted(&routes[0]),
+        vec![("outbound|9090|web.shop".to_string(), 1)]
+    );
+}
+
+#[test]
+fn a_backend_of_another_protocol_is_dropped_and_the_same_backend_twice_keeps_its_share() {
+    // web's port 80 is gRPC; web-v1 and web-v2 speak HTTP: both dropped, reported.
+    let (m, problems) = routed(mesh("http", false), &canary(None));
+    assert!(problems.is_empty());
+    let mut grpc_parent = m.clone();
+    grpc_parent.services[0].ports[0].protocol = translate::Protocol::Grpc;
+    grpc_parent.services[0].routes = canary(None).rules_for("web");
+    let problems = grpc_parent.resolve_routes();
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems[0]
+            .message
+            .contains("speaks HTTP, the parent's port gRPC"),
+        "{problems:?}"
+    );
+
+    // The same backend named twice: one weighted entry with both weights.
+    let mut twice = canary(None);
+    twice.rules = twice.rules_for("web");
+    let again = twice.rules[1].backends[0].clone();
+    twice.rules[1].backends.push(again);
+    let (m, _) = routed(mesh("http", false), &twice);
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    let routes = vhost_routes(&rs, "outbound|http", "web.shop:80");
+    assert_eq!(
+        weighted(&routes[4]),
+        vec![
+            ("outbound|80|web-v1.shop".to_string(), 180),
+            ("outbound|80|web-v2.shop".to_string(), 10)
+        ]
+    );
+}
+
+#[test]
+fn hand_written_rules_out_of_bounds_or_unresolved_fail_validation() {
+    let (m, _) = routed(mesh("http", true), &canary(None));
+    m.validate().unwrap();
+    let mut long = m.clone();
+    long.services[0].routes[1].timeout_ms = Some(u64::MAX);
+    long.services[0].routes[1]
+        .retry
+        .as_mut()
+        .unwrap()
+        .codes
+        .push(99);
+    let errors = long.validate().unwrap_err();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.path == "services[0].routes[1].timeout_ms"),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.path == "services[0].routes[1].retry.codes"),
+        "{errors:?}"
+    );
+    // A stale mtls flag (the backend's port is mTLS) is caught.
+    let mut stale = m.clone();
+    stale.services[0].routes[1].backends[0].mtls = false;
+    let errors = stale.validate().unwrap_err();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.path == "services[0].routes[1].backends[0].mtls"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn a_captured_callers_chain_for_a_routed_service_follows_its_rules() {
+    use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        HttpConnectionManager, http_connection_manager::RouteSpecifier,
+    };
+    let (mut m, _) = routed(mesh("http", true), &canary(None));
+    m.pods[0].capture = Some(translate::Capture {
+        mode: translate::CaptureMode::Strict,
+        mark: 1337,
+    });
+    m.pods[0].netns = Some("/var/run/netns/client".into());
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    let l = Listener::decode(
+        find(&rs, flock_xds::types::LISTENER, "outbound|shop/client")
+            .any
+            .value
+            .as_slice(),
+    );
+    let l = l.unwrap();
+    let chain = l
+        .filter_chains
+        .iter()
+        .find(|c| c.name == "web.shop:80")
+        .unwrap();
+    let hcm = chain
+        .filters
+        .iter()
+        .find_map(|f| match &f.config_type {
+            Some(filter::ConfigType::TypedConfig(a))
+                if a.type_url.ends_with("HttpConnectionManager") =>
+            {
+                HttpConnectionManager::decode(a.value.as_slice()).ok()
+            }
+            _ => None,
+        })
+        .unwrap();
+    let Some(RouteSpecifier::RouteConfig(rc)) = hcm.route_specifier else {
+        panic!()
+    };
+    let routes = &rc.virtual_hosts[0].routes;
+    assert_eq!(
+        weighted(&routes[4]),
+        vec![
+            (format!("outbound|80|web-v1.shop|{CALLER}"), 90),
+            (format!("outbound|80|web-v2.shop|{CALLER}"), 10)
+        ]
+    );
+    match &routes.last().unwrap().action {
+        Some(route::Action::DirectResponse(d)) => assert_eq!(d.status, 404),
+        other => panic!("{other:?}"),
+    }
+}

@@ -14,7 +14,9 @@
 //! * weights rewritten every second for 30 s under load fail no request;
 //! * a route with an unknown filter is refused alone and one with a missing backend
 //!   is reported (`/debug/routes`, `flockctl routes` exits 1), while the other
-//!   routes keep serving.
+//!   routes keep serving;
+//! * with `--capture strict`, an unmodified request to a routed service's address
+//!   follows the route as well.
 //!
 //! Needs root, `FLOCK_ENVOY_BIN`, `FLOCK_CNI_PLUGIN_DIR`, `FLOCK_CNITOOL`, python3,
 //! curl and the sibling binaries (see `common`).
@@ -182,7 +184,12 @@ fn routes_split_match_time_out_and_retry_through_envoy() {
     let routes = work.path().join("routes");
     std::fs::create_dir(&routes).unwrap();
     write_route(&routes, "web.json", &web_route(90, 10));
-    let agent = Agent::start(&["--routes-dir", routes.to_str().unwrap()]);
+    let agent = Agent::start(&[
+        "--routes-dir",
+        routes.to_str().unwrap(),
+        "--capture",
+        "strict",
+    ]);
     let _envoy = SupervisedEnvoy::start(&agent);
     let net = ChainedNetwork::start(work.path(), &agent, "trf", 8000);
     let log = |n: &str| work.path().join(format!("{n}.log"));
@@ -333,6 +340,33 @@ fn routes_split_match_time_out_and_retry_through_envoy() {
         third.iter().all(|(c, b)| *c == 200 && b == "web-v1"),
         "{third:?}"
     );
+
+    // Captured callers follow routes too: an unmodified request to web-v1's own
+    // address (no Host trick, no proxy setting) with `x-canary: 1` is routed to v2 by
+    // a route on web-v1, through the client's captured outbound listener.
+    let mut on_v1 = web_route(100, 0);
+    on_v1["metadata"]["name"] = "v1".into();
+    on_v1["spec"]["parentRefs"][0]["name"] = "web-v1".into();
+    on_v1["spec"]["rules"][3]["backendRefs"] = json!([{ "name": "web-v1", "port": 8080 }]);
+    write_route(&routes, "v1.json", &on_v1);
+    let v1_url = format!("http://{}:8080/", pods[0].ip);
+    let backend_of = |extra: &[&str]| {
+        let out = client
+            .ns
+            .command("curl")
+            .args(["-s", "-m", "5", "-o", "/dev/null"])
+            .args(extra)
+            .args(["-w", "%{http_code} %header{x-backend}", &v1_url])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    wait_for(
+        "a captured request to web-v1 with x-canary routed to v2",
+        WAIT,
+        || backend_of(&["-H", "x-canary: 1"]) == "200 web-v2",
+    );
+    assert_eq!(backend_of(&[]), "200 web-v1");
     drop(pods);
 }
 

@@ -676,7 +676,13 @@ impl Agent {
         };
         // Traffic policy: the routed services carry their resolved rules.
         let routes = self.core().routes();
-        let services = super::routes::apply(&routes, services, &mut state.routed);
+        let no_vips = |_: &str, _: &str| Vec::new();
+        let services = super::routes::apply(
+            &routes,
+            services,
+            &mut state.routed,
+            vips.map_or(&no_vips as &dyn Fn(&str, &str) -> Vec<_>, |(_, f)| f),
+        );
         let identity = self.identity_view();
         if self.cfg.publish_from_scratch {
             // The baseline again: every pod re-derived and re-validated, every secret

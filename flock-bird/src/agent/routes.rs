@@ -19,6 +19,7 @@ use flock_xds::translate::{self, policy::RouteProblem};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +66,7 @@ pub(super) fn apply(
     routes: &flock_core::journal::Snapshot<String, Arc<SourcedRoute>>,
     services: Arc<Vec<Arc<translate::Service>>>,
     cache: &mut RoutedCache,
+    vips_of: &dyn Fn(&str, &str) -> Vec<std::net::IpAddr>,
 ) -> Arc<Vec<Arc<translate::Service>>> {
     if routes.map().is_empty() {
         cache.entries.clear();
@@ -143,7 +145,9 @@ pub(super) fn apply(
     }
     // A parent with no endpoints of its own (GAMMA's usual shape: a Service that only
     // names the traffic, with `web-v1` and `web-v2` behind it) is served from its
-    // routes alone, on the ports its parentRefs name, as HTTP.
+    // routes alone, on the ports its parentRefs name: gRPC where every backend of the
+    // port's rules is a gRPC port, else HTTP; with the Service's VIPs (kube mode), so
+    // captured callers dialing its address are routed too.
     let mut synthesized = false;
     for ((ns, name), rules) in by_parent {
         let mut ports: Vec<u16> = rules.iter().filter_map(|r| r.port).collect();
@@ -158,6 +162,27 @@ pub(super) fn apply(
             }
             continue;
         }
+        let protocol = |port: u16| {
+            let mut backends = rules
+                .iter()
+                .filter(|r| r.port == Some(port))
+                .flat_map(|r| &r.backends)
+                .filter_map(|b| {
+                    let s = index.get(&(b.namespace.as_str(), b.service.as_str()))?;
+                    s.ports
+                        .iter()
+                        .find(|p| p.port == b.port)
+                        .map(|p| p.protocol)
+                })
+                .peekable();
+            let grpc =
+                backends.peek().is_some() && backends.all(|p| p == flock_core::pod::Protocol::Grpc);
+            if grpc {
+                flock_core::pod::Protocol::Grpc
+            } else {
+                flock_core::pod::Protocol::Http
+            }
+        };
         let base = translate::Service {
             name: name.clone(),
             namespace: ns.clone(),
@@ -166,11 +191,11 @@ pub(super) fn apply(
                 .map(|p| translate::ServicePort {
                     name: None,
                     port: *p,
-                    protocol: flock_core::pod::Protocol::Http,
+                    protocol: protocol(*p),
                 })
                 .collect(),
             endpoints: Vec::new(),
-            vips: Vec::new(),
+            vips: vips_of(&ns, &name),
             routes: Vec::new(),
             pool: None,
         };
@@ -289,7 +314,19 @@ pub fn read_file(path: &Path) -> Option<SourcedRoute> {
             reason,
         }),
     };
-    let file = match std::fs::File::open(path) {
+    // Checked before the open, and opened non-blocking: opening a FIFO named
+    // `*.json` for reading would otherwise wait for a writer forever.
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(refused(format!("cannot stat: {e}"))),
+        Ok(m) if !m.is_file() => return Some(refused("not a regular file".to_string())),
+        Ok(_) => {}
+    }
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => return Some(refused(format!("cannot open: {e}"))),
@@ -337,7 +374,9 @@ pub fn resync_dir(agent: &Agent, dir: &Path) {
         .routes()
         .map()
         .keys()
-        .filter(|k| !seen.contains(*k))
+        // The directory's own keys only: kube mode's `HTTPRoute ns/name` keys are
+        // the reflector's to remove.
+        .filter(|k| k.ends_with(".json") && !seen.contains(*k))
         .cloned()
         .collect();
     for key in gone {

@@ -296,7 +296,7 @@ pub struct Flags {
     /// manager (`envoy-bootstrap`; in Kubernetes the downward API's
     /// `resourceFieldRef: {containerName: envoy, resource: limits.memory}`): Envoy's
     /// heap may use 90% of it; at 90%, 95% and 98% of that it returns free memory,
-    /// closes idle keep-alive connections, and answers new requests 503, rather
+    /// stops keeping connections alive, and answers new requests 503, rather
     /// than be OOM-killed with every pod's connections. Unset or 0: no heap limit.
     #[arg(
         long,
@@ -810,6 +810,20 @@ pub fn envoy_bootstrap(flags: &Flags) -> Result<serde_json::Value, OptionsError>
             ));
         }
     };
+    // Envoy refuses a heap limit of 0 bytes and a connection cap of 0 (the whole
+    // bootstrap, so Envoy would not start): refused here, with the flag's name.
+    if let Some(bytes) = flags.envoy_memory_limit.filter(|b| *b > 0 && *b < 64 << 20) {
+        return Err(OptionsError(format!(
+            "--envoy-memory-limit {bytes}: less than 64 MiB (67108864 bytes) is not enough \
+             for Envoy; it is the envoy container's memory limit in bytes"
+        )));
+    }
+    if flags.envoy_max_connections == 0 {
+        return Err(OptionsError(
+            "--envoy-max-connections 0: Envoy would refuse every connection; give at least 1"
+                .into(),
+        ));
+    }
     Ok(runtime::envoy_bootstrap_with(
         &node,
         &flags.envoy_cluster,

@@ -693,6 +693,46 @@ fn the_bootstrap_needs_a_node_name_and_a_known_socket() {
 }
 
 #[test]
+fn the_bootstraps_limits_are_checked_before_envoy_would_refuse_them() {
+    let e = envoy_bootstrap(&flags(&["--node-name", "n1", "--envoy-memory-limit", "99"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("--envoy-memory-limit 99: less than 64 MiB"),
+        "{e}"
+    );
+    let e = envoy_bootstrap(&flags(&[
+        "--node-name",
+        "n1",
+        "--envoy-max-connections",
+        "0",
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("--envoy-max-connections 0"), "{e}");
+    // 0 is "no limit", as an unset downward-API value would be.
+    let doc = envoy_bootstrap(&flags(&["--node-name", "n1", "--envoy-memory-limit", "0"])).unwrap();
+    assert_eq!(
+        doc["overload_manager"]["resource_monitors"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let doc = envoy_bootstrap(&flags(&[
+        "--node-name",
+        "n1",
+        "--envoy-memory-limit",
+        "1073741824",
+    ]))
+    .unwrap();
+    assert_eq!(
+        doc["overload_manager"]["resource_monitors"][1]["typed_config"]["max_heap_size_bytes"],
+        1073741824u64 / 100 * 90
+    );
+}
+
+#[test]
 fn the_node_scoped_signer_needs_a_node_credential_and_only_it_takes_one() {
     let o = check(&[
         "--identity",

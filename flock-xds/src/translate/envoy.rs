@@ -832,13 +832,35 @@ pub fn capture_listener<S: Borrow<Service>>(
             if ips.is_empty() {
                 continue;
             }
-            let cluster = match (&pod.identity, eps.mtls) {
-                (Some(id), true) if trust_domain(id).is_some() => {
-                    names::mtls_cluster(s, p.port, id)
-                }
+            let caller = pod
+                .identity
+                .as_deref()
+                .filter(|id| trust_domain(id).is_some());
+            let cluster = match (caller, eps.mtls) {
+                (Some(id), true) => names::mtls_cluster(s, p.port, id),
                 _ => names::outbound_cluster(s, p.port),
             };
             let filter = if p.protocol.is_http() {
+                // A routed service's port follows its rules here too: an unmodified
+                // app dialing the Service's address gets the same split, matches and
+                // retries as one naming it in `Host`.
+                let mut rules = super::policy::rules_of(s, p.port).peekable();
+                let routes = if rules.peek().is_some() {
+                    let own_mtls = eps.mtls;
+                    super::policy::policy_routes(
+                        rules,
+                        opts.retry_per_try_timeout_ms,
+                        &|ns, name, port, backend_mtls| match caller {
+                            Some(id) if backend_mtls.unwrap_or(own_mtls) => {
+                                names::mtls_cluster_of(name, ns, port, id)
+                            }
+                            _ => names::outbound_cluster_of(name, ns, port),
+                        },
+                        super::policy::Flavor::Envoy,
+                    )
+                } else {
+                    outbound_service_routes(&cluster, opts)
+                };
                 let hcm = HttpConnectionManager {
                     stat_prefix: stat_prefix.clone(),
                     route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
@@ -847,7 +869,7 @@ pub fn capture_listener<S: Borrow<Service>>(
                             virtual_hosts: vec![VirtualHost {
                                 name: names::service_authority(s, p.port),
                                 domains: vec!["*".to_string()],
-                                routes: outbound_service_routes(&cluster, opts),
+                                routes,
                                 ..Default::default()
                             }],
                             ..Default::default()

@@ -73,7 +73,7 @@ pub fn grpc_service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Res
                 domains,
                 // gRPC matches paths like "/pkg.Service/Method": the empty prefix
                 // matches them all.
-                routes: if service.routes.is_empty() {
+                routes: if super::policy::rules_of(service, p.port).next().is_none() {
                     vec![route_to("", &cluster_name)]
                 } else {
                     super::policy::policy_routes(

@@ -681,6 +681,39 @@ impl Validator {
             }
         }
 
+        // Route backends: each an HTTP/gRPC port of a service of the mesh, with the
+        // `mtls` its port has (Mesh::resolve_routes sets both): a stale flag would send
+        // callers with an identity to the plaintext cluster of an mTLS port.
+        let by_name: HashMap<(&str, &str), &Service> = m
+            .services
+            .iter()
+            .map(|s| ((s.namespace.as_str(), s.name.as_str()), s))
+            .collect();
+        for (i, s) in m.services.iter().enumerate() {
+            for (j, r) in s.routes.iter().enumerate() {
+                for (k, b) in r.backends.iter().enumerate() {
+                    let path = format!("services[{i}].routes[{j}].backends[{k}]");
+                    match by_name.get(&(b.namespace.as_str(), b.service.as_str())) {
+                        Some(t) if t.ports.iter().any(|p| p.port == b.port && p.protocol.is_http()) => {
+                            if port_endpoints(t, b.port).mtls != b.mtls {
+                                self.err(
+                                    format!("{path}.mtls"),
+                                    "does not match the backend port's endpoints (run Mesh::resolve_routes)",
+                                );
+                            }
+                        }
+                        _ => self.err(
+                            path,
+                            format!(
+                                "{}.{} has no HTTP or gRPC port {} in the mesh (run Mesh::resolve_routes)",
+                                b.service, b.namespace, b.port
+                            ),
+                        ),
+                    }
+                }
+            }
+        }
+
         let mut seen: HashMap<&str, usize> = HashMap::new();
         for (i, s) in m.secrets.iter().enumerate() {
             let path = format!("secrets[{i}]");
@@ -767,6 +800,32 @@ impl Validator {
                     .is_some_and(|mt| !flock_core::route::METHODS.contains(&mt))
                 {
                     self.err(format!("{rp}.matches[{k}].method"), "not an HTTP method");
+                }
+            }
+            // Bounds Envoy and gRPC need (a Duration past protobuf's range, or a
+            // status outside 100-599, NACKs the route configuration every service of
+            // the node shares), as flock_core::route checks a written route.
+            let max = flock_core::route::MAX_TIMEOUT_MS;
+            if r.timeout_ms.is_some_and(|t| t > max) {
+                self.err(format!("{rp}.timeout_ms"), "longer than 1 h");
+            }
+            if let Some(retry) = &r.retry {
+                if retry.attempts > flock_core::route::MAX_ATTEMPTS {
+                    self.err(format!("{rp}.retry.attempts"), "more than 10");
+                }
+                if retry.per_try_timeout_ms.is_some_and(|t| t > max)
+                    || retry.backoff_ms.is_some_and(|t| t > max)
+                {
+                    self.err(
+                        format!("{rp}.retry"),
+                        "a timeout or back-off longer than 1 h",
+                    );
+                }
+                if retry.codes.len() > 100 || retry.codes.iter().any(|c| !(400..=599).contains(c)) {
+                    self.err(
+                        format!("{rp}.retry.codes"),
+                        "codes must be 400-599 (at most 100)",
+                    );
                 }
             }
             let mut sum = 0u64;

@@ -126,17 +126,26 @@ fn direct(status: u32, body: &str) -> route::Action {
 /// The route action of a rule: its backends by weight (those with weight 0 get
 /// none), its timeout; `None` when no backend has a weight (the rule answers 500).
 fn forward(rule: &RouteRule, cluster_for: &ClusterFor<'_>, flavor: Flavor) -> Option<RouteAction> {
-    let live: Vec<&BackendRef> = rule.backends.iter().filter(|b| b.weight > 0).collect();
     let cluster = |b: &BackendRef| cluster_for(&b.namespace, &b.service, b.port, Some(b.mtls));
+    // One entry per cluster, weights summed: the same backend named twice must keep
+    // its whole share (gRPC keys weighted clusters by name).
+    let mut live: Vec<(String, u32)> = Vec::new();
+    for b in rule.backends.iter().filter(|b| b.weight > 0) {
+        let name = cluster(b);
+        match live.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, w)) => *w = w.saturating_add(b.weight),
+            None => live.push((name, b.weight)),
+        }
+    }
     let specifier = match live.as_slice() {
         [] => return None,
-        [one] => route_action::ClusterSpecifier::Cluster(cluster(one)),
+        [(one, _)] => route_action::ClusterSpecifier::Cluster(one.clone()),
         many => route_action::ClusterSpecifier::WeightedClusters(WeightedCluster {
             clusters: many
                 .iter()
-                .map(|b| weighted_cluster::ClusterWeight {
-                    name: cluster(b),
-                    weight: Some(UInt32Value { value: b.weight }),
+                .map(|(name, weight)| weighted_cluster::ClusterWeight {
+                    name: name.clone(),
+                    weight: Some(UInt32Value { value: *weight }),
                     ..Default::default()
                 })
                 .collect(),
@@ -226,6 +235,14 @@ pub(crate) fn policy_routes<'a>(
             };
             let mut safe = retry_policy(RETRY_ON_OTHER, 0);
             safe.num_retries = Some(UInt32Value { value: attempts });
+            // `backendRequest` bounds each try of every method; a timed-out POST is
+            // not retried (`reset-before-request` does not cover a sent request).
+            if let Some(ms) = retry
+                .and_then(|r| r.per_try_timeout_ms)
+                .filter(|ms| *ms > 0)
+            {
+                safe.per_try_timeout = Some(duration_ms_u64(ms));
+            }
             let everything = retry.is_some_and(|r| r.non_idempotent);
             // The mutant retries every method like an idempotent one: a POST that
             // reached the app and failed is sent again.
@@ -396,33 +413,63 @@ pub struct RouteProblem {
 
 /// The rules `rules` of the service `parent` as the translation can serve them,
 /// against the services `lookup` finds by (namespace, name): a rule for a port that
-/// is not one of `parent`'s HTTP/gRPC ports is dropped; a backend that is not an
-/// HTTP/gRPC port of an existing service is dropped from its rule (a rule left with
-/// none answers 500); each remaining backend's [`BackendRef::mtls`] is set from its
-/// port's endpoints. Each change is a [`RouteProblem`]; the other rules and
-/// backends are kept (a bad reference never breaks what is fine).
+/// is not one of `parent`'s HTTP/gRPC ports (or, without a port, on a parent that has
+/// none) is dropped; a backend that is not a port of an existing service speaking
+/// the protocol of the parent's port (gRPC to gRPC, HTTP to HTTP) is dropped from its
+/// rule (a rule left with none answers 500); rules beyond
+/// [`MAX_ROUTE_RULES`](super::model::MAX_ROUTE_RULES) are dropped; each remaining
+/// backend's [`BackendRef::mtls`] is set from its port's endpoints. Each change is a
+/// [`RouteProblem`]; the other rules and backends are kept (a bad reference never
+/// breaks what is fine).
 pub fn resolve<'a>(
     rules: &[RouteRule],
     parent: &Service,
     lookup: &dyn Fn(&str, &str) -> Option<&'a Service>,
 ) -> (Vec<RouteRule>, Vec<RouteProblem>) {
-    let mut out = Vec::with_capacity(rules.len());
+    use super::model::{MAX_ROUTE_RULES, Protocol};
+    let mut out = Vec::with_capacity(rules.len().min(MAX_ROUTE_RULES));
     let mut problems = Vec::new();
-    let http_port = |s: &Service, port: u16| {
+    let protocol_of = |s: &Service, port: u16| {
         s.ports
             .iter()
-            .any(|p| p.port == port && p.protocol.is_http())
+            .find(|p| p.port == port && p.protocol.is_http())
+            .map(|p| p.protocol)
     };
+    let name = |p: Protocol| if p == Protocol::Grpc { "gRPC" } else { "HTTP" };
     for rule in rules {
-        if let Some(port) = rule.port
-            && !http_port(parent, port)
-        {
+        if out.len() == MAX_ROUTE_RULES {
             problems.push(RouteProblem {
                 route: rule.route.clone(),
                 message: format!(
-                    "parent {}.{} has no HTTP or gRPC port {port}: its rules are not served",
+                    "{}.{} has more than {MAX_ROUTE_RULES} rules: this one is not served",
                     parent.name, parent.namespace
                 ),
+            });
+            continue;
+        }
+        // The protocols of the parent's ports this rule governs.
+        let governed: Vec<Protocol> = match rule.port {
+            Some(port) => protocol_of(parent, port).into_iter().collect(),
+            None => parent
+                .ports
+                .iter()
+                .filter(|p| p.protocol.is_http())
+                .map(|p| p.protocol)
+                .collect(),
+        };
+        if governed.is_empty() {
+            problems.push(RouteProblem {
+                route: rule.route.clone(),
+                message: match rule.port {
+                    Some(port) => format!(
+                        "parent {}.{} has no HTTP or gRPC port {port}: its rules are not served",
+                        parent.name, parent.namespace
+                    ),
+                    None => format!(
+                        "parent {}.{} has no HTTP or gRPC port: its rules are not served",
+                        parent.name, parent.namespace
+                    ),
+                },
             });
             continue;
         }
@@ -433,32 +480,35 @@ pub fn resolve<'a>(
             } else {
                 lookup(&b.namespace, &b.service)
             };
-            match found {
-                Some(s) if http_port(s, b.port) => {
-                    b.mtls = super::model::port_endpoints(s, b.port).mtls;
-                    true
-                }
-                Some(_) => {
-                    problems.push(RouteProblem {
-                        route: rule.route.clone(),
-                        message: format!(
-                            "backend {}.{} has no HTTP or gRPC port {}: requests for it get 500",
-                            b.service, b.namespace, b.port
-                        ),
-                    });
-                    false
-                }
-                None => {
-                    problems.push(RouteProblem {
-                        route: rule.route.clone(),
-                        message: format!(
-                            "backend {}.{} does not exist (no endpoints): requests for it get 500",
-                            b.service, b.namespace
-                        ),
-                    });
-                    false
-                }
-            }
+            let problem = match found {
+                None => format!(
+                    "backend {}.{} does not exist (no endpoints): requests for it get 500",
+                    b.service, b.namespace
+                ),
+                Some(s) => match protocol_of(s, b.port) {
+                    None => format!(
+                        "backend {}.{} has no HTTP or gRPC port {}: requests for it get 500",
+                        b.service, b.namespace, b.port
+                    ),
+                    Some(p) if governed.iter().any(|g| *g != p) => format!(
+                        "backend {}.{} port {} speaks {}, the parent's port {}: requests for it get 500",
+                        b.service,
+                        b.namespace,
+                        b.port,
+                        name(p),
+                        name(governed[0])
+                    ),
+                    Some(_) => {
+                        b.mtls = super::model::port_endpoints(s, b.port).mtls;
+                        return true;
+                    }
+                },
+            };
+            problems.push(RouteProblem {
+                route: rule.route.clone(),
+                message: problem,
+            });
+            false
         });
         out.push(rule);
     }
