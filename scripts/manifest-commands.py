@@ -33,7 +33,29 @@ def expand(value, env):
     )
 
 
-def container_env(c, config):
+QUANTITY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+                     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "": 1}
+
+
+def quantity_bytes(q):
+    # A Kubernetes quantity as the downward API gives it with the default divisor 1.
+    m = re.fullmatch(r"([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T|)", str(q))
+    if not m:
+        sys.exit(f"unsupported quantity {q!r}")
+    return str(int(m.group(1)) * QUANTITY_SUFFIXES[m.group(2)])
+
+
+def resource_field(pod, ref):
+    # `resourceFieldRef: {containerName, resource: limits.memory}`: the named
+    # container's value from the manifest, in bytes.
+    kind, name = ref["resource"].split(".", 1)
+    for c in pod.get("initContainers", []) + pod["containers"]:
+        if c["name"] == ref["containerName"]:
+            return quantity_bytes(c["resources"][kind][name])
+    sys.exit(f"resourceFieldRef: no container {ref['containerName']!r}")
+
+
+def container_env(c, config, pod=None):
     env = {}
     for e in c.get("env", []):
         if "value" in e:
@@ -44,6 +66,8 @@ def container_env(c, config):
             env[e["name"]] = config[src["configMapKeyRef"]["key"]]
         elif "fieldRef" in src:
             env[e["name"]] = SAMPLE_FIELDS[src["fieldRef"]["fieldPath"]]
+        elif "resourceFieldRef" in src and pod is not None:
+            env[e["name"]] = resource_field(pod, src["resourceFieldRef"])
         else:
             sys.exit(f"{c['name']}: env {e['name']}: unsupported source {src}")
     return env
@@ -57,12 +81,12 @@ def main():
         config = yaml.safe_load(f)["data"]
     pod = ds["spec"]["template"]["spec"]
     agent = next(c for c in pod["containers"] if c["name"] == "agent")
-    agent_env = container_env(agent, config)
+    agent_env = container_env(agent, config, pod)
     agent_args = [expand(a, agent_env) for a in agent["args"]]
     xds = next(a.split("=", 1)[1] for a in agent_args if a.startswith("--xds-socket="))
     failures = []
     for c in pod.get("initContainers", []) + pod["containers"]:
-        env = container_env(c, config)
+        env = container_env(c, config, pod)
         command = [expand(a, env) for a in c["command"]]
         args = [expand(a, env) for a in c.get("args", [])]
         run_env = dict(os.environ, **env, PATH=f"{bin_dir}:{os.environ['PATH']}")
@@ -81,6 +105,13 @@ def main():
                     bootstrap = json.load(f)
                 if xds not in json.dumps(bootstrap) or bootstrap["node"]["id"] != SAMPLE_FIELDS["spec.nodeName"]:
                     failures.append(f"{c['name']}: the bootstrap does not name {xds} and node-1: {bootstrap}")
+                    continue
+                # The envoy container's memory limit reached the overload manager.
+                monitors = bootstrap.get("overload_manager", {}).get("resource_monitors", [])
+                heap = [m for m in monitors if m["name"] == "envoy.resource_monitors.fixed_heap"]
+                limit = env.get("FLOCK_ENVOY_MEMORY_LIMIT")
+                if limit and (not heap or heap[0]["typed_config"]["max_heap_size_bytes"] != int(limit) // 100 * 90):
+                    failures.append(f"{c['name']}: no heap monitor at 90% of the envoy container's {limit} bytes: {monitors}")
                     continue
             print(f"ok: {c['name']}: writes Envoy's bootstrap for {xds}")
             continue

@@ -155,7 +155,7 @@ fn a_canary_route_becomes_matched_and_weighted_routes_ending_in_404() {
     let safe = &b.retry_policy.as_ref().unwrap().retry_on;
     assert!(
         !safe.contains("retriable-status-codes") && !safe.contains("gateway-error"),
-        "{safe}"
+        "a non-idempotent request is retried after it reached the app: {safe}"
     );
     match &routes[6].action {
         Some(route::Action::DirectResponse(d)) => assert_eq!(d.status, 404),
