@@ -1255,6 +1255,24 @@ pub const RETRY_ON_OTHER: &str = "connect-failure,refused-stream,reset-before-re
 /// left, another priority (`previous_priorities`: the first retry after the local
 /// zone's only endpoint failed goes to the next zone, not back to the same dead
 /// endpoint, which outlier detection may not have ejected yet).
+/// A header matcher taking the idempotent methods ([`IDEMPOTENT_METHODS`]): the
+/// method selects the route, because a `RetryPolicy` cannot depend on it.
+pub(crate) fn idempotent_methods() -> HeaderMatcher {
+    HeaderMatcher {
+        name: ":method".to_string(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+            StringMatcher {
+                match_pattern: Some(MatchPattern::SafeRegex(RegexMatcher {
+                    regex: IDEMPOTENT_METHODS.to_string(),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
 pub(crate) fn retry_policy(retry_on: &str, per_try_timeout_ms: u32) -> RetryPolicy {
     RetryPolicy {
         retry_on: retry_on.to_string(),
@@ -1296,19 +1314,7 @@ fn outbound_service_routes(cluster: &str, opts: &EnvoyOptions) -> Vec<Route> {
     };
     let mut idempotent = route_to("/", cluster);
     if let Some(m) = idempotent.r#match.as_mut() {
-        m.headers = vec![HeaderMatcher {
-            name: ":method".to_string(),
-            header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
-                StringMatcher {
-                    match_pattern: Some(MatchPattern::SafeRegex(RegexMatcher {
-                        regex: IDEMPOTENT_METHODS.to_string(),
-                        ..Default::default()
-                    })),
-                    ..Default::default()
-                },
-            )),
-            ..Default::default()
-        }];
+        m.headers = vec![idempotent_methods()];
     }
     vec![
         with_policy(

@@ -12,7 +12,8 @@
 //! non-idempotent retries). After every rule, a 404 for what no rule matched.
 
 use super::envoy::{
-    IDEMPOTENT_METHODS, RETRY_ON_IDEMPOTENT, RETRY_ON_OTHER, duration_ms_u64, retry_policy,
+    IDEMPOTENT_METHODS, RETRY_ON_IDEMPOTENT, RETRY_ON_OTHER, duration_ms_u64, idempotent_methods,
+    retry_policy,
 };
 use super::model::Service;
 use envoy_types::pb::envoy::config::cluster::v3::{CircuitBreakers, circuit_breakers};
@@ -22,9 +23,7 @@ use envoy_types::pb::envoy::config::route::v3::{
     WeightedCluster, header_matcher, retry_policy::RetryBackOff, route, route_action, route_match,
     weighted_cluster,
 };
-use envoy_types::pb::envoy::r#type::matcher::v3::{
-    RegexMatcher, StringMatcher, string_matcher::MatchPattern,
-};
+use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
 use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::UInt32Value;
 use flock_core::route::{BackendRef, PathMatch, RouteMatch, RouteRule, ordered};
@@ -56,22 +55,6 @@ fn exact(name: &str, value: &str) -> HeaderMatcher {
         header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
             StringMatcher {
                 match_pattern: Some(MatchPattern::Exact(value.to_string())),
-                ..Default::default()
-            },
-        )),
-        ..Default::default()
-    }
-}
-
-fn idempotent_methods() -> HeaderMatcher {
-    HeaderMatcher {
-        name: ":method".to_string(),
-        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
-            StringMatcher {
-                match_pattern: Some(MatchPattern::SafeRegex(RegexMatcher {
-                    regex: IDEMPOTENT_METHODS.to_string(),
-                    ..Default::default()
-                })),
                 ..Default::default()
             },
         )),
