@@ -555,6 +555,25 @@ mod tests {
     }
 
     #[test]
+    fn the_namespaces_capture_label_reaches_the_record_and_a_bad_one_refuses() {
+        use flock_core::capture::policy::{NAMESPACE_LABEL, Setting};
+        let mut labels = meshed_ns();
+        labels.insert(NAMESPACE_LABEL.into(), "off".into());
+        let (rec, _) = admitted(decide(&input(), &pod(json!({})), Some(&labels), [], "n1"));
+        assert_eq!(rec.capture.namespace, Some(Setting::Off));
+        assert_eq!(rec.capture.setting, None);
+        labels.insert(NAMESPACE_LABEL.into(), "none".into());
+        match decide(&input(), &pod(json!({})), Some(&labels), [], "n1") {
+            Err(PodError::Invalid(m)) => assert!(
+                m.contains(&format!("metadata.labels[{NAMESPACE_LABEL}]"))
+                    && m.contains("\"none\" is not a capture mode"),
+                "{m}"
+            ),
+            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    #[test]
     fn a_pod_without_a_service_account_runs_as_default() {
         let p = pod(json!({"spec": {"serviceAccountName": null}}));
         let (rec, _) = admitted(decide(&input(), &p, Some(&meshed_ns()), [], "n1"));

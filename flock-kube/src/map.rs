@@ -69,7 +69,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-use flock_core::capture::policy::{PodOverrides, parse_annotations};
+use flock_core::capture::policy::{NAMESPACE_LABEL, PodOverrides, Setting, parse_annotations};
 pub use flock_core::pod::Health;
 use flock_core::pod::{
     INBOUND_BASE_PORT, MAX_PORTS, PodPort, Protocol, check_ip, check_label, check_ports,
@@ -168,8 +168,9 @@ pub struct PodFacts {
     /// `spec.hostNetwork`.
     pub host_network: bool,
     /// What the pod's `flock.io/capture*` annotations (`metadata.annotations`) say
-    /// about its transparent capture (`flock_core::capture::policy::parse_annotations`);
-    /// empty for a pod that is not meshed.
+    /// about its transparent capture (`flock_core::capture::policy::parse_annotations`),
+    /// with its Namespace's `flock.io/capture` label (the admin's mode for it); empty
+    /// for a pod that is not meshed.
     pub capture: PodOverrides,
     /// `metadata.deletionTimestamp` is set.
     pub terminating: bool,
@@ -525,13 +526,26 @@ pub fn pod_facts(
             &spec.containers,
             spec.init_containers.as_deref().unwrap_or_default(),
         )?;
-        let capture = meta
+        let mut capture = meta
             .annotations
             .as_ref()
             .map(parse_annotations)
             .transpose()
             .map_err(|e| map_err(format!("metadata.annotations[{}]", e.annotation), e.message))?
             .unwrap_or_default();
+        // The admin's mode for the whole namespace; a bad value refuses the pod (fails
+        // closed) rather than meshing it with a capture nobody chose.
+        capture.namespace = namespace_labels
+            .and_then(|l| l.get(NAMESPACE_LABEL))
+            .map(|v| {
+                v.parse::<Setting>().map_err(|m| {
+                    map_err(
+                        format!("namespace {namespace:?} metadata.labels[{NAMESPACE_LABEL}]"),
+                        m,
+                    )
+                })
+            })
+            .transpose()?;
         Ok((ports, capture))
     })();
     let ((ports, port_names), capture) = match checked {

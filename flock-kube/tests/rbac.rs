@@ -308,6 +308,8 @@ fn manifests_are_listed_and_refer_to_each_other() {
             }
         }
     }
+    // Installed as shipped, flock meshes: strict capture.
+    assert_eq!(data.get("capture").map(String::as_str), Some("strict"));
 }
 
 fn container<'a>(containers: &'a [Container], name: &str) -> &'a Container {
@@ -392,8 +394,11 @@ fn daemonset_keeps_the_node_agent_invariants() {
     let expected_caps: BTreeMap<&str, &[&str]> = BTreeMap::from([
         ("envoy-bootstrap", &[][..]),
         ("install-cni", &["CHOWN", "DAC_OVERRIDE"][..]),
-        ("agent", &["CHOWN", "SYS_ADMIN"][..]),
-        ("envoy", &["SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"][..]),
+        ("agent", &["CHOWN", "NET_ADMIN", "SYS_ADMIN"][..]),
+        (
+            "envoy",
+            &["NET_ADMIN", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"][..],
+        ),
     ]);
     let init = pod.init_containers.clone().unwrap_or_default();
     let all: Vec<&Container> = pod.containers.iter().chain(init.iter()).collect();
@@ -441,10 +446,25 @@ fn daemonset_keeps_the_node_agent_invariants() {
             "/etc/cni/net.d",
             "/opt/cni/bin",
             "/run/flock",
+            "/sys/fs/cgroup",
             "/var/lib/flock",
             "/var/run/netns"
         ])
     );
+    // The host's cgroup tree (where nft resolves kubelet's cgroup): read only, and
+    // only the agent's.
+    let cgroup = &host_paths["/sys/fs/cgroup"];
+    for c in &all {
+        for m in c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| &m.name == cgroup)
+        {
+            assert_eq!(c.name, "agent", "only the agent mounts the host's cgroups");
+            assert_eq!(m.read_only, Some(true), "the host's cgroups are read only");
+        }
+    }
     let netns = &host_paths["/var/run/netns"];
     let mut netns_mounts = 0;
     for c in &all {
@@ -502,6 +522,17 @@ fn daemonset_keeps_the_node_agent_invariants() {
         "agent: --remove-startup-taint"
     );
     assert_eq!(flag(agent, "node-name"), Some("$(FLOCK_NODE_NAME)"));
+    // Capture on, as the ConfigMap says (strict, shipped), enforced against pods, and
+    // kubelet's probes given their source.
+    assert_eq!(flag(agent, "capture"), Some("$(FLOCK_CAPTURE)"));
+    assert!(
+        has_flag(agent, "capture-enforce"),
+        "agent: --capture-enforce"
+    );
+    assert_eq!(
+        flag(agent, "capture-probe-cgroup"),
+        Some("$(FLOCK_KUBELET_CGROUP)")
+    );
     let node_env = agent
         .env
         .iter()

@@ -275,7 +275,15 @@ fn a_captured_pods_outbound_listener_routes_by_original_destination() {
         .collect();
     let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let mtls = |svc: &str, port: u16| format!("outbound|{port}|{svc}.default|{CLIENT_ID}");
+    let direct = |svc: &str, port: u16| format!("{}|direct-0", mtls(svc, port));
     let want = vec![
+        // An mTLS port's endpoints dialled on their own address and port (here the
+        // Envoy listen port the registry names) reach that endpoint: its direct
+        // cluster; the plaintext port's endpoints have none.
+        (
+            (15006, s(&["10.0.0.4/32"])),
+            Action::Tcp(direct("db", 5432)),
+        ),
         (
             (5432, s(&["10.0.0.4/32", "10.96.0.11/32"])),
             Action::Tcp(mtls("db", 5432)),
@@ -283,6 +291,10 @@ fn a_captured_pods_outbound_listener_routes_by_original_destination() {
         (
             (9000, s(&["10.0.0.2/32", "10.96.0.12/32"])),
             http("outbound|9000|plain.default"),
+        ),
+        (
+            (15006, s(&["10.0.0.2/32", "10.0.0.3/32"])),
+            http(&direct("web", 8080)),
         ),
         (
             (8080, s(&["10.0.0.2/32", "10.0.0.3/32", "10.96.0.10/32"])),
@@ -316,6 +328,28 @@ fn a_captured_pods_outbound_listener_routes_by_original_destination() {
     // one only for captured callers) with TLS, the blackhole, the passthrough.
     let db: Cluster = decode(find(&rs, CLUSTER, &mtls("db", 5432)));
     assert!(db.transport_socket.is_some());
+    // A direct cluster goes to the address the app dialled (ORIGINAL_DST), over TLS,
+    // bound as the mTLS clusters are (with a capture mark: from the caller's netns).
+    for (svc, port) in [("db", 5432), ("web", 8080)] {
+        let d: Cluster = decode(find(&rs, CLUSTER, &direct(svc, port)));
+        assert_eq!(
+            (d.cluster_discovery_type, d.lb_policy),
+            (
+                Some(ClusterDiscoveryType::Type(
+                    DiscoveryType::OriginalDst as i32
+                )),
+                LbPolicy::ClusterProvided as i32
+            ),
+            "{}",
+            d.name
+        );
+        assert!(d.eds_cluster_config.is_none() && d.transport_socket.is_some());
+        assert_eq!(
+            d.upstream_bind_config, db.upstream_bind_config,
+            "{}",
+            d.name
+        );
+    }
     let bh: Cluster = decode(find(&rs, CLUSTER, "blackhole"));
     assert_eq!(
         bh.cluster_discovery_type,

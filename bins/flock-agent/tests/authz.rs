@@ -153,6 +153,7 @@ fn policy_by_identity_live_edits_and_fail_closed() {
             "--authz-dir".into(),
             dir.to_str().unwrap().into(),
         ],
+        kube: false,
     });
     let web = c.add_pod_with(
         0,

@@ -195,7 +195,7 @@ fn unmodified_clients_are_meshed_and_nothing_reaches_an_app_around_envoy() {
         assert_eq!(status, 200, "{body}");
     }
     let after = envoy_stats(&envoy.admin);
-    let mtls_cluster = ["outbound|8080|web.default|", "sa/client"];
+    let mtls_cluster = ["outbound|8080|web.default|", "sa/client."];
     let rq = |s| stat(s, &mtls_cluster, ".upstream_rq_total");
     assert!(
         rq(&after) - rq(&before) > MORE,
@@ -748,7 +748,7 @@ fn a_service_vip_is_routed_to_the_service_over_mtls() {
         "B's app did not see A's own pod address: {body}"
     );
     let after = envoy_stats(&envoy.admin);
-    let mtls_cluster = ["outbound|80|web.shop|", "ns/shop/sa/client"];
+    let mtls_cluster = ["outbound|80|web.shop|", "ns/shop/sa/client."];
     assert!(
         stat(&after, &mtls_cluster, ".upstream_rq_total")
             > stat(&before, &mtls_cluster, ".upstream_rq_total"),

@@ -83,6 +83,7 @@ fn shared_root_locality_rotation_and_node_death() {
         shared_root: true,
         registry_ttl: 3,
         agent_args: Vec::new(),
+        kube: false,
     });
     println!("cluster up in {:?}", t0.elapsed());
     let client = c.add_pod(0, "client", "client", false);
@@ -308,6 +309,7 @@ fn per_node_cas_cannot_talk() {
         shared_root: false,
         registry_ttl: 3,
         agent_args: Vec::new(),
+        kube: false,
     });
     let client = c.add_pod(0, "client", "client", false);
     let web2 = c.add_pod(1, "web-n2", "web", true);
@@ -368,6 +370,7 @@ fn bench_cross_node() {
         shared_root: true,
         registry_ttl: 10,
         agent_args: Vec::new(),
+        kube: false,
     });
     let client = c.add_pod(0, "client", "client", false);
     let web2 = c.add_pod(1, "web-n2", "web", true);

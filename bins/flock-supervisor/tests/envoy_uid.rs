@@ -132,16 +132,16 @@ async fn envoy_runs_as_its_own_uid_through_a_hot_restart() {
 
 /// The envoy container of `deploy/daemonset.yaml`, as the kubelet starts it: uid 0
 /// with no_new_privs (`allowPrivilegeEscalation: false`) and exactly the container's
-/// capabilities (SYS_ADMIN, SETUID, SETGID, SETPCAP), its state and control
+/// capabilities (SYS_ADMIN, NET_ADMIN, SETUID, SETGID, SETPCAP), its state and control
 /// directories created in a root-owned 0777 directory (an emptyDir). The supervisor
-/// switches to 1337 and Envoy comes up LIVE, serving, as 1337 with SYS_ADMIN alone:
-/// the switch's own capabilities are gone, and no_new_privs does not cost Envoy the
-/// ambient one across its exec.
+/// switches to 1337 and Envoy comes up LIVE, serving, as 1337 with SYS_ADMIN and
+/// NET_ADMIN alone: the switch's own capabilities are gone, and no_new_privs does not
+/// cost Envoy the ambient ones across its exec.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_daemonsets_envoy_container_runs_envoy_as_1337_with_sys_admin_alone() {
+async fn the_daemonsets_envoy_container_runs_envoy_as_1337_with_sys_admin_and_net_admin() {
     /// What the manifest's envoy container adds (`capabilities.add`), after `drop: ALL`.
-    const CONTAINER_CAPS: &str = "-all,+sys_admin,+setuid,+setgid,+setpcap";
-    const SYS_ADMIN: u64 = 1 << 21;
+    const CONTAINER_CAPS: &str = "-all,+sys_admin,+net_admin,+setuid,+setgid,+setpcap";
+    const KEPT: u64 = (1 << 21) | (1 << 12);
     let tmp = TempDir::new("uid-ds");
     let base_id = unique_base_id();
     let _cleanup = EnvoyCleanup(vec![base_id]);
@@ -170,7 +170,7 @@ async fn the_daemonsets_envoy_container_runs_envoy_as_1337_with_sys_admin_alone(
     assert_eq!((uids, gids), (vec![ENVOY_UID; 4], vec![ENVOY_UID; 4]));
     assert_eq!(
         (eff, amb, bnd),
-        (SYS_ADMIN, SYS_ADMIN, SYS_ADMIN),
+        (KEPT, KEPT, KEPT),
         "Envoy's capabilities (effective, ambient, bounding) under the container's set"
     );
     use std::os::unix::fs::MetadataExt;

@@ -58,6 +58,12 @@ use crate::pod::{OUTBOUND_PORT, PodPort};
 /// The annotation choosing a pod's capture: `off`, `strict` or `permissive`
 /// (overrides the node's `--capture`).
 pub const CAPTURE_ANNOTATION: &str = "flock.io/capture";
+/// The Namespace label choosing the capture of a namespace's pods in kube mode: `off`,
+/// `strict` or `permissive`, in place of the node's `--capture`. Namespaces are
+/// cluster-scoped objects, labelled by the cluster's admins, not by whoever may create
+/// pods in them: so unlike the pod's annotation it may also lower an enforcing node's
+/// mode (a namespace of workloads the admin keeps out of capture).
+pub const NAMESPACE_LABEL: &str = "flock.io/capture";
 /// Destination ports (comma list) the pod's apps reach directly, added to the node's
 /// `--capture-exclude-outbound-ports`.
 pub const EXCLUDE_OUTBOUND_PORTS_ANNOTATION: &str = "flock.io/capture-exclude-outbound-ports";
@@ -237,6 +243,10 @@ impl NodeCapture {
 /// What a pod's annotations say about its capture.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodOverrides {
+    /// [`NAMESPACE_LABEL`] of the pod's Namespace, if present (kube mode): the admin's
+    /// mode for the namespace, which replaces the node's as the pod's default and, on
+    /// an enforcing node, as its floor.
+    pub namespace: Option<Setting>,
     /// [`CAPTURE_ANNOTATION`], if present.
     pub setting: Option<Setting>,
     /// [`EXCLUDE_OUTBOUND_PORTS_ANNOTATION`].
@@ -391,22 +401,24 @@ impl PodCapture {
 
 /// On a node with `--capture-enforce`: refuses annotations that would let traffic
 /// around Envoy — a weaker mode than the node's, or any exclusion.
-fn enforced(node: &NodeCapture, pod: &PodOverrides) -> Result<(), CaptureRefused> {
+fn enforced(floor: Setting, pod: &PodOverrides) -> Result<(), CaptureRefused> {
     // The bug this check closes: a pod's own annotation lowered a strict node.
     if crate::reintroduced!("capture-annotation-lowers-enforced") {
         return Ok(());
     }
-    if let Some(setting) = pod
-        .setting
-        .filter(|s| s.strength() < node.setting.strength())
-    {
+    if let Some(setting) = pod.setting.filter(|s| s.strength() < floor.strength()) {
+        let whose = if pod.namespace.is_some() {
+            "its namespace's"
+        } else {
+            "this node's"
+        };
         return Err(CaptureRefused {
             annotation: CAPTURE_ANNOTATION,
             message: format!(
-                "{setting} would lower this node's {} capture, which the node enforces \
-                 (--capture-enforce): remove the annotation; only the node's operator \
-                 chooses less capture",
-                node.setting
+                "{setting} would lower {whose} {floor} capture, which the node enforces \
+                 (--capture-enforce): remove the annotation; only the cluster's admins \
+                 choose less capture (the node's --capture, the namespace's \
+                 {NAMESPACE_LABEL} label)"
             ),
         });
     }
@@ -451,18 +463,25 @@ pub fn default_probe_sources() -> Vec<Cidr> {
 /// annotations, with [`default_probe_sources`] when the node names none.
 /// `Ok(None)`: not captured.
 ///
-/// Refused: the pod asks for capture on a node whose capture is off; a combined exclusion list over [`MAX_SPEC_ENTRIES`]; settings that
-/// give no rules for `ports`; on a node that enforces capture, a weaker mode or an
-/// exclusion in the pod's annotations.
+/// The namespace's [`NAMESPACE_LABEL`] (kube mode), when present, replaces the node's
+/// mode as the pod's default and as an enforcing node's floor.
+///
+/// Refused: the pod (or its namespace) asks for capture on a node whose capture is off;
+/// a combined exclusion list over [`MAX_SPEC_ENTRIES`]; settings that give no rules for
+/// `ports`; on a node that enforces capture, a mode below the floor or an exclusion in
+/// the pod's annotations.
 pub fn resolve(
     node: &NodeCapture,
     pod: &PodOverrides,
     ports: &[PodPort],
 ) -> Result<Option<PodCapture>, CaptureRefused> {
+    // The namespace's label (the admin's) stands in for the node's mode, also as the
+    // floor an enforcing node holds the pod's own annotation to.
+    let floor = pod.namespace.unwrap_or(node.setting);
     if node.enforce {
-        enforced(node, pod)?;
+        enforced(floor, pod)?;
     }
-    let setting = pod.setting.unwrap_or(node.setting);
+    let setting = pod.setting.unwrap_or(floor);
     let Some(mode) = setting.mode() else {
         return Ok(None);
     };
@@ -610,6 +629,54 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(c.mode, Mode::Permissive);
+    }
+
+    #[test]
+    fn the_namespace_label_is_the_admins_default_and_floor() {
+        let ports = parse_ports("8080").unwrap();
+        let enforcing = NodeCapture {
+            enforce: true,
+            ..node(Setting::Strict)
+        };
+        // The admin's label takes a namespace out of an enforcing node's capture.
+        let ns_off = PodOverrides {
+            namespace: Some(Setting::Off),
+            ..PodOverrides::default()
+        };
+        assert_eq!(resolve(&enforcing, &ns_off, &ports), Ok(None));
+        // A pod there may still ask for more.
+        let raised = PodOverrides {
+            setting: Some(Setting::Strict),
+            ..ns_off.clone()
+        };
+        let c = resolve(&enforcing, &raised, &ports).unwrap().unwrap();
+        assert_eq!(c.mode, Mode::Strict);
+        // In a permissive namespace, a pod's "off" is below the floor: refused, naming
+        // the namespace.
+        let lowered = PodOverrides {
+            namespace: Some(Setting::Permissive),
+            setting: Some(Setting::Off),
+            ..PodOverrides::default()
+        };
+        let e = resolve(&enforcing, &lowered, &ports).unwrap_err();
+        assert_eq!(e.annotation, CAPTURE_ANNOTATION);
+        assert!(e.message.contains("its namespace's permissive"), "{e}");
+        assert!(e.message.contains(NAMESPACE_LABEL), "{e}");
+        // The label alone, on a node that does not enforce, is the pod's default.
+        let ns_perm = PodOverrides {
+            namespace: Some(Setting::Permissive),
+            ..PodOverrides::default()
+        };
+        let c = resolve(&node(Setting::Strict), &ns_perm, &ports)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.mode, Mode::Permissive);
+        // A node without capture cannot give it to a namespace that asks.
+        let ns_strict = PodOverrides {
+            namespace: Some(Setting::Strict),
+            ..PodOverrides::default()
+        };
+        assert!(resolve(&node(Setting::Off), &ns_strict, &ports).is_err());
     }
 
     #[test]
@@ -836,11 +903,15 @@ mod tests {
         }
 
         /// On a node that enforces capture, whatever a pod's annotations say, the pod
-        /// is captured at least as strongly as the node says and with no exclusion the
-        /// node did not set — or it is refused.
+        /// is captured at least as strongly as its namespace's label (the admin's) or,
+        /// without one, the node says, and with no exclusion the node did not set — or
+        /// it is refused.
         #[test]
         fn an_enforcing_node_is_never_lowered_by_a_pod(
             node_strict in any::<bool>(),
+            namespace in proptest::option::of(prop_oneof![
+                Just(Setting::Off), Just(Setting::Permissive), Just(Setting::Strict)
+            ]),
             pod_setting in proptest::option::of(prop_oneof![
                 Just(Setting::Off), Just(Setting::Permissive), Just(Setting::Strict)
             ]),
@@ -850,17 +921,24 @@ mod tests {
             let setting = if node_strict { Setting::Strict } else { Setting::Permissive };
             let n = NodeCapture { enforce: true, ..node(setting) };
             let pod = PodOverrides {
+                namespace,
                 setting: pod_setting,
                 exclude_outbound_ports: out_ports,
                 exclude_inbound_ports: in_ports,
                 ..PodOverrides::default()
             };
             let ports = parse_ports("8080").unwrap();
+            let floor = namespace.unwrap_or(setting);
             if let Ok(c) = resolve(&n, &pod, &ports) {
-                let c = c.expect("an enforcing node always captures");
-                prop_assert!(c.mode == Mode::Strict || !node_strict);
-                prop_assert_eq!(c.exclude_outbound_ports, n.exclude_outbound_ports.clone());
-                prop_assert_eq!(c.exclude_inbound_ports, n.exclude_inbound_ports.clone());
+                let got = c.as_ref().map_or(Setting::Off, |c| match c.mode {
+                    Mode::Strict => Setting::Strict,
+                    Mode::Permissive => Setting::Permissive,
+                });
+                prop_assert!(got.strength() >= floor.strength(), "{:?} below {:?}", got, floor);
+                if let Some(c) = c {
+                    prop_assert_eq!(c.exclude_outbound_ports, n.exclude_outbound_ports.clone());
+                    prop_assert_eq!(c.exclude_inbound_ports, n.exclude_inbound_ports.clone());
+                }
             }
         }
     }

@@ -192,9 +192,15 @@ fn kind_of<K: k8s_openapi::Resource>() -> Kind {
 impl ApiServer {
     /// Starts the double on an ephemeral port of 127.0.0.1.
     pub async fn start() -> ApiServer {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// Starts the double on an ephemeral port of `ip` (an address agents in other
+    /// network namespaces reach, such as a test underlay's bridge).
+    pub async fn start_on(ip: std::net::IpAddr) -> ApiServer {
+        let listener = TcpListener::bind((ip, 0))
             .await
-            .expect("API double: bind 127.0.0.1:0");
+            .unwrap_or_else(|e| panic!("API double: bind {ip}:0: {e}"));
         let addr = listener.local_addr().expect("API double: local address");
         let n = SERVERS.fetch_add(1, Ordering::Relaxed);
         let audit_file = std::env::var_os("FLOCK_KUBE_AUDIT_DIR")
@@ -232,7 +238,7 @@ impl ApiServer {
         }
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://<address>:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }

@@ -768,6 +768,40 @@ fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
     )
 }
 
+/// The HTTP connection manager of a captured pod's filter chain: inline routes (one
+/// virtual host `*`: the destination address already chose the service).
+fn capture_hcm(
+    route_name: String,
+    vhost_name: String,
+    routes: Vec<Route>,
+    stat_prefix: &str,
+    opts: &EnvoyOptions,
+) -> Filter {
+    let hcm = HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
+        route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
+            RouteConfiguration {
+                name: route_name,
+                virtual_hosts: vec![VirtualHost {
+                    name: vhost_name,
+                    domains: vec!["*".to_string()],
+                    routes,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        )),
+        http_filters: vec![router_filter()],
+        tracing: opts.tracing.as_ref().map(super::telemetry::hcm_tracing),
+        ..Default::default()
+    };
+    network_filter(
+        "envoy.filters.network.http_connection_manager",
+        type_urls::HCM,
+        hcm.encode_to_vec(),
+    )
+}
+
 fn cidr(ip: IpAddr) -> CidrRange {
     CidrRange {
         address_prefix: ip.to_string(),
@@ -826,16 +860,66 @@ pub fn capture_listener<S: Borrow<Service>>(
                 continue;
             }
             let eps = port_endpoints(s, p.port);
+            let caller = pod
+                .identity
+                .as_deref()
+                .filter(|id| trust_domain(id).is_some());
+            // An app that dials an endpoint's own address and port (a pod IP: what
+            // a headless Service or a StatefulSet peer gives) reaches that endpoint,
+            // not whichever the service's balancer picks, over mTLS verified against
+            // that endpoint's own IDs: its set's direct cluster. These come first,
+            // so they win where the endpoint's port is also the service port.
+            if let (Some(id), true) = (caller, eps.mtls) {
+                let peers: Vec<_> = mtls_peers(s, p.port)
+                    .map(|sets| sets.into_iter().collect())
+                    .unwrap_or_default();
+                let mut direct: BTreeMap<(u16, usize), Vec<IpAddr>> = BTreeMap::new();
+                for e in &eps.serving {
+                    let Some(set) =
+                        endpoint_peers(e).and_then(|ids| peers.iter().position(|p| *p == ids))
+                    else {
+                        continue;
+                    };
+                    if claimed.insert((e.address, e.port)) {
+                        direct.entry((e.port, set)).or_default().push(e.address);
+                    }
+                }
+                for ((port, set), ips) in direct {
+                    let cluster = names::direct_cluster(s, p.port, id, set);
+                    let filter = if p.protocol.is_http() {
+                        capture_hcm(
+                            format!("{}|direct-{set}", names::capture_route(s, p.port)),
+                            names::service_authority(s, p.port),
+                            outbound_service_routes(&cluster, opts),
+                            &stat_prefix,
+                            opts,
+                        )
+                    } else {
+                        tcp_proxy_filter(&stat_prefix, &cluster)
+                    };
+                    chains.push(FilterChain {
+                        filter_chain_match: Some(FilterChainMatch {
+                            destination_port: Some(UInt32Value {
+                                value: u32::from(port),
+                            }),
+                            prefix_ranges: ips.into_iter().map(cidr).collect(),
+                            ..Default::default()
+                        }),
+                        filters: vec![filter],
+                        name: format!(
+                            "{}|{port}|direct-{set}",
+                            names::service_authority(s, p.port)
+                        ),
+                        ..Default::default()
+                    });
+                }
+            }
             let mut ips: Vec<IpAddr> = s.vips.clone();
             ips.extend(eps.serving.iter().map(|e| e.address));
             ips.retain(|ip| claimed.insert((*ip, p.port)));
             if ips.is_empty() {
                 continue;
             }
-            let caller = pod
-                .identity
-                .as_deref()
-                .filter(|id| trust_domain(id).is_some());
             let cluster = match (caller, eps.mtls) {
                 (Some(id), true) => names::mtls_cluster(s, p.port, id),
                 _ => names::outbound_cluster(s, p.port),
@@ -861,28 +945,12 @@ pub fn capture_listener<S: Borrow<Service>>(
                 } else {
                     outbound_service_routes(&cluster, opts)
                 };
-                let hcm = HttpConnectionManager {
-                    stat_prefix: stat_prefix.clone(),
-                    route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
-                        RouteConfiguration {
-                            name: names::capture_route(s, p.port),
-                            virtual_hosts: vec![VirtualHost {
-                                name: names::service_authority(s, p.port),
-                                domains: vec!["*".to_string()],
-                                routes,
-                                ..Default::default()
-                            }],
-                            ..Default::default()
-                        },
-                    )),
-                    http_filters: vec![router_filter()],
-                    tracing: opts.tracing.as_ref().map(super::telemetry::hcm_tracing),
-                    ..Default::default()
-                };
-                network_filter(
-                    "envoy.filters.network.http_connection_manager",
-                    type_urls::HCM,
-                    hcm.encode_to_vec(),
+                capture_hcm(
+                    names::capture_route(s, p.port),
+                    names::service_authority(s, p.port),
+                    routes,
+                    &stat_prefix,
+                    opts,
                 )
             } else {
                 tcp_proxy_filter(&stat_prefix, &cluster)
@@ -966,10 +1034,11 @@ pub fn capture_listener<S: Borrow<Service>>(
     Some(resource(LISTENER, name, any(LISTENER, &listener)))
 }
 
-/// The mTLS clusters of the TCP service ports for captured pods with SPIFFE ID
-/// `identity` ([`caller_resources`] makes those of the HTTP/gRPC ports; without
-/// capture nothing routes to a TCP port's mTLS cluster, so they exist only for
-/// captured callers). Empty if `identity` is not a SPIFFE ID.
+/// The clusters only captured pods with SPIFFE ID `identity` route to: the mTLS
+/// clusters of the TCP service ports ([`caller_resources`] makes those of the
+/// HTTP/gRPC ports; without capture nothing routes to a TCP port's mTLS cluster), and
+/// every mTLS port's direct clusters ([`direct_clusters`]). Empty if `identity` is
+/// not a SPIFFE ID.
 pub fn capture_caller_resources<S: Borrow<Service>>(
     identity: &str,
     services: &[S],
@@ -982,16 +1051,63 @@ pub fn capture_caller_resources<S: Borrow<Service>>(
     for s in services {
         let s = s.borrow();
         let mut seen = std::collections::BTreeSet::new();
-        for p in s.ports.iter().filter(|p| !p.protocol.is_http()) {
+        for p in &s.ports {
             if !seen.insert(p.port) {
                 continue;
             }
             if let Some(peers) = mtls_peers(s, p.port) {
-                mtls_cluster(s, p, identity, td, peers, opts, &mut out);
+                direct_clusters(s, p, identity, td, &peers, opts, &mut out);
+                if !p.protocol.is_http() {
+                    mtls_cluster(s, p, identity, td, peers, opts, &mut out);
+                }
             }
         }
     }
     out
+}
+
+/// The direct clusters of a service port for captured callers with `identity`: per
+/// set of accepted IDs among its serving endpoints (`peers`, in order), an
+/// `ORIGINAL_DST` cluster to the address the app dialled, opened from the caller's
+/// netns with the capture mark like [`mtls_cluster`]'s, that presents the caller's
+/// certificate and accepts exactly that set: the capture listener sends a connection
+/// to an endpoint's own address and port here ([`capture_listener`]), so it meets
+/// that endpoint, verified as itself.
+fn direct_clusters(
+    s: &Service,
+    p: &ServicePort,
+    identity: &str,
+    td: &str,
+    peers: &std::collections::BTreeSet<std::collections::BTreeSet<&str>>,
+    opts: &EnvoyOptions,
+    out: &mut Vec<Resource>,
+) {
+    for (set, ids) in peers.iter().enumerate() {
+        let name = names::direct_cluster(s, p.port, identity, set);
+        let mut cluster = outbound_cluster(s, p.port, p.protocol);
+        cluster.name = name.clone();
+        cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
+            DiscoveryType::OriginalDst as i32,
+        ));
+        cluster.eds_cluster_config = None;
+        cluster.lb_policy = LbPolicy::ClusterProvided as i32;
+        // One host, the one dialled: nothing to eject it in favour of.
+        cluster.outlier_detection = None;
+        cluster.upstream_bind_config = opts.capture_mark.map(caller_netns_bind);
+        let ctx = UpstreamTlsContext {
+            common_tls_context: Some(common_tls(
+                identity,
+                td,
+                san_patterns(ids.iter().copied())
+                    .into_iter()
+                    .map(uri_san)
+                    .collect(),
+            )),
+            ..Default::default()
+        };
+        cluster.transport_socket = Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
+        out.push(resource(CLUSTER, name, any(CLUSTER, &cluster)));
+    }
 }
 
 /// Connect timeout of the service port (mesh) clusters: short, because every

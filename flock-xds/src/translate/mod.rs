@@ -359,6 +359,13 @@ pub mod names {
     pub fn mtls_cluster(service: &Service, port: u16, identity: &str) -> String {
         format!("{}|{identity}", outbound_cluster(service, port))
     }
+
+    /// `outbound|<port>|<svc>.<ns>|<spiffe-id>|direct-<i>`: the `ORIGINAL_DST` mTLS
+    /// cluster by which captured callers with this identity reach the one endpoint
+    /// they dialled by address, for the service port's `i`th set of accepted IDs.
+    pub fn direct_cluster(service: &Service, port: u16, identity: &str, set: usize) -> String {
+        format!("{}|direct-{set}", mtls_cluster(service, port, identity))
+    }
 }
 
 /// Type URLs of the extensions the translation embeds (filters, protocol options,

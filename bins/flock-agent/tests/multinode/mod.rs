@@ -57,6 +57,20 @@ pub struct ClusterOptions {
     pub registry_ttl: u64,
     /// More flags for every agent (`--capture strict`, `--authz-dir …`).
     pub agent_args: Vec<String>,
+    /// Kube mode: no etcd; flock-kube's API-server DOUBLE (no control plane can run
+    /// here) on the underlay bridge's address instead, and every agent started with
+    /// `--kube --kubeconfig <its kubeconfig>` and `--registry kubernetes` (or what
+    /// `agent_args` names). Pods are created in the double (namespace `default`,
+    /// labelled `flock.io/mesh: enabled`) before their CNI ADD; Services and
+    /// EndpointSlices are the test's to apply ([`Cluster::api`]).
+    pub kube: bool,
+}
+
+/// The API-server double of a kube-mode cluster, on a runtime of its own.
+pub struct KubeApi {
+    pub api: flock_kube::double::ApiServer,
+    pub kubeconfig: PathBuf,
+    _rt: tokio::runtime::Runtime,
 }
 
 /// The whole cluster; dropping it removes every process, namespace and file.
@@ -65,7 +79,8 @@ pub struct Cluster {
     /// namespaces, then the files.
     pub pods: Vec<Pod>,
     pub nodes: Vec<Node>,
-    _etcd: ChildGuard,
+    _etcd: Option<ChildGuard>,
+    pub kube: Option<KubeApi>,
     _underlay: Underlay,
     pub dir: tempfile::TempDir,
     pub opts: ClusterOptions,
@@ -88,6 +103,8 @@ pub struct Node {
     registry: String,
     registry_ttl: u64,
     agent_args: Vec<String>,
+    /// Kube mode: the kubeconfig the agent is started with.
+    kubeconfig: Option<PathBuf>,
     restarts: u32,
 }
 
@@ -260,7 +277,6 @@ impl Cluster {
         let _ = required_env("FLOCK_CNI_PLUGIN_DIR");
         let _ = required_env("FLOCK_CNITOOL");
         let _ = envoy_bin();
-        let etcd_bin = etcd_bin();
         let tag = opts.tag;
         let underlay = Underlay::create(tag);
         let dir = tempfile::Builder::new()
@@ -268,25 +284,49 @@ impl Cluster {
             .tempdir()
             .unwrap();
 
-        let etcd_ip = format!("10.77.{tag}.2");
-        let (etcd_ns, _) = underlay.attach("etcd", 0, &etcd_ip);
-        let client = format!("http://{etcd_ip}:{ETCD_PORT}");
-        let mut cmd = in_netns(&etcd_ns, etcd_bin);
-        cmd.args(["--name", "e1", "--data-dir"])
-            .arg(dir.path().join("etcd"))
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
-            .args(["--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
-            .args(["--initial-cluster", "e1=http://127.0.0.1:2380"])
-            .args(["--heartbeat-interval", "50", "--election-timeout", "250"]);
-        let mut etcd = ChildGuard::spawn(cmd, dir.path().join("etcd.log"));
-        let etcd_addr = format!("{etcd_ip}:{ETCD_PORT}");
-        wait_for("etcd /health true on the underlay", WAIT, || {
-            assert!(etcd.running(), "etcd exited:\n{}", etcd.log_text());
-            matches!(http_get(&etcd_addr, "/health"), Ok((200, body)) if body.contains("true"))
-        });
-        let registry = format!("etcd://{etcd_addr}");
+        let (etcd, registry, kube) = if opts.kube {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let bridge_ip: std::net::IpAddr = format!("10.77.{tag}.254").parse().unwrap();
+            let api = rt.block_on(flock_kube::double::ApiServer::start_on(bridge_ip));
+            let kubeconfig = dir.path().join("kubeconfig");
+            api.write_kubeconfig(&kubeconfig);
+            api.apply(&kube_object::<k8s_openapi::api::core::v1::Namespace>(
+                json!({
+                    "apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": "default", "labels": {"flock.io/mesh": "enabled"}}
+                }),
+            ));
+            let kube = KubeApi {
+                api,
+                kubeconfig,
+                _rt: rt,
+            };
+            (None, "kubernetes".to_string(), Some(kube))
+        } else {
+            let etcd_ip = format!("10.77.{tag}.2");
+            let (etcd_ns, _) = underlay.attach("etcd", 0, &etcd_ip);
+            let client = format!("http://{etcd_ip}:{ETCD_PORT}");
+            let mut cmd = in_netns(&etcd_ns, etcd_bin());
+            cmd.args(["--name", "e1", "--data-dir"])
+                .arg(dir.path().join("etcd"))
+                .args(["--listen-client-urls", &client])
+                .args(["--advertise-client-urls", &client])
+                .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
+                .args(["--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
+                .args(["--initial-cluster", "e1=http://127.0.0.1:2380"])
+                .args(["--heartbeat-interval", "50", "--election-timeout", "250"]);
+            let mut etcd = ChildGuard::spawn(cmd, dir.path().join("etcd.log"));
+            let etcd_addr = format!("{etcd_ip}:{ETCD_PORT}");
+            wait_for("etcd /health true on the underlay", WAIT, || {
+                assert!(etcd.running(), "etcd exited:\n{}", etcd.log_text());
+                matches!(http_get(&etcd_addr, "/health"), Ok((200, body)) if body.contains("true"))
+            });
+            (Some(etcd), format!("etcd://{etcd_addr}"), None)
+        };
 
         let root = dir.path().join("root");
         if opts.shared_root {
@@ -358,6 +398,7 @@ impl Cluster {
                 registry: registry.clone(),
                 registry_ttl: opts.registry_ttl,
                 agent_args: opts.agent_args.clone(),
+                kubeconfig: kube.as_ref().map(|k| k.kubeconfig.clone()),
                 restarts: 0,
             });
         }
@@ -365,6 +406,7 @@ impl Cluster {
             pods: Vec::new(),
             nodes,
             _etcd: etcd,
+            kube,
             _underlay: underlay,
             dir,
             opts,
@@ -376,6 +418,11 @@ impl Cluster {
             cluster.nodes[i].start_envoy();
         }
         cluster
+    }
+
+    /// The API-server double (kube mode).
+    pub fn api(&self) -> &flock_kube::double::ApiServer {
+        &self.kube.as_ref().expect("a kube-mode cluster").api
     }
 
     /// The root CA directory (`ca init --out`), when the cluster has a shared root.
@@ -411,6 +458,10 @@ impl Cluster {
         let netns = format!("{}p-{name}", Underlay::prefix(self.opts.tag));
         ipc(&["netns", "add", &netns]);
         ipc(&["-n", &netns, "link", "set", "lo", "up"]);
+        if let Some(k) = &self.kube {
+            k.api
+                .apply(&api_pod(&self.nodes[node].name, name, &annotations, serve));
+        }
         let mut pod = Pod {
             name: name.to_owned(),
             node,
@@ -494,6 +545,88 @@ impl Cluster {
         }
         s
     }
+}
+
+/// The shipped DaemonSet's agent flags named in `names` (long names without `--`),
+/// as the kubelet gives them: `$(VAR)` expanded from the container's env, whose
+/// ConfigMap keys come from `deploy/configmap.yaml`. Each as one `--name=value` (or
+/// `--name`) argument, in the manifest's order; a name the manifest does not set
+/// fails the test.
+pub fn manifest_agent_args(names: &[&str]) -> Vec<String> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    fn read<K: k8s_openapi::serde::de::DeserializeOwned>(file: &str) -> K {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy")
+            .join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let v: Value = serde_saphyr::from_str(&text).unwrap();
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+    let ds: DaemonSet = read("daemonset.yaml");
+    let config: ConfigMap = read("configmap.yaml");
+    let data = config.data.unwrap_or_default();
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let agent = pod.containers.iter().find(|c| c.name == "agent").unwrap();
+    let env: std::collections::BTreeMap<String, String> = agent
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| {
+            let key = &e.value_from.as_ref()?.config_map_key_ref.as_ref()?.key;
+            Some((e.name.clone(), data.get(key)?.clone()))
+        })
+        .collect();
+    let expand = |a: &str| {
+        env.iter()
+            .fold(a.to_owned(), |a, (k, v)| a.replace(&format!("$({k})"), v))
+    };
+    let args: Vec<String> = agent.args.iter().flatten().map(|a| expand(a)).collect();
+    names
+        .iter()
+        .map(|n| {
+            let long = format!("--{n}");
+            args.iter()
+                .find(|a| **a == long || a.starts_with(&format!("{long}=")))
+                .unwrap_or_else(|| panic!("deploy/daemonset.yaml's agent has no {long}"))
+                .clone()
+        })
+        .collect()
+}
+
+/// A Kubernetes object from its JSON.
+pub fn kube_object<K: k8s_openapi::serde::de::DeserializeOwned>(v: Value) -> K {
+    serde_json::from_value(v).expect("a well-formed API object")
+}
+
+/// The Pod object of a kube-mode cluster's pod `name` on `node`: namespace `default`,
+/// uid `uid-<name>` (what the CNI ADD's `K8S_POD_UID` says), label `app` and service
+/// account from the `flock.io/service` / `flock.io/service-account` annotations the
+/// etcd mode uses (so one test body serves both), its other annotations as the pod's,
+/// and, when it serves, container port 8080 named `http`.
+pub fn api_pod(
+    node: &str,
+    name: &str,
+    annotations: &Value,
+    serve: bool,
+) -> k8s_openapi::api::core::v1::Pod {
+    let service = annotations["flock.io/service"].as_str().unwrap_or(name);
+    let account = annotations["flock.io/service-account"]
+        .as_str()
+        .unwrap_or(service);
+    let ports = if serve {
+        json!([{"name": "http", "containerPort": APP_PORT}])
+    } else {
+        json!([])
+    };
+    kube_object(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
+                     "labels": {"app": service}, "annotations": annotations},
+        "spec": {"nodeName": node, "serviceAccountName": account,
+                 "containers": [{"name": "app", "image": "app", "ports": ports}]},
+        "status": {"phase": "Running"}
+    }))
 }
 
 fn tail(text: &str, lines: usize) -> String {
@@ -593,7 +726,25 @@ impl Node {
             let _ = old.child.kill();
             let _ = old.child.wait();
         }
-        let mut cmd = in_netns(&self.netns, AGENT_BIN);
+        let mut cmd = if self
+            .agent_args
+            .iter()
+            .any(|a| a.starts_with("--capture-probe-cgroup"))
+        {
+            // `ip netns exec` mounts a fresh /sys for the namespace, without the
+            // cgroup v2 tree the flag names: mount it there (in the command's own
+            // mount namespace), as the DaemonSet mounts the host's.
+            let mut cmd = in_netns(&self.netns, "sh");
+            cmd.args([
+                "-c",
+                "mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec \"$@\"",
+                "sh",
+                AGENT_BIN,
+            ]);
+            cmd
+        } else {
+            in_netns(&self.netns, AGENT_BIN)
+        };
         cmd.args(["--node-name", &self.name])
             .arg("--state-dir")
             .arg(self.dir.join("state"))
@@ -606,10 +757,20 @@ impl Node {
                 &self.agent_admin(),
                 "--allow-non-loopback",
             ])
-            .args(["--registry", &self.registry])
-            .args(["--registry-ttl", &self.registry_ttl.to_string()])
-            .args(["--zone", self.zone, "--region", "r1"])
-            .args(["--trust-domain", TRUST_DOMAIN])
+            .args(["--trust-domain", TRUST_DOMAIN]);
+        // The test's own `--registry` (a manifest's) wins.
+        if !self.agent_args.iter().any(|a| a.starts_with("--registry")) {
+            cmd.args(["--registry", &self.registry]);
+        }
+        match &self.kubeconfig {
+            Some(k) => {
+                cmd.arg("--kube").arg("--kubeconfig").arg(k);
+            }
+            None => {
+                cmd.args(["--registry-ttl", &self.registry_ttl.to_string()]);
+            }
+        }
+        cmd.args(["--zone", self.zone, "--region", "r1"])
             .args(["--probe-interval-ms", "1000"])
             .args(&self.agent_args)
             .env("RUST_LOG", "info");
@@ -697,6 +858,21 @@ impl Node {
     /// The node comes back: link up, agent (same state dir) and Envoy started again.
     pub fn revive(&mut self) {
         ipc(&["link", "set", &self.host_veth, "up"]);
+        // The link's carrier comes up asynchronously (the kernel's link watch can
+        // take up to a second): an agent started at once can find its registry
+        // unreachable ("No route to host") and exit.
+        // Wait for the node's end of the underlay link to have its carrier again.
+        let inner = self.host_veth.replacen('h', "u", 1);
+        wait_for(
+            &format!("{}'s underlay link up again", self.name),
+            WAIT,
+            || {
+                Command::new("ip")
+                    .args(["-n", &self.netns, "-o", "link", "show", "dev", &inner])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("LOWER_UP"))
+            },
+        );
         self.start_agent();
         self.start_envoy();
     }
