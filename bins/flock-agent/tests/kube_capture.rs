@@ -19,7 +19,8 @@
 //!   the callee's capture turned it into its inbound listener;
 //! * `client` → `web-2`'s pod IP (across nodes) answers `web-2`, with n1's cluster
 //!   and n2's listener handshakes rising;
-//! * `client` → the ClusterIP reaches both pods, each answer over mTLS;
+//! * `client` → the ClusterIP reaches both pods, with a client handshake per pod on
+//!   n1 and a server handshake on each node;
 //! * strict capture: plaintext from n2's node to `web-1`'s app port gets no answer
 //!   from the app, while a "kubelet probe" (a process in the probe cgroup on web-1's
 //!   node) does.
@@ -217,7 +218,9 @@ fn shipped_flags_mesh_app_ports_through_both_envoys() {
         "across nodes: no mTLS from n1's Envoy to n2's: n1 {n1_before:?} -> {n1_after:?}, n2 {n2_before:?} -> {n2_after:?}"
     );
 
-    // The ClusterIP: both pods answer, through the Service's mTLS cluster.
+    // The ClusterIP: both pods answer, through the Service's mTLS cluster (new
+    // connections: one handshake on each side per pod).
+    let (n1_before, n2_before) = (handshakes(&c.nodes[0]), handshakes(&c.nodes[1]));
     let vip = format!("http://{CLUSTER_IP}/");
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..40 {
@@ -232,6 +235,12 @@ fn shipped_flags_mesh_app_ports_through_both_envoys() {
         seen,
         ["web-1".to_string(), "web-2".to_string()].into(),
         "client → ClusterIP reached"
+    );
+    let (n1_after, n2_after) = (handshakes(&c.nodes[0]), handshakes(&c.nodes[1]));
+    eprintln!("ClusterIP: n1 {n1_before:?} -> {n1_after:?}, n2 {n2_before:?} -> {n2_after:?}");
+    assert!(
+        n1_after.0 >= n1_before.0 + 2 && n1_after.1 > n1_before.1 && n2_after.1 > n2_before.1,
+        "ClusterIP: not mTLS to both pods: n1 {n1_before:?} -> {n1_after:?}, n2 {n2_before:?} -> {n2_after:?}"
     );
 
     // Strict: nothing reaches web-1's app around Envoy. Plaintext from n2's node (not
