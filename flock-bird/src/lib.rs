@@ -14,6 +14,7 @@ mod dirwatch;
 pub mod identity;
 pub mod kube;
 pub mod model;
+pub mod node_lock;
 pub mod node_ready;
 pub mod options;
 pub mod probe;

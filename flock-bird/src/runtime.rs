@@ -31,8 +31,11 @@ use tokio::sync::watch;
 pub struct Options {
     /// The agent's settings.
     pub agent: AgentConfig,
-    /// The pod store directory.
+    /// The pod store directory (also the node lock's: [`crate::node_lock`]).
     pub state_dir: PathBuf,
+    /// `--ready-file`: exists while the agent stands by for the node lock (its API
+    /// watches synced) or serves.
+    pub ready_file: Option<PathBuf>,
     /// What a returned pod store write survives (the agent's crash, or also a power loss).
     pub store_durability: crate::store::Durability,
     /// The CNI socket (created 0600).
@@ -283,12 +286,45 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(Bound) + Send,
 ) -> anyhow::Result<()> {
+    // Before the registry: `--registry kubernetes` reads EndpointSlices from this watch.
+    // Read-only, so it starts before the node lock: a standing-by agent has synced its
+    // view when it takes over.
+    let kube_watch = start_kube_watch(&opts).await?;
+    // Nothing of the node's is written before this: the store, the registry lease, the
+    // sockets. A second agent (a surge upgrade's) waits here for the first to exit.
+    let mut standby = None;
+    let (_node_lock, taken) = crate::node_lock::NodeLock::acquire(&opts.state_dir, |path| {
+        tracing::warn!(
+            lock = %path.display(),
+            "another flock-agent serves this node: standing by until it exits (an upgrade              that starts the new agent beside the old); then this one takes the store, the              registry entries and the sockets"
+        );
+        if let Some(file) = opts.ready_file.clone() {
+            let view = kube_watch.as_ref().map(|w| w.view());
+            standby = Some(tokio::spawn(async move {
+                if let Some(mut view) = view {
+                    // Ready to take over once the API view is complete.
+                    if view.wait_for(|s| s.synced).await.is_err() {
+                        return;
+                    }
+                }
+                match crate::node_lock::write_ready_file(&file, "standby") {
+                    Ok(()) => tracing::info!(file = %file.display(), "standing by: ready to take over"),
+                    Err(e) => tracing::warn!(file = %file.display(), "--ready-file: {e}"),
+                }
+            }));
+        }
+    })
+    .await?;
+    if let Some(task) = standby.take() {
+        task.abort();
+    }
+    if taken == crate::node_lock::Taken::AfterWaiting {
+        tracing::info!(state_dir = %opts.state_dir.display(), "the previous agent exited: taking over this node");
+    }
     let store = Arc::new(
         PodStore::open_with(&opts.state_dir, opts.store_durability)
             .with_context(|| format!("opening the pod store in {}", opts.state_dir.display()))?,
     );
-    // Before the registry: `--registry kubernetes` reads EndpointSlices from this watch.
-    let kube_watch = start_kube_watch(&opts).await?;
     let spec =
         registry::parse_spec(&opts.registry).map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
     let reg: Arc<dyn registry::Registry> = if spec == registry::RegistrySpec::Kubernetes {
@@ -596,6 +632,11 @@ pub async fn run(
             tracing::error!(socket = %socket.display(), "CNI server failed: {e}");
         }
     });
+    if let Some(file) = &opts.ready_file
+        && let Err(e) = crate::node_lock::write_ready_file(file, "serving")
+    {
+        tracing::warn!(file = %file.display(), "--ready-file: {e}");
+    }
 
     if let Some((readiness, client)) = startup_taint {
         tasks.spawn(readiness.run(client, opts.agent.node_name.clone(), stop_rx.clone()));
@@ -677,6 +718,9 @@ pub async fn run(
 
     shutdown.await;
     tracing::info!("shutting down");
+    if let Some(file) = &opts.ready_file {
+        let _ = std::fs::remove_file(file);
+    }
     let _ = stop_tx.send(true);
     xds.shutdown();
     while tasks.join_next().await.is_some() {}

@@ -78,6 +78,20 @@ pub enum StoreError {
         /// The directory path given to `open`.
         path: PathBuf,
     },
+    /// A pod file of a newer schema than this agent reads: the store was written by a
+    /// newer agent (a rollback). Refused whole, the files left in place: quarantining
+    /// them would drop those pods' records.
+    #[error(
+        "pod store file {path} has schema {version}, written by a newer flock-agent; this \
+         one reads schema {SCHEMA_VERSION} and refuses to start rather than drop those pods: run \
+         the newer agent (roll forward), or move the store directory aside to start with no pods"
+    )]
+    NewerSchema {
+        /// The file.
+        path: PathBuf,
+        /// Its schema version.
+        version: u64,
+    },
     /// The store path exists but is not a directory.
     #[error("pod store path {path} exists and is not a directory")]
     NotADirectory {
@@ -386,7 +400,8 @@ impl PodStore {
     }
 
     /// Loads every `pod-*.json` file; files it cannot use are moved to quarantine. Blocks;
-    /// never fails or panics because of a file.
+    /// never panics because of a file, and fails because of one only when it is of a
+    /// newer schema ([`StoreError::NewerSchema`]: a rollback; nothing is moved).
     ///
     /// A file that is unreadable, over [`MAX_FILE_BYTES`], not a regular file (a
     /// directory, a symlink, a FIFO), not UTF-8, not valid JSON, of an unknown schema
@@ -420,7 +435,12 @@ impl PodStore {
             }
             let path = entry.path();
             let outcome = match read_limited(&path) {
-                Ok(Some(bytes)) => decode_record(name, &bytes),
+                Ok(Some(bytes)) => {
+                    if let Some(version) = newer_schema(&bytes) {
+                        return Err(StoreError::NewerSchema { path, version });
+                    }
+                    decode_record(name, &bytes)
+                }
                 // Vanished between listing and reading: a concurrent `remove`.
                 Ok(None) => continue,
                 Err(reason) => Err(reason),
@@ -593,6 +613,20 @@ pub fn encode_record(rec: &PodRecord) -> Result<Vec<u8>, String> {
         pod: rec,
     })
     .map_err(|e| format!("cannot encode the record: {e}"))
+}
+
+/// The schema version of a pod file's bytes when it is newer than
+/// [`SCHEMA_VERSION`] (what a newer agent wrote); `None` for anything else, which
+/// [`decode_record`] judges.
+pub fn newer_schema(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() > MAX_FILE_BYTES {
+        return None;
+    }
+    let probe: SchemaProbe = serde_json::from_slice(bytes).ok()?;
+    probe
+        .schema?
+        .as_u64()
+        .filter(|v| *v > u64::from(SCHEMA_VERSION))
 }
 
 /// Decodes the bytes of a pod file named `file_name` (no directory); pure, no I/O.

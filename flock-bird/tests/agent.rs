@@ -227,6 +227,51 @@ async fn a_restart_loads_the_store_and_keeps_a_pod_added_meanwhile() {
     assert_eq!(view.endpoints.len(), 2);
 }
 
+/// A restarted agent (or one taking over from its predecessor) publishes its first
+/// snapshot only after re-registering its stored pods: every snapshot Envoy can get
+/// from it routes to the stored pod's service. (Envoy keeps its last configuration
+/// until it gets one; a first snapshot built from a registry view without the node's
+/// own endpoints made requests to them fail until the sync caught up.)
+#[tokio::test]
+async fn a_restarted_agents_first_snapshot_already_routes_to_its_stored_pods() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let first = agent_over(dir.path(), memory().await);
+        first.load().await.unwrap();
+        first
+            .add_pod(&input("web-1", Some("web"), "8080/http"))
+            .await
+            .unwrap();
+    }
+    // The successor, on a registry that holds nothing yet.
+    let second = agent_over(dir.path(), memory().await);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let seen = Arc::clone(&seen);
+        second.cache().publisher(ENVOY_GROUP).add_sink(move |snap| {
+            let clusters: Vec<String> = snap
+                .state()
+                .iter_type(CLUSTER)
+                .map(|(n, _)| n.to_string())
+                .collect();
+            // Version 0 is the cache's empty start, which the xDS server never
+            // sends.
+            if snap.version() > 0 {
+                seen.lock().unwrap().push((snap.version(), clusters));
+            }
+        });
+    }
+    second.load().await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "nothing published");
+    for (version, clusters) in &seen {
+        assert!(
+            clusters.iter().any(|c| c == "outbound|8080|web.default"),
+            "snapshot {version} has no cluster for the stored pod's service: {clusters:?}"
+        );
+    }
+}
+
 /// A registry whose `put` can be held at a gate: the test decides when it lands.
 struct Gated {
     inner: Arc<dyn Registry>,

@@ -229,11 +229,12 @@ fn bad_files_are_quarantined_with_reasons_and_the_rest_loads() {
     let n_trunc = file_name_for(&k_trunc);
     fs::write(dir.join(&n_trunc), &full[..full.len() / 2]).unwrap();
 
-    // Wrong schema version.
-    let n_schema = file_name_for(&PodKey::new("schema2", "eth0"));
+    // A schema version no agent wrote (0; a newer one refuses the load instead:
+    // `a_newer_schema_refuses_the_load_and_moves_nothing`).
+    let n_schema = file_name_for(&PodKey::new("schema0", "eth0"));
     let mut v: serde_json::Value =
-        serde_json::from_slice(&store::encode_record(&rec("schema2", "eth0")).unwrap()).unwrap();
-    v["schema"] = 2.into();
+        serde_json::from_slice(&store::encode_record(&rec("schema0", "eth0")).unwrap()).unwrap();
+    v["schema"] = 0.into();
     fs::write(dir.join(&n_schema), serde_json::to_vec(&v).unwrap()).unwrap();
 
     // Oversized (valid JSON padded with whitespace beyond the limit).
@@ -273,7 +274,7 @@ fn bad_files_are_quarantined_with_reasons_and_the_rest_loads() {
     assert!(r.contains("invalid JSON") && r.contains("EOF"), "{r}");
     let r = reason_for(&report, &n_schema);
     assert!(
-        r.contains("schema version 2") && r.contains("supports only schema 1"),
+        r.contains("schema version 0") && r.contains("supports only schema 1"),
         "{r}"
     );
     let r = reason_for(&report, &n_big);
@@ -749,4 +750,35 @@ proptest! {
     fn arbitrary_bytes_never_panic_the_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = store::decode_record("pod-00000000000000000000000000000000.json", &bytes);
     }
+}
+
+/// A rollback: the store holds a file a newer agent wrote (a newer schema). This
+/// agent refuses to load rather than quarantine it and drop that pod: the load fails
+/// naming the file, its schema and what to do, and every file stays where it was.
+#[test]
+fn a_newer_schema_refuses_the_load_and_moves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let store = PodStore::open(dir).unwrap();
+    store.put(&rec("older", "eth0")).unwrap();
+    let n_newer = file_name_for(&PodKey::new("newer", "eth0"));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&store::encode_record(&rec("newer", "eth0")).unwrap()).unwrap();
+    v["schema"] = (store::SCHEMA_VERSION + 1).into();
+    v["pod"]["a_field_of_the_future"] = true.into();
+    fs::write(dir.join(&n_newer), serde_json::to_vec(&v).unwrap()).unwrap();
+    let e = store.load_all().unwrap_err().to_string();
+    assert!(
+        e.contains(&n_newer)
+            && e.contains(&format!("schema {}", store::SCHEMA_VERSION + 1))
+            && e.contains("newer flock-agent")
+            && e.contains("roll forward"),
+        "{e}"
+    );
+    assert!(dir.join(&n_newer).exists(), "the newer file was moved");
+    assert!(quarantined_names(dir).is_empty());
+    assert!(
+        dir.join(file_name_for(&PodKey::new("older", "eth0")))
+            .exists()
+    );
 }

@@ -127,14 +127,29 @@ where
     F: FnOnce(CniServiceClient<Channel>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let client = match tokio::time::timeout_at(deadline, connect(socket)).await {
-        Ok(client) => client?,
-        Err(_) => {
-            return Err(AgentError::ConnectTimeout {
-                socket: socket.to_owned(),
-                after: timeout,
-            });
+    let start = tokio::time::Instant::now();
+    let deadline = start + timeout;
+    // An agent handing the node to its successor (an upgrade) leaves the socket
+    // missing or unanswered for a moment: connecting again for a while lets a CNI call
+    // of that moment wait for the new agent instead of failing the pod's sandbox.
+    let retry_until = (start + CONNECT_RETRY).min(deadline);
+    let mut pause = Duration::from_millis(20);
+    let client = loop {
+        match tokio::time::timeout_at(deadline, connect(socket)).await {
+            Ok(Ok(client)) => break client,
+            Ok(Err(AgentError::Unreachable { ref why, .. }))
+                if is_absent(why) && tokio::time::Instant::now() + pause < retry_until =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(AgentError::ConnectTimeout {
+                    socket: socket.to_owned(),
+                    after: timeout,
+                });
+            }
         }
     };
     match tokio::time::timeout_at(deadline, call(client)).await {
@@ -148,6 +163,19 @@ where
     }
 }
 
+/// How long [`call`] keeps connecting to a socket that is missing or refuses
+/// (within the call's timeout): longer than an agent's hand-over to its successor.
+pub const CONNECT_RETRY: Duration = Duration::from_secs(3);
+
+/// Whether a connect failure (as [`connect_failure`] words it) means nobody listens
+/// yet: the socket file is missing or refuses, as between two agents.
+fn is_absent(why: &str) -> bool {
+    why == NO_SUCH_SOCKET || why.starts_with(REFUSED)
+}
+
+const NO_SUCH_SOCKET: &str = "no such socket";
+const REFUSED: &str = "connection refused";
+
 /// Why connecting failed, in words: the OS error when there is one (tonic wraps it in
 /// "transport error"), else the whole error chain.
 fn connect_failure(e: &(dyn std::error::Error + 'static)) -> String {
@@ -155,9 +183,9 @@ fn connect_failure(e: &(dyn std::error::Error + 'static)) -> String {
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             return match io.kind() {
-                std::io::ErrorKind::NotFound => "no such socket".into(),
+                std::io::ErrorKind::NotFound => NO_SUCH_SOCKET.into(),
                 std::io::ErrorKind::ConnectionRefused => {
-                    "connection refused (the socket exists but nothing listens on it)".into()
+                    format!("{REFUSED} (the socket exists but nothing listens on it)")
                 }
                 // A unix socket's connect does not wait on a full listen backlog.
                 std::io::ErrorKind::WouldBlock => {

@@ -73,6 +73,8 @@ pub const KNOWN: &[&str] = &[
     "noncanonical-address",
     "xds-union-peer-identities",
     "route-retries-non-idempotent",
+    "agent-no-node-lock",
+    "load-publishes-before-sync",
     "registry-uncapped-node",
     "registry-any-scope",
     "xds-shared-connection-pool",

@@ -578,3 +578,49 @@ fn add_errors_name_the_real_cause() {
         "{m}"
     );
 }
+
+/// An ADD made while no agent listens (one agent handing the node to its successor in
+/// an upgrade) waits for the agent that appears within the plugin's connect retry
+/// (`flock_cni::client::CONNECT_RETRY`), and succeeds through it; with no agent at all
+/// it still fails with "no flock agent", once the retry is over and within the
+/// timeout.
+#[test]
+fn an_add_during_an_agent_hand_over_waits_for_the_next_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let f = fixture();
+    let mut c = conf(&f, "1.1.0", Some(prev_result("1.1.0")));
+    c["agent_socket"] = json!(socket.to_str().unwrap());
+    // The next agent binds 400 ms after the ADD started.
+    let late = {
+        let socket = socket.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            TestAgent::start(&socket).unwrap()
+        })
+    };
+    let start = Instant::now();
+    let r = cni(&f, "ADD", "c-handover", &c);
+    let took = start.elapsed();
+    let agent = late.join().unwrap();
+    assert_eq!(r.code, 0, "stdout {:?} stderr {:?}", r.stdout, r.stderr);
+    assert!(
+        took >= Duration::from_millis(400),
+        "answered before the agent existed: {took:?}"
+    );
+    assert_eq!(agent.pods().len(), 1, "the late agent got the ADD");
+
+    // Nobody comes: the ADD fails as before, after the retry, within the timeout.
+    let mut c = conf(&f, "1.1.0", Some(prev_result("1.1.0")));
+    c["agent_socket"] = json!(dir.path().join("nobody.sock").to_str().unwrap());
+    c["timeout_ms"] = json!(5000);
+    let start = Instant::now();
+    let v = cni(&f, "ADD", "c-none", &c).assert_error(11);
+    let took = start.elapsed();
+    assert!(v["msg"].as_str().unwrap().contains("no flock agent"), "{v}");
+    assert!(
+        took >= flock_cni::client::CONNECT_RETRY - Duration::from_millis(300)
+            && took < Duration::from_secs(5) + Duration::from_secs(1),
+        "gave up after {took:?}"
+    );
+}

@@ -157,16 +157,24 @@ impl Agent {
                 tracing::warn!(pod = %rec.pod_ref(), "identity resubscription failed (the GC retries): {e}");
             }
         }
-        self.publish();
         // Their endpoints are registered again by the registry sync (they may have
-        // expired with a previous lease); the load does not wait for the registry.
+        // expired with a previous lease) BEFORE the first publish: Envoy keeps serving
+        // its last configuration until it gets one, and a snapshot published from a
+        // registry view still without them would drop the node's own services from
+        // it (an agent restarting or taking over from its predecessor turned requests
+        // to them into 404s until the sync caught up). Bounded like an ADD: a
+        // registry that is down does not hold up the start.
+        // The mutant publishes first, as the load did before.
+        if flock_core::reintroduced!("load-publishes-before-sync") {
+            self.publish();
+        }
         for key in &merge.added {
             self.announce(key);
         }
-        // Bounded like an ADD: a registry that is down does not hold up the start.
         if let Err(why) = self.sync_wait(self.sync_kick()).await {
             tracing::warn!(%why, "stored pods served locally; their registration is pending (the registry sync retries)");
         }
+        self.publish();
         Ok((merge.added.len(), quarantined))
     }
 

@@ -63,9 +63,18 @@ pub struct Flags {
     /// Kubernetes set $FLOCK_NODE_NAME from spec.nodeName). With --dev: `flock-dev`.
     #[arg(long, env = "FLOCK_NODE_NAME", value_name = "NAME", global = true)]
     pub node_name: Option<String>,
-    /// Pod store directory (one 0600 file per pod).
+    /// Pod store directory (one 0600 file per pod). It also holds `agent.lock`: one
+    /// agent serves a node at a time; a second one started on the same directory (an
+    /// upgrade with surge) stands by until the first exits, then takes over.
     #[arg(long, default_value = "/var/lib/flock", value_name = "DIR")]
     pub state_dir: PathBuf,
+    /// A file that exists while this agent is ready to serve the node: standing by
+    /// for the node lock with its API watches synced (contents `standby`), or serving
+    /// (`serving`, once the store is loaded and the CNI socket is served). Removed at
+    /// exit. Use it as the DaemonSet's readiness probe: a surge upgrade then replaces
+    /// the old agent only once the new one can take over.
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
     /// What a pod store write survives before the agent answers the CNI plugin.
     /// `crash`: the agent's crash, kill or restart (write and rename, no flush); enough
     /// for pod sandboxes, which do not survive the node's reboot either (the records of
@@ -702,6 +711,7 @@ impl Options {
         let runtime = runtime::Options {
             agent,
             state_dir: flags.state_dir.clone(),
+            ready_file: flags.ready_file.clone(),
             store_durability: flags.store_sync.into(),
             cni_socket: flags.cni_socket.clone(),
             xds_socket: Some(XdsSocket {

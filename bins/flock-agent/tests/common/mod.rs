@@ -488,6 +488,24 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// Starts a second agent on this one's state dir, sockets and admin address (what
+    /// an upgrade with surge starts beside the running agent), logging to
+    /// `agent.<tag>.log`; does not wait for anything, and leaves this one running.
+    pub fn successor(&self, node: &str, registry: &str, extra: &[&str], tag: &str) -> ChildGuard {
+        let cmd = node_command(
+            node,
+            registry,
+            extra,
+            &self.state_dir,
+            &self.cni_socket,
+            &self.xds_socket,
+            &self.admin,
+        );
+        ChildGuard::spawn(cmd, self.dir.path().join(format!("agent.{tag}.log")))
+    }
+}
+
 /// The command line of [`Agent::start_node`] and [`Agent::respawn`].
 fn node_command(
     node: &str,
