@@ -115,6 +115,20 @@ def main():
                     continue
             print(f"ok: {c['name']}: writes Envoy's bootstrap for {xds}")
             continue
+        if command[0] == "install":
+            # Envoy's state directory on the host (envoy-dirs): run for real into a
+            # temporary directory; it must end up Envoy's uid's, mode 0700.
+            mount = next(m["mountPath"] for m in c["volumeMounts"])
+            with tempfile.TemporaryDirectory() as tmp:
+                target = os.path.join(tmp, "dir")
+                argv = [a.replace(mount, target) for a in command + args]
+                r = subprocess.run(argv, capture_output=True, text=True)
+                st = os.stat(target) if os.path.isdir(target) else None
+                if r.returncode != 0 or st is None or (st.st_uid, st.st_gid, st.st_mode & 0o777) != (1337, 1337, 0o700):
+                    failures.append(f"{c['name']}: {argv}: exit {r.returncode} {r.stderr.strip()}, result {st}")
+                    continue
+            print(f"ok: {c['name']}: makes {mount} uid 1337's, 0700")
+            continue
         binary = os.path.join(bin_dir, command[0])
         own = args[: args.index("--")] if "--" in args else args
         r = subprocess.run([binary] + command[1:] + own + ["--help"], env=run_env, capture_output=True, text=True)

@@ -392,6 +392,7 @@ fn daemonset_keeps_the_node_agent_invariants() {
     // Capabilities: ALL dropped everywhere; each container adds back exactly what
     // docs/security.md and the DaemonSet's comments justify.
     let expected_caps: BTreeMap<&str, &[&str]> = BTreeMap::from([
+        ("envoy-dirs", &["CHOWN", "FOWNER"][..]),
         ("envoy-bootstrap", &[][..]),
         ("install-cni", &["CHOWN", "DAC_OVERRIDE"][..]),
         ("agent", &["CHOWN", "NET_ADMIN", "SYS_ADMIN"][..]),
@@ -443,9 +444,11 @@ fn daemonset_keeps_the_node_agent_invariants() {
             .map(String::as_str)
             .collect::<BTreeSet<_>>(),
         BTreeSet::from([
+            "/dev/shm",
             "/etc/cni/net.d",
             "/opt/cni/bin",
             "/run/flock",
+            "/run/flock-envoy",
             "/sys/fs/cgroup",
             "/var/lib/flock",
             "/var/run/netns"
@@ -492,12 +495,22 @@ fn daemonset_keeps_the_node_agent_invariants() {
         "the agent (liveness probes) and Envoy (listeners) enter pods' namespaces"
     );
 
-    // Rolling update without surge; the grace period covers the supervisor's shutdown.
+    // Rolling update with surge: the new pod beside the old, never a node without
+    // one (the agents hand over through the node lock, the Envoys through a hot
+    // restart); no hostPort a surge pod could not share. The grace period covers the
+    // supervisor's shutdown.
     let strategy = spec.update_strategy.expect("updateStrategy");
     assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
     let rolling = strategy.rolling_update.expect("rollingUpdate");
-    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(1)));
-    assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)));
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
+    for c in &all {
+        assert!(
+            c.ports.iter().flatten().all(|p| p.host_port.is_none()),
+            "{}: a hostPort keeps the surge pod off the node",
+            c.name
+        );
+    }
     let envoy = container(&pod.containers, "envoy");
     let secs = |name: &str| -> i64 {
         flag(envoy, name)
@@ -570,26 +583,8 @@ fn daemonset_keeps_the_node_agent_invariants() {
         "the ready file's volume is an emptyDir"
     );
 
-    // Readiness: the agent's /readyz on its admin port; the installer's and Envoy's
-    // files.
-    let admin = flag(agent, "admin-address").expect("agent: --admin-address");
-    let probe = agent
-        .readiness_probe
-        .as_ref()
-        .and_then(|p| p.http_get.as_ref())
-        .expect("agent: httpGet readiness probe");
-    assert_eq!(probe.path.as_deref(), Some("/readyz"));
-    assert_eq!(
-        format!(
-            "{}:{}",
-            probe.host.as_deref().unwrap_or_default(),
-            match &probe.port {
-                IntOrString::Int(p) => p.to_string(),
-                IntOrString::String(s) => s.clone(),
-            }
-        ),
-        admin
-    );
+    // Readiness: each container's own file (the agent's says standing by or serving,
+    // so a surge pod is ready while the old agent still holds the admin port).
     let exec_probe = |c: &Container| -> Vec<String> {
         c.readiness_probe
             .as_ref()
@@ -598,6 +593,8 @@ fn daemonset_keeps_the_node_agent_invariants() {
             .unwrap_or_else(|| panic!("{}: exec readiness probe", c.name))
     };
     assert_eq!(exec_probe(installer), ["test", "-e", ready]);
+    let agent_ready = flag(agent, "ready-file").expect("agent: --ready-file");
+    assert_eq!(exec_probe(agent), ["test", "-e", agent_ready]);
     assert_eq!(
         exec_probe(envoy),
         [
@@ -642,9 +639,11 @@ fn daemonset_keeps_the_node_agent_invariants() {
         "envoy: no admin port"
     );
     // Envoy is not root: the supervisor switches to --user, and the agent hands that
-    // uid the xDS socket. Its state, control directory and ready file are the pod's own
-    // (an emptyDir it can create its 0700 directories in), never the agent's uid-0
-    // /run/flock, which Envoy mounts read-only for the xDS socket alone.
+    // uid the xDS socket. Its state and control directory are the node's
+    // /run/flock-envoy (shared with a surge pod's supervisor, which hot-restarts Envoy
+    // from them; envoy-dirs makes it that uid's), never the agent's uid-0 /run/flock,
+    // which Envoy mounts read-only for the xDS socket alone. Each ready file is its
+    // pod's own (an emptyDir): the old pod's must not make the new one ready.
     let user = flag(envoy, "user").expect("envoy: flock-supervisor --user (Envoy as root)");
     let uid = user.split(':').next().unwrap();
     assert_ne!(uid, "0", "envoy: --user {user}");
@@ -655,13 +654,36 @@ fn daemonset_keeps_the_node_agent_invariants() {
     );
     let state = flag(envoy, "state-dir").expect("envoy: --state-dir");
     let envoy_ready = flag(envoy, "ready-file").expect("envoy: --ready-file");
-    for path in [control, state, envoy_ready] {
+    let envoy_run = &host_paths["/run/flock-envoy"];
+    for path in [control, state] {
         let (name, _) = mount_of(envoy, Path::new(path)).unwrap_or_else(|| panic!("{path}"));
+        assert_eq!(&name, envoy_run, "{path}: on the node's /run/flock-envoy");
+    }
+    let dirs = container(&init, "envoy-dirs");
+    assert_eq!(
+        mount_of(dirs, Path::new(state)).map(|(n, _)| n).as_ref(),
+        Some(envoy_run)
+    );
+    let made = dirs.command.clone().unwrap_or_default().join(" ");
+    assert!(
+        made.contains(&format!("-o {uid}")) && made.contains("-m 0700"),
+        "envoy-dirs: {made}"
+    );
+    assert_eq!(
+        mount_of(envoy, Path::new("/dev/shm"))
+            .map(|(n, _)| n)
+            .as_ref(),
+        host_paths.get("/dev/shm"),
+        "envoy: the node's /dev/shm (hot restart across pods)"
+    );
+    for (c, path) in [(envoy, envoy_ready), (agent, agent_ready)] {
+        let (name, _) = mount_of(c, Path::new(path)).unwrap_or_else(|| panic!("{path}"));
         assert!(
             volumes
                 .iter()
                 .any(|v| v.name == name && v.empty_dir.is_some()),
-            "{path}: on an emptyDir Envoy's uid can write"
+            "{}: {path} on the pod's own emptyDir",
+            c.name
         );
     }
     let run = envoy
