@@ -1,6 +1,9 @@
-//! One serving agent per node: an exclusive `flock(2)` on `<state-dir>/agent.lock`,
+//! One serving agent per node: an exclusive `flock(2)` on the state directory itself,
 //! taken before the agent writes anything of the node's (the pod store, the registry
-//! lease, the CNI and xDS sockets) and held until the process exits.
+//! lease, the CNI and xDS sockets) and held until the process exits. The directory,
+//! not a file in it: it needs no write access (an agent restarting on a read-only or
+//! full store still starts and says why it cannot write), and adds nothing to the
+//! store's listing.
 //!
 //! The race it closes: an upgrade that starts the new agent beside the old one (a
 //! DaemonSet with `maxSurge: 1`) would otherwise have two agents on one store, one
@@ -16,9 +19,6 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
-
-/// The lock file's name in the state directory.
-pub const LOCK_FILE: &str = "agent.lock";
 
 /// The held lock (released when dropped, and when the process exits).
 #[derive(Debug)]
@@ -37,7 +37,7 @@ pub enum Taken {
 }
 
 impl NodeLock {
-    /// Takes the node's lock in `state_dir` (created 0700 when missing; never through
+    /// Takes the node's lock on `state_dir` (created 0700 when missing; never through
     /// a symlink), waiting for another agent that holds it to exit. `on_wait` runs once
     /// if it must wait (the agent then says it is standing by).
     pub async fn acquire(
@@ -45,7 +45,7 @@ impl NodeLock {
         on_wait: impl FnOnce(&Path),
     ) -> anyhow::Result<(NodeLock, Taken)> {
         let file = open(state_dir)?;
-        let path = state_dir.join(LOCK_FILE);
+        let path = state_dir.to_path_buf();
         // The mutant takes a shared lock: a second agent gets it at once and serves
         // beside the first, as before the lock.
         let how = if flock_core::reintroduced!("agent-no-node-lock") {
@@ -70,7 +70,7 @@ impl NodeLock {
         }
     }
 
-    /// The lock file.
+    /// The locked directory.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -113,6 +113,7 @@ fn open(state_dir: &Path) -> anyhow::Result<File> {
             state_dir.display()
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -128,17 +129,11 @@ fn open(state_dir: &Path) -> anyhow::Result<File> {
         }
         Err(e) => anyhow::bail!("{}: {e}", state_dir.display()),
     }
-    use std::os::unix::fs::DirBuilderExt;
-    let path = state_dir.join(LOCK_FILE);
     OpenOptions::new()
         .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
-        .open(&path)
-        .map_err(|e| anyhow::anyhow!("opening the node lock {}: {e}", path.display()))
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+        .open(state_dir)
+        .map_err(|e| anyhow::anyhow!("opening the state directory {}: {e}", state_dir.display()))
 }
 
 #[cfg(test)]
@@ -158,7 +153,12 @@ mod tests {
             .unwrap()
             .permissions()
             .mode();
-        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(mode & 0o777, 0o700, "a state directory it made");
+        assert_eq!(
+            std::fs::read_dir(&state).unwrap().count(),
+            0,
+            "no lock file"
+        );
         let (tx, rx) = tokio::sync::oneshot::channel();
         let waiter = tokio::spawn({
             let state = state.clone();
@@ -187,6 +187,6 @@ mod tests {
         std::os::unix::fs::symlink(&real, &link).unwrap();
         let e = NodeLock::acquire(&link, |_| {}).await.unwrap_err();
         assert!(e.to_string().contains("not followed"), "{e}");
-        assert!(!real.join(LOCK_FILE).exists());
+        assert!(e.to_string().contains(&link.display().to_string()), "{e}");
     }
 }

@@ -75,6 +75,8 @@ pub const KNOWN: &[&str] = &[
     "route-retries-non-idempotent",
     "agent-no-node-lock",
     "load-publishes-before-sync",
+    "shm-removed-under-successor",
+    "supervisor-stops-successors-parent",
     "registry-uncapped-node",
     "registry-any-scope",
     "xds-shared-connection-pool",

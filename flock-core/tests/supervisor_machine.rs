@@ -58,6 +58,9 @@ struct Host {
     live_delay: Option<u64>,
     obeys_term: bool,
     validates: bool,
+    /// The admin endpoint answers for another supervisor's later epoch (it took ours
+    /// over).
+    successor_answers: bool,
     on_disk: Option<EpochRecord>,
     finished: Option<Result<Exit, Failure>>,
     /// Invariant violations seen while performing actions.
@@ -75,6 +78,7 @@ impl Host {
             live_delay: Some(300),
             obeys_term: true,
             validates: true,
+            successor_answers: false,
             on_disk: None,
             finished: None,
             violations: Vec::new(),
@@ -149,8 +153,13 @@ impl Host {
             }
             Action::Heartbeat { .. } => self.feed(Event::Heartbeat(None)),
             Action::Drain { epoch, .. } => {
-                let ours = self.procs.keys().next_back() == Some(&epoch) && self.is_live(epoch);
-                self.feed(Event::DrainStarted { ours });
+                let ours = !self.successor_answers
+                    && self.procs.keys().next_back() == Some(&epoch)
+                    && self.is_live(epoch);
+                self.feed(Event::DrainStarted {
+                    ours,
+                    successor: self.successor_answers,
+                });
             }
             Action::Signal { target, stop, .. } => {
                 let targets: Vec<u32> = match target {
@@ -462,6 +471,60 @@ fn shutdown_drains_then_terminates_newest_first_then_kills() {
     );
     h.run_until(t0 + 3_001);
     assert_eq!(h.finished, Some(Ok(Exit::Terminated)));
+}
+
+/// SIGTERM after another supervisor took Envoy over (a surge upgrade's old pod): the
+/// admin endpoint answers for the successor's epoch, so ours is left to the
+/// successor's parent shutdown (stopping it sooner made the successor's Envoy abort on
+/// its next message to its parent); it exits on its own and the supervisor finishes
+/// superseded, without a signal. Only past the superseded bound is it killed.
+#[test]
+fn shutdown_after_a_takeover_leaves_our_epoch_to_the_successor() {
+    let mut h = Host::new(policy());
+    h.run_until(1_000);
+    assert!(h.is_live(0));
+    h.successor_answers = true;
+    h.feed(Event::ShutdownSignal);
+    let t0 = h.now;
+    // drain 2 s + parent shutdown 3 s + margin 1 s.
+    assert_eq!(
+        h.m.shutdown_stage(),
+        Some(Stage::AwaitSuccessor {
+            kill_at: MonoMs(t0 + 6_000)
+        }),
+        "our epoch was stopped under the successor (the shutdown stage)"
+    );
+    h.run_until(t0 + 3_000);
+    assert!(
+        h.actions(|a| matches!(a, Action::Signal { .. })).is_empty(),
+        "our epoch was stopped under the successor: {:?}",
+        h.actions(|a| matches!(a, Action::Signal { .. }))
+    );
+    // The successor's Envoy shuts ours down (its parent shutdown).
+    h.exits.push((0, true));
+    h.run_until(t0 + 3_001);
+    assert_eq!(h.finished, Some(Ok(Exit::Superseded)));
+    assert!(h.actions(|a| matches!(a, Action::Signal { .. })).is_empty());
+
+    // An epoch that outlives the bound is killed.
+    let mut h = Host::new(policy());
+    h.run_until(1_000);
+    h.successor_answers = true;
+    h.obeys_term = false;
+    h.feed(Event::ShutdownSignal);
+    let t0 = h.now;
+    h.run_until(t0 + 6_001);
+    assert_eq!(
+        h.actions(|a| matches!(a, Action::Signal { .. })),
+        vec![(
+            t0 + 6_000,
+            Action::Signal {
+                target: Target::All,
+                stop: Stop::Kill,
+                why: Why::SupersededTooLong
+            }
+        )]
+    );
 }
 
 #[test]

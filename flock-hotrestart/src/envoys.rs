@@ -36,8 +36,9 @@ pub trait Envoys {
     /// Which epoch the admin endpoint reports.
     fn probe(&mut self) -> impl Future<Output = PredecessorStatus>;
     /// Drains through the admin endpoint if it answers for `epoch` of `base_id`;
-    /// returns whether it did (never drain a successor's Envoy).
-    fn drain(&mut self, epoch: u32, base_id: u32) -> impl Future<Output = bool>;
+    /// returns whether it did (never drain a successor's Envoy), and whether a later
+    /// epoch of `base_id` answered instead (a successor's).
+    fn drain(&mut self, epoch: u32, base_id: u32) -> impl Future<Output = (bool, bool)>;
 }
 
 /// Real Envoy processes and their admin endpoint.
@@ -104,11 +105,17 @@ impl Envoys for RealEnvoys {
         self.admin.probe().await
     }
 
-    async fn drain(&mut self, epoch: u32, base_id: u32) -> bool {
-        let ours = matches!(
-            self.admin.server_info().await,
-            Ok(info) if info.epoch == epoch && info.base_id == base_id
-        );
+    async fn drain(&mut self, epoch: u32, base_id: u32) -> (bool, bool) {
+        let info = self.admin.server_info().await;
+        let ours = matches!(&info, Ok(info) if info.epoch == epoch && info.base_id == base_id);
+        let successor = matches!(&info, Ok(info) if info.epoch > epoch && info.base_id == base_id);
+        if successor {
+            info!(
+                "a later epoch answers on the admin endpoint (another supervisor took Envoy \
+                 over): leaving epoch {epoch} to its parent shutdown"
+            );
+            return (false, true);
+        }
         if ours {
             match self.admin.drain_listeners_gracefully().await {
                 Ok(()) => info!("draining listeners for {} s", self.drain_time_s),
@@ -119,6 +126,6 @@ impl Envoys for RealEnvoys {
         } else {
             info!("epoch {epoch} does not answer on the admin endpoint; stopping without a drain");
         }
-        ours
+        (ours, false)
     }
 }

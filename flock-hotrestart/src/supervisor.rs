@@ -265,9 +265,10 @@ impl<E: Envoys> Io<E> {
                 base_id,
                 live,
             } => Next::Feed(Event::Heartbeat(self.heartbeat(epoch, base_id, live).await)),
-            Action::Drain { epoch, base_id } => Next::Feed(Event::DrainStarted {
-                ours: self.envoys.drain(epoch, base_id).await,
-            }),
+            Action::Drain { epoch, base_id } => {
+                let (ours, successor) = self.envoys.drain(epoch, base_id).await;
+                Next::Feed(Event::DrainStarted { ours, successor })
+            }
             Action::Signal { target, stop, why } => {
                 let epochs: Vec<u32> = match target {
                     Target::Epoch(e) => vec![e],
@@ -545,9 +546,30 @@ impl<E: Envoys> Io<E> {
     }
 
     /// Our chain is over: Envoy leaves its shared memory behind; remove it (if we ever
-    /// started an epoch).
+    /// started an epoch), unless another supervisor's chain continues on it
+    /// ([`flock_core::epoch::may_remove_shared_memory`]).
     fn remove_shared_memory(&self) {
-        if self.machine.newest().is_none() {
+        let on_disk = match self.state.read() {
+            Ok(ReadRecord::Record(r)) => Some(r),
+            _ => None,
+        };
+        // The mutant removes it whoever runs on it now.
+        let keep_for_successor = !flock_core::reintroduced!("shm-removed-under-successor")
+            && !flock_core::epoch::may_remove_shared_memory(
+                self.machine.newest(),
+                self.machine.base_id(),
+                &self.cfg.writer,
+                on_disk.as_ref(),
+                unix_now(),
+                self.cfg.heartbeat_max_age_ms,
+            );
+        if self.machine.newest().is_none() || keep_for_successor {
+            if self.machine.newest().is_some() {
+                info!(
+                    successor = ?on_disk.as_ref().map(|r| r.writer.to_string()),
+                    "leaving Envoy's shared memory to the supervisor that took Envoy over"
+                );
+            }
             return;
         }
         let shm = shared_memory_path(self.machine.base_id());

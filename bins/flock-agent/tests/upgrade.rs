@@ -1,21 +1,24 @@
-//! An agent upgrade without losing traffic or a CNI call: generation N serving (real
-//! agent with `--capture strict`, real Envoy under `flock-supervisor`, pods added
-//! through libcni with the real `flock-cni`), generation N+1 started beside it on the
-//! same state directory, sockets and admin address (a DaemonSet surge), then N
-//! SIGTERMed, under
+//! An upgrade and a rollback without losing traffic or a CNI call, as a DaemonSet with
+//! surge does them: generation N serving (real agent with `--capture strict`, real
+//! Envoy under `flock-supervisor`, pods added through libcni with the real
+//! `flock-cni`); generation N+1 started beside it (an agent on the same state
+//! directory, sockets and admin address; a supervisor on the same state directory and
+//! base id); then N's agent and supervisor SIGTERMed (the old pod's termination). Twice:
+//! N → N+1, then N+1 → N+2 (the way back). Under
 //!
 //! * four loops of new connections from an unmodified client (curl) through Envoy to
 //!   a meshed web pod,
-//! * one long-lived HTTP/2 stream (curl with prior knowledge to Envoy's outbound
-//!   listener; the app streams its answer over 3 s),
+//! * a long-lived HTTP/2 stream per hand-over (curl with prior knowledge to Envoy's
+//!   outbound listener; the app streams its answer over 3 s),
 //! * CNI ADD/DEL churn of other pods.
 //!
-//! `a_surge_upgrade_hands_the_node_over_without_losing_anything` asserts: N+1 stands
-//! by (its `--ready-file` says `standby`) without touching the store or the sockets
-//! while N serves; after N exits N+1 serves (its ready file says `serving`, its
-//! `/readyz` answers) — the time is printed; no new connection, stream or CNI call
-//! failed; the store, the registry and Envoy's config agree on the pods; each pod
-//! still has exactly one capture table.
+//! `a_surge_upgrade_hands_the_node_over_without_losing_anything` asserts, each time:
+//! N+1's agent stands by (its `--ready-file` says `standby`) without touching the store
+//! or the sockets while N serves; N+1's supervisor hot-restarts Envoy (the next epoch is
+//! LIVE); after N exits, N+1 serves (its ready file says `serving`, its `/readyz`
+//! answers; the time is printed) and Envoy's epoch is N's + 1. At the end: no new
+//! connection, stream or CNI call failed; the store, the registry and Envoy's config
+//! agree on the pods; each pod has exactly one capture table.
 //!
 //! Needs root, nft, `FLOCK_ENVOY_BIN`, `FLOCK_CNI_PLUGIN_DIR`, `FLOCK_CNITOOL`.
 
@@ -114,7 +117,6 @@ fn a_surge_upgrade_hands_the_node_over_without_losing_anything() {
         .tempdir()
         .unwrap();
     let ready_n = work.path().join("ready-n");
-    let ready_n1 = work.path().join("ready-n1");
     let args = |ready: &std::path::Path| -> Vec<String> {
         vec![
             "--capture".into(),
@@ -126,7 +128,11 @@ fn a_surge_upgrade_hands_the_node_over_without_losing_anything() {
     let args_n = args(&ready_n);
     let args_n_ref: Vec<&str> = args_n.iter().map(String::as_str).collect();
     let mut agent = Agent::start(&args_n_ref);
-    assert_eq!(ready_file_says(&ready_n), "serving");
+    // Written once the CNI socket is served, right after the load that /readyz waits
+    // for.
+    wait_for("N's ready file says serving", WAIT, || {
+        ready_file_says(&ready_n) == "serving"
+    });
     let envoy = SupervisedEnvoy::start(&agent);
     let net = ChainedNetwork::start(work.path(), &agent, "upg", 5000);
     let cni = Arc::new(net.cni);
@@ -230,81 +236,134 @@ fn a_surge_upgrade_hands_the_node_over_without_losing_anything() {
         ok.load(Ordering::Relaxed) >= 3 && cni_ok.load(Ordering::Relaxed) >= 2
     });
 
-    // N+1 beside N: it stands by, ready to take over, touching nothing.
-    let args_n1 = args(&ready_n1);
-    let args_n1_ref: Vec<&str> = args_n1.iter().map(String::as_str).collect();
-    let mut successor = agent.successor("n1", "memory", &args_n1_ref, "n1");
-    wait_for("N+1 standing by", WAIT, || {
+    // Two hand-overs: N → N+1 (the upgrade), then N+1 → N+2 (a rollback, the same
+    // way back). Each: the next agent stands by beside the current one, the next
+    // supervisor hot-restarts Envoy (epoch + 1), then the current pair is SIGTERMed
+    // (the old pod's termination) while an HTTP/2 stream is under way.
+    let mut envoy = envoy;
+    let mut streams = Vec::new();
+    let mut ready_now = ready_n.clone();
+    for generation in 1..=2u32 {
+        let ready_next = work.path().join(format!("ready-{generation}"));
+        let args_next = args(&ready_next);
+        let args_next_ref: Vec<&str> = args_next.iter().map(String::as_str).collect();
+        let mut successor =
+            agent.successor("n1", "memory", &args_next_ref, &format!("gen{generation}"));
+        wait_for("N+1 standing by", WAIT, || {
+            assert!(
+                successor.running(),
+                "N+1 did not stand by beside N: it exited:\n{}",
+                successor.log_text()
+            );
+            let says = ready_file_says(&ready_next);
+            assert_ne!(
+                says, "serving",
+                "N+1 did not stand by beside N: it serves too"
+            );
+            says == "standby"
+        });
         assert!(
-            successor.running(),
-            "N+1 did not stand by beside N: it exited:\n{}",
+            successor.log_text().contains("standing by until it exits"),
+            "{}",
             successor.log_text()
         );
-        let says = ready_file_says(&ready_n1);
-        assert_ne!(
-            says, "serving",
-            "N+1 did not stand by beside N: it serves too"
+        assert!(!successor.log_text().contains("flock-agent listening"));
+        assert_eq!(ready_file_says(&ready_now), "serving");
+
+        // The next pod's supervisor takes Envoy over: epoch + 1, LIVE.
+        let next_envoy = envoy.successor(&format!("gen{generation}"));
+        let epoch = u64::from(generation);
+        wait_for("Envoy's next epoch LIVE", WAIT, || {
+            let log = next_envoy.log_text();
+            assert!(
+                !log.contains("died unexpectedly"),
+                "Envoy hand-over failed: the next supervisor's hot restart (its Envoy epoch died):\n{log}"
+            );
+            let Ok((200, body)) = http_get(&envoy.admin, "/server_info") else {
+                return false;
+            };
+            let info: Value = serde_json::from_str(&body).unwrap_or_default();
+            info["state"] == "LIVE"
+                && info["command_line_options"]["restart_epoch"].as_u64() == Some(epoch)
+        });
+
+        // The long-lived HTTP/2 stream starts before the hand-over and ends after it.
+        streams.push({
+            let ns = NetNs {
+                name: ns_client.name.clone(),
+            };
+            std::thread::spawn(move || {
+                let r = get(&ns, "/slow", &["--http2-prior-knowledge"]);
+                std::mem::forget(ns);
+                r
+            })
+        });
+        std::thread::sleep(Duration::from_millis(300)); // under way (not a sync)
+
+        // The old pod goes: its supervisor (superseded) and its agent get SIGTERM.
+        envoy.proc.signal("TERM");
+        let exit = agent.proc.stop(Duration::from_secs(30));
+        let exited = Instant::now();
+        assert_eq!(exit, Some(0), "N's exit status:\n{}", agent.proc.log_text());
+        wait_for("N+1 serving", WAIT, || {
+            assert!(successor.running(), "N+1 exited:\n{}", successor.log_text());
+            ready_file_says(&ready_next) == "serving"
+        });
+        let serving_after = exited.elapsed();
+        wait_for("N+1's /readyz", WAIT, || {
+            matches!(http_get(&agent.admin, "/readyz"), Ok((200, _)))
+        });
+        let ready_after = exited.elapsed();
+        eprintln!(
+            "hand-over {generation}: N+1 serving the CNI socket {serving_after:?} and /readyz 200 {ready_after:?} after N exited"
         );
-        says == "standby"
-    });
-    assert!(
-        successor.log_text().contains("standing by until it exits"),
-        "{}",
-        successor.log_text()
-    );
-    assert!(!successor.log_text().contains("flock-agent listening"));
-    assert_eq!(ready_file_says(&ready_n), "serving");
+        assert!(!ready_now.exists(), "N left its ready file");
+        let old_supervisor = envoy.proc.stop(Duration::from_secs(30));
+        assert_eq!(old_supervisor, Some(0), "{}", envoy.proc.log_text());
+        agent.proc = successor;
+        envoy.proc = next_envoy;
+        ready_now = ready_next;
 
-    // The long-lived HTTP/2 stream starts before the hand-over and ends after it.
-    let stream = {
-        let ns = NetNs {
-            name: ns_client.name.clone(),
-        };
-        std::thread::spawn(move || {
-            let r = get(&ns, "/slow", &["--http2-prior-knowledge"]);
-            std::mem::forget(ns);
-            r
-        })
-    };
-    std::thread::sleep(Duration::from_millis(300)); // the stream is under way (not a sync)
-
-    // N goes; N+1 takes over.
-    let exit = agent.proc.stop(Duration::from_secs(30));
-    let exited = Instant::now();
-    assert_eq!(exit, Some(0), "N's exit status:\n{}", agent.proc.log_text());
-    wait_for("N+1 serving", WAIT, || {
-        assert!(successor.running(), "N+1 exited:\n{}", successor.log_text());
-        ready_file_says(&ready_n1) == "serving"
-    });
-    let serving_after = exited.elapsed();
-    wait_for("N+1's /readyz", WAIT, || {
-        matches!(http_get(&agent.admin, "/readyz"), Ok((200, _)))
-    });
-    let ready_after = exited.elapsed();
-    eprintln!(
-        "hand-over: N+1 serving the CNI socket {serving_after:?} and /readyz 200 {ready_after:?} after N exited"
-    );
-    assert!(!ready_n.exists(), "N left its ready file");
-
-    // More load through N+1, then stop it.
-    let more = ok.load(Ordering::Relaxed) + 5;
-    let more_cni = cni_ok.load(Ordering::Relaxed) + 4;
-    wait_for("load through N+1", WAIT, || {
-        ok.load(Ordering::Relaxed) >= more && cni_ok.load(Ordering::Relaxed) >= more_cni
-    });
+        // Load through N+1 before the next round (or the end).
+        let more = ok.load(Ordering::Relaxed) + 5;
+        let more_cni = cni_ok.load(Ordering::Relaxed) + 4;
+        wait_for("load through N+1", WAIT, || {
+            ok.load(Ordering::Relaxed) >= more && cni_ok.load(Ordering::Relaxed) >= more_cni
+        });
+        let info: Value = wait_for("Envoy's admin after the hand-over", WAIT, || {
+            let log = envoy.proc.log_text();
+            assert!(
+                !log.contains("died unexpectedly"),
+                "Envoy hand-over failed: the next supervisor's Envoy died after it:\n{log}"
+            );
+            match http_get(&envoy.admin, "/server_info") {
+                Ok((200, body)) => serde_json::from_str(&body).ok(),
+                _ => None,
+            }
+        });
+        assert_eq!(
+            info["command_line_options"]["restart_epoch"].as_u64(),
+            Some(epoch),
+            "Envoy hand-over failed: Envoy's epoch after hand-over {generation}: {info}\n{}",
+            envoy.proc.log_text()
+        );
+    }
     stop.store(true, Ordering::Relaxed);
     for c in conns {
         c.join().unwrap();
     }
     churn.join().unwrap();
-    let (status, body) = stream.join().unwrap();
+    let streams: Vec<(u16, String)> = streams.into_iter().map(|t| t.join().unwrap()).collect();
     eprintln!(
-        "load: {} new connections ok, {} failed; CNI {} ok, {} failed; the stream: {status}, {} bytes",
+        "load: {} new connections ok, {} failed; CNI {} ok, {} failed; the streams: {:?}",
         ok.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed),
         cni_ok.load(Ordering::Relaxed),
         cni_failed.load(Ordering::Relaxed),
-        body.len()
+        streams
+            .iter()
+            .map(|(s, b)| (s, b.len()))
+            .collect::<Vec<_>>()
     );
     assert_eq!(
         failed.load(Ordering::Relaxed),
@@ -318,12 +377,14 @@ fn a_surge_upgrade_hands_the_node_over_without_losing_anything() {
         "failed CNI calls: {:?}",
         cni_errors.lock().unwrap()
     );
-    assert_eq!(status, 200, "the stream: {body}");
-    assert_eq!(
-        body.lines().collect::<Vec<_>>(),
-        (0..6).map(|i| format!("part-{i}")).collect::<Vec<_>>(),
-        "the stream's body"
-    );
+    for (status, body) in &streams {
+        assert_eq!(*status, 200, "a stream: {body}");
+        assert_eq!(
+            body.lines().collect::<Vec<_>>(),
+            (0..6).map(|i| format!("part-{i}")).collect::<Vec<_>>(),
+            "a stream's body"
+        );
+    }
 
     // Store, agent, registry and Envoy agree: web-0 and client-0, no churn leftovers.
     let want = vec!["default/client-0".to_string(), "default/web-0".to_string()];
@@ -354,6 +415,4 @@ fn a_surge_upgrade_hands_the_node_over_without_losing_anything() {
             ns.name
         );
     }
-    // N+1 is the agent now (the test's guard stops it).
-    agent.proc = successor;
 }

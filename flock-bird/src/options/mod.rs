@@ -63,9 +63,10 @@ pub struct Flags {
     /// Kubernetes set $FLOCK_NODE_NAME from spec.nodeName). With --dev: `flock-dev`.
     #[arg(long, env = "FLOCK_NODE_NAME", value_name = "NAME", global = true)]
     pub node_name: Option<String>,
-    /// Pod store directory (one 0600 file per pod). It also holds `agent.lock`: one
-    /// agent serves a node at a time; a second one started on the same directory (an
-    /// upgrade with surge) stands by until the first exits, then takes over.
+    /// Pod store directory (one 0600 file per pod). Also the node lock (`flock(2)` on
+    /// the directory): one agent serves a node at a time; a second one started on the
+    /// same directory (an upgrade with surge) stands by until the first exits, then
+    /// takes over.
     #[arg(long, default_value = "/var/lib/flock", value_name = "DIR")]
     pub state_dir: PathBuf,
     /// A file that exists while this agent is ready to serve the node: standing by

@@ -142,6 +142,7 @@ pub use start::{
     WaitReason, start_epoch,
 };
 pub use supervise::{
-    AfterExit, Retry, after_failure, after_newest_exit, predecessor_drained, start_input,
+    AfterExit, Retry, after_failure, after_newest_exit, may_remove_shared_memory,
+    predecessor_drained, start_input,
 };
 pub use write_rule::{SkipReason, WriteDecision, WriteReason, YieldReason, write_decision};

@@ -163,9 +163,100 @@ pub fn predecessor_drained(
     epochs_running <= 1 || newest_live_since.is_some_and(|since| now.since(since) >= drain_time_ms)
 }
 
+/// Whether a supervisor whose chain is over (SIGTERM, or giving up) may remove the
+/// base id's Envoy shared memory: not when the state file holds a fresh record of
+/// another writer on the same base id at a later epoch than ours (`newest`).
+///
+/// # Failure mode prevented
+///
+/// **Pulling the memory from under the successor.** In a surge upgrade the old pod's
+/// supervisor is SIGTERMed right after the new pod's took Envoy over (Strategy B: the
+/// same base id, so the same `/dev/shm` region); removing the region's name then left
+/// the running epoch alone (it has it mapped) but made the next hot restart on that
+/// node abort with "cannot open shared memory region".
+pub fn may_remove_shared_memory(
+    newest: Option<u32>,
+    base_id: u32,
+    me: &WriterId,
+    on_disk: Option<&EpochRecord>,
+    now_unix_ms: UnixMs,
+    heartbeat_max_age_ms: u64,
+) -> bool {
+    let Some(newest) = newest else {
+        return false;
+    };
+    !on_disk.is_some_and(|r| {
+        r.base_id == base_id
+            && &r.writer != me
+            && r.epoch > newest
+            && r.is_fresh(now_unix_ms, heartbeat_max_age_ms)
+    })
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_finishing_supervisor_leaves_a_successors_shared_memory() {
+        let me = WriterId::new("old-pod").unwrap();
+        let other = WriterId::new("new-pod").unwrap();
+        let rec = |epoch, base_id, writer: &WriterId, at| {
+            EpochRecord::new(epoch, base_id, UnixMs(at), writer.clone())
+        };
+        let now = UnixMs(1_000_000);
+        // A fresh successor at a later epoch on our base id: keep it.
+        let next = rec(4, 7, &other, 999_000);
+        assert!(!may_remove_shared_memory(
+            Some(3),
+            7,
+            &me,
+            Some(&next),
+            now,
+            5000
+        ));
+        // Our own record, no record, a stale successor, another base id, an older
+        // epoch: ours to remove.
+        let own = rec(3, 7, &me, 999_000);
+        assert!(may_remove_shared_memory(
+            Some(3),
+            7,
+            &me,
+            Some(&own),
+            now,
+            5000
+        ));
+        assert!(may_remove_shared_memory(Some(3), 7, &me, None, now, 5000));
+        let stale = rec(4, 7, &other, 100_000);
+        assert!(may_remove_shared_memory(
+            Some(3),
+            7,
+            &me,
+            Some(&stale),
+            now,
+            5000
+        ));
+        let elsewhere = rec(4, 8, &other, 999_000);
+        assert!(may_remove_shared_memory(
+            Some(3),
+            7,
+            &me,
+            Some(&elsewhere),
+            now,
+            5000
+        ));
+        let older = rec(2, 7, &other, 999_000);
+        assert!(may_remove_shared_memory(
+            Some(3),
+            7,
+            &me,
+            Some(&older),
+            now,
+            5000
+        ));
+        // Never started an epoch: nothing of ours to remove.
+        assert!(!may_remove_shared_memory(None, 7, &me, None, now, 5000));
+    }
 
     const NOW: UnixMs = UnixMs(1_000_000);
     fn rec(epoch: u32, base_id: u32, writer: &str, age: u64) -> EpochRecord {

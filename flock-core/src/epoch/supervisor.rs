@@ -162,7 +162,7 @@ impl Supervisor {
             match stage {
                 Stage::WaitHandoff { deadline } => at(deadline),
                 Stage::Draining { until } => at(until),
-                Stage::Terminating { kill_at } => at(kill_at),
+                Stage::Terminating { kill_at } | Stage::AwaitSuccessor { kill_at } => at(kill_at),
                 Stage::DrainRequested | Stage::Killed => {}
             }
             return wake;
@@ -203,7 +203,7 @@ impl Supervisor {
             Event::Spawned { epoch } => self.on_spawned(epoch, now),
             Event::SpawnFailed { epoch, why } => self.on_spawn_failed(epoch, why, now, jitter),
             Event::Heartbeat(decision) => self.on_heartbeat(decision, now),
-            Event::DrainStarted { ours } => self.on_drain_started(ours, now),
+            Event::DrainStarted { ours, successor } => self.on_drain_started(ours, successor, now),
             Event::Exited {
                 epoch,
                 how,
@@ -643,7 +643,7 @@ impl Supervisor {
         self.newest.is_some_and(|n| self.running.contains(&n))
     }
 
-    fn superseded_bound_ms(&self) -> u64 {
+    pub(super) fn superseded_bound_ms(&self) -> u64 {
         self.policy
             .drain_time_ms
             .saturating_add(self.policy.parent_shutdown_ms)

@@ -75,9 +75,9 @@ impl Envoys for Fake {
         }
     }
 
-    async fn drain(&mut self, _epoch: u32, _base_id: u32) -> bool {
+    async fn drain(&mut self, _epoch: u32, _base_id: u32) -> (bool, bool) {
         self.world().drains.push(Instant::now());
-        true
+        (true, false)
     }
 }
 

@@ -906,18 +906,7 @@ impl SupervisedEnvoy {
         .unwrap();
         // Steps of 4 leave room for the supervisor's "next free base id".
         let base_id = 300_000 + (std::process::id() % 50_000) * 64 + seq() * 4;
-        let mut cmd = Command::new(sibling_bin("flock-supervisor"));
-        cmd.arg("--envoy-bin")
-            .arg(&envoy)
-            .arg("--config")
-            .arg(&config)
-            .arg("--base-id")
-            .arg(base_id.to_string())
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--drain-time-s", "1", "--parent-shutdown-time-s", "2"])
-            .args(["--", "--log-level", "info", "--concurrency", "1"])
-            .env("RUST_LOG", "info");
+        let cmd = supervisor_command(&envoy, &config, base_id, &state, &[]);
         let log = dir.path().join("supervisor.log");
         let mut proc = ChildGuard::spawn(cmd, log);
         wait_for("Envoy (under flock-supervisor) /ready 200", WAIT, || {
@@ -936,6 +925,22 @@ impl SupervisedEnvoy {
         }
     }
 
+    /// A second `flock-supervisor` on this one's config, base id and state directory
+    /// (what the next pod of a surge upgrade starts): it finds this one's LIVE Envoy
+    /// and hot-restarts it at the next epoch. Logs to `supervisor.<tag>.log`; waits
+    /// for nothing.
+    pub fn successor(&self, tag: &str) -> ChildGuard {
+        let state = self.dir.path().join("state");
+        let cmd = supervisor_command(
+            &envoy_bin(),
+            &self.dir.path().join("envoy.json"),
+            self.base_id,
+            &state,
+            &["--writer-id", tag],
+        );
+        ChildGuard::spawn(cmd, self.dir.path().join(format!("supervisor.{tag}.log")))
+    }
+
     /// Envoy's `/config_dump?include_eds` as text ("" when it does not answer).
     pub fn config_dump(&self) -> String {
         match http_get(&self.admin, "/config_dump?include_eds") {
@@ -943,6 +948,31 @@ impl SupervisedEnvoy {
             _ => String::new(),
         }
     }
+}
+
+/// `flock-supervisor` running `envoy` on `config` with `base_id` and `state`, the
+/// test's short drain (1 s) and parent shutdown (2 s), and `extra` supervisor flags.
+fn supervisor_command(
+    envoy: &Path,
+    config: &Path,
+    base_id: u32,
+    state: &Path,
+    extra: &[&str],
+) -> Command {
+    let mut cmd = Command::new(sibling_bin("flock-supervisor"));
+    cmd.arg("--envoy-bin")
+        .arg(envoy)
+        .arg("--config")
+        .arg(config)
+        .arg("--base-id")
+        .arg(base_id.to_string())
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--drain-time-s", "1", "--parent-shutdown-time-s", "2"])
+        .args(extra)
+        .args(["--", "--log-level", "info", "--concurrency", "1"])
+        .env("RUST_LOG", "info");
+    cmd
 }
 
 impl Drop for SupervisedEnvoy {

@@ -21,8 +21,17 @@ impl Supervisor {
         self.shutdown = Some(Stage::WaitHandoff { deadline });
     }
 
-    pub(super) fn on_drain_started(&mut self, ours: bool, now: MonoMs) {
+    pub(super) fn on_drain_started(&mut self, ours: bool, successor: bool, now: MonoMs) {
         self.awaiting = None;
+        // The mutant stops our epochs anyway, as before: the successor's Envoy, still
+        // talking to ours as its hot-restart parent, then aborts.
+        if successor
+            && self.shutdown == Some(Stage::DrainRequested)
+            && !crate::reintroduced!("supervisor-stops-successors-parent")
+        {
+            self.await_successor(now);
+            return;
+        }
         if self.shutdown == Some(Stage::DrainRequested) {
             let drain = if ours { self.policy.drain_time_ms } else { 0 };
             self.shutdown = Some(Stage::Draining {
@@ -31,9 +40,28 @@ impl Supervisor {
         }
     }
 
+    /// Another supervisor's Envoy took ours over: it shuts our epochs down itself
+    /// (Envoy's parent shutdown, after its own drain), so we wait for them to exit,
+    /// killing what is left only after the superseded bound. Stopping them sooner
+    /// made the successor's Envoy abort on its next message to its parent
+    /// ("hot restart sendmsg() failed").
+    fn await_successor(&mut self, now: MonoMs) {
+        if self.superseded_at.is_none() {
+            self.superseded_at = Some(now);
+        }
+        self.shutdown = Some(Stage::AwaitSuccessor {
+            kill_at: now.plus(self.superseded_bound_ms()),
+        });
+    }
+
     pub(super) fn drive_shutdown(&mut self, now: MonoMs) {
         if self.running.is_empty() {
-            return self.finish(Ok(Exit::Terminated));
+            let exit = if matches!(self.shutdown, Some(Stage::AwaitSuccessor { .. })) {
+                Exit::Superseded
+            } else {
+                Exit::Terminated
+            };
+            return self.finish(Ok(exit));
         }
         match self.shutdown {
             Some(Stage::WaitHandoff { deadline }) => {
@@ -50,6 +78,9 @@ impl Supervisor {
                                 base_id: self.base_id,
                             });
                         }
+                        Some(_) if !crate::reintroduced!("supervisor-stops-successors-parent") => {
+                            self.await_successor(now);
+                        }
                         _ => {
                             self.shutdown = Some(Stage::Draining { until: now });
                             self.drive_shutdown(now);
@@ -62,6 +93,10 @@ impl Supervisor {
                 self.shutdown = Some(Stage::Terminating {
                     kill_at: now.plus(self.policy.shutdown_margin_ms),
                 });
+            }
+            Some(Stage::AwaitSuccessor { kill_at }) if now >= kill_at => {
+                self.signal(Target::All, Stop::Kill, Why::SupersededTooLong);
+                self.shutdown = Some(Stage::Killed);
             }
             Some(Stage::Terminating { kill_at }) if now >= kill_at => {
                 self.signal(Target::All, Stop::Kill, Why::ShutdownMargin);

@@ -81,6 +81,10 @@ pub enum Event {
     /// The answer to [`Action::Drain`]: whether the admin endpoint answered for our
     /// newest epoch (and was asked to drain).
     DrainStarted {
+        /// The admin endpoint answered for a later epoch on our base id: another
+        /// supervisor's Envoy took ours over (Strategy B) and shuts it down itself
+        /// (Envoy's parent shutdown); ours must not be stopped from under it.
+        successor: bool,
         /// Our Envoy is draining.
         ours: bool,
     },
@@ -302,4 +306,10 @@ pub enum Stage {
     },
     /// SIGKILL sent; waiting for the exits.
     Killed,
+    /// Superseded: waiting for the successor's Envoy to shut our epochs down (its
+    /// parent shutdown), SIGKILL at `kill_at`.
+    AwaitSuccessor {
+        /// When to SIGKILL what is left.
+        kill_at: MonoMs,
+    },
 }
