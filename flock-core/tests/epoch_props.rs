@@ -677,3 +677,26 @@ proptest! {
         prop_assert_eq!(gate.deferrals(), 0);
     }
 }
+
+/// A supervisor whose chain is over never removes the base id's shared memory while a
+/// fresh record of another writer at a later epoch holds it (a surge upgrade's new
+/// pod took Envoy over): that made the next hot restart on the node fail. Whatever the
+/// successor's epoch, writer and heartbeat age within the limit.
+#[test]
+fn a_finishing_supervisor_never_removes_a_successors_shared_memory() {
+    use flock_core::epoch::may_remove_shared_memory;
+    let me = WriterId::new("old-pod").unwrap();
+    let now = UnixMs(10_000_000);
+    for (ours, theirs, age) in [(0u32, 1u32, 0u64), (3, 4, 4_000), (7, 100, 4_999)] {
+        let successor = EpochRecord::new(
+            theirs,
+            7,
+            UnixMs(now.0 - age),
+            WriterId::new("new-pod").unwrap(),
+        );
+        assert!(
+            !may_remove_shared_memory(Some(ours), 7, &me, Some(&successor), now, 5_000),
+            "a finishing supervisor removed its successor's shared memory (epoch {ours} vs {theirs})"
+        );
+    }
+}

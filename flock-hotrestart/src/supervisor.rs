@@ -553,16 +553,14 @@ impl<E: Envoys> Io<E> {
             Ok(ReadRecord::Record(r)) => Some(r),
             _ => None,
         };
-        // The mutant removes it whoever runs on it now.
-        let keep_for_successor = !flock_core::reintroduced!("shm-removed-under-successor")
-            && !flock_core::epoch::may_remove_shared_memory(
-                self.machine.newest(),
-                self.machine.base_id(),
-                &self.cfg.writer,
-                on_disk.as_ref(),
-                unix_now(),
-                self.cfg.heartbeat_max_age_ms,
-            );
+        let keep_for_successor = !flock_core::epoch::may_remove_shared_memory(
+            self.machine.newest(),
+            self.machine.base_id(),
+            &self.cfg.writer,
+            on_disk.as_ref(),
+            unix_now(),
+            self.cfg.heartbeat_max_age_ms,
+        );
         if self.machine.newest().is_none() || keep_for_successor {
             if self.machine.newest().is_some() {
                 info!(
