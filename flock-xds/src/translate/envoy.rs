@@ -1037,8 +1037,8 @@ pub fn capture_listener<S: Borrow<Service>>(
 /// The clusters only captured pods with SPIFFE ID `identity` route to: the mTLS
 /// clusters of the TCP service ports ([`caller_resources`] makes those of the
 /// HTTP/gRPC ports; without capture nothing routes to a TCP port's mTLS cluster), and
-/// every mTLS port's direct clusters ([`direct_clusters`]). Empty if `identity` is
-/// not a SPIFFE ID.
+/// every mTLS port's direct clusters (`ORIGINAL_DST`, one per set of accepted IDs).
+/// Empty if `identity` is not a SPIFFE ID.
 pub fn capture_caller_resources<S: Borrow<Service>>(
     identity: &str,
     services: &[S],
