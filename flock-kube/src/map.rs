@@ -88,6 +88,29 @@ pub const MESH_DISABLED: &str = "disabled";
 /// The Service annotation listing the service accounts its pods run as (`a,b`): the
 /// exact identities callers accept. Absent: any account of the namespace.
 pub const SERVICE_ACCOUNTS_ANNOTATION: &str = "flock.io/service-accounts";
+/// The Service annotations that set its connection-pool limits (the circuit
+/// breakers of every mesh cluster of the Service, on every node): most connections
+/// to its endpoints, most requests waiting for one, most requests in flight, and the
+/// share (percent) of those in flight that retries may add. Each is optional; an
+/// absent one keeps the mesh's default. Like Istio's `DestinationRule`
+/// `connectionPool`, on the destination: every caller's Envoy holds the Service to
+/// the same limits.
+pub const POOL_ANNOTATIONS: [&str; 4] = [
+    MAX_CONNECTIONS_ANNOTATION,
+    MAX_PENDING_REQUESTS_ANNOTATION,
+    MAX_REQUESTS_ANNOTATION,
+    RETRY_BUDGET_ANNOTATION,
+];
+/// See [`POOL_ANNOTATIONS`].
+pub const MAX_CONNECTIONS_ANNOTATION: &str = "flock.io/max-connections";
+/// See [`POOL_ANNOTATIONS`].
+pub const MAX_PENDING_REQUESTS_ANNOTATION: &str = "flock.io/max-pending-requests";
+/// See [`POOL_ANNOTATIONS`].
+pub const MAX_REQUESTS_ANNOTATION: &str = "flock.io/max-requests";
+/// See [`POOL_ANNOTATIONS`].
+pub const RETRY_BUDGET_ANNOTATION: &str = "flock.io/retry-budget-percent";
+/// Largest value of a limit in [`POOL_ANNOTATIONS`] (the retry budget is 1-100).
+pub const MAX_POOL_LIMIT: u32 = 1_000_000;
 /// The label of an EndpointSlice naming its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// The Node label of its zone.
@@ -776,6 +799,50 @@ pub fn service_info(svc: &Service) -> Result<ServiceInfo, MapError> {
         ports,
         service_accounts,
     })
+}
+
+/// A Service's [`POOL_ANNOTATIONS`]: each limit it sets, `None` for the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolLimits {
+    /// [`MAX_CONNECTIONS_ANNOTATION`].
+    pub max_connections: Option<u32>,
+    /// [`MAX_PENDING_REQUESTS_ANNOTATION`].
+    pub max_pending_requests: Option<u32>,
+    /// [`MAX_REQUESTS_ANNOTATION`].
+    pub max_requests: Option<u32>,
+    /// [`RETRY_BUDGET_ANNOTATION`].
+    pub retry_budget_percent: Option<u32>,
+}
+
+/// The connection-pool limits a Service's [`POOL_ANNOTATIONS`] set: `None` when it
+/// carries none of them. Each value is a whole number from 1 to [`MAX_POOL_LIMIT`]
+/// (the retry budget 1 to 100); a zero would refuse every request and is an error,
+/// as is anything else, naming the annotation. The caller keeps the mesh's defaults
+/// for a Service whose annotations are malformed (limits that stop traffic are not
+/// guessed at) and reports it.
+pub fn service_pool(svc: &Service) -> Result<Option<PoolLimits>, MapError> {
+    let Some(annotations) = svc.metadata.annotations.as_ref() else {
+        return Ok(None);
+    };
+    let value = |key: &str, max: u32| -> Result<Option<u32>, MapError> {
+        let Some(raw) = annotations.get(key) else {
+            return Ok(None);
+        };
+        match raw.trim().parse::<u32>() {
+            Ok(v) if (1..=max).contains(&v) => Ok(Some(v)),
+            _ => Err(map_err(
+                format!("metadata.annotations[{key}]"),
+                format!("{:?} is not a whole number from 1 to {max}", bounded(raw)),
+            )),
+        }
+    };
+    let limits = PoolLimits {
+        max_connections: value(MAX_CONNECTIONS_ANNOTATION, MAX_POOL_LIMIT)?,
+        max_pending_requests: value(MAX_PENDING_REQUESTS_ANNOTATION, MAX_POOL_LIMIT)?,
+        max_requests: value(MAX_REQUESTS_ANNOTATION, MAX_POOL_LIMIT)?,
+        retry_budget_percent: value(RETRY_BUDGET_ANNOTATION, 100)?,
+    };
+    Ok((limits != PoolLimits::default()).then_some(limits))
 }
 
 /// Parses [`SERVICE_ACCOUNTS_ANNOTATION`]: comma-separated service accounts (DNS

@@ -7,9 +7,10 @@ use std::net::IpAddr;
 
 use flock_core::pod::{Health, INBOUND_BASE_PORT, MAX_PORTS, PodPort, Protocol, check_ports};
 use flock_kube::map::{
-    MESH_LABEL, MapError, MemberPort, Membership, MeshDecision, PodFacts, RemoteEndpoint,
-    SERVICE_ACCOUNTS_ANNOTATION, ServiceInfo, ServicePortInfo, endpoint_health, infer_protocol,
-    memberships, pod_facts, selects, service_info, slice_endpoints,
+    MAX_POOL_LIMIT, MESH_LABEL, MapError, MemberPort, Membership, MeshDecision, PodFacts,
+    PoolLimits, RemoteEndpoint, SERVICE_ACCOUNTS_ANNOTATION, ServiceInfo, ServicePortInfo,
+    endpoint_health, infer_protocol, memberships, pod_facts, selects, service_info, service_pool,
+    slice_endpoints,
 };
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, Service};
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
@@ -918,4 +919,79 @@ proptest! {
             prop_assert_eq!(p.protocol, Protocol::Tcp, "unnamed ports are opaque");
         }
     }
+}
+
+fn annotated_service(annotations: &[(&str, &str)]) -> Service {
+    let mut svc: Service = fixture("service-web.json");
+    svc.metadata.annotations = Some(
+        annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    svc
+}
+
+#[test]
+fn pool_annotations_set_only_the_limits_they_name() {
+    assert_eq!(service_pool(&annotated_service(&[])).unwrap(), None);
+    assert_eq!(
+        service_pool(&annotated_service(&[("flock.io/service-accounts", "web")])).unwrap(),
+        None
+    );
+    let limits = service_pool(&annotated_service(&[
+        ("flock.io/max-connections", "100"),
+        ("flock.io/retry-budget-percent", " 5 "),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        limits,
+        PoolLimits {
+            max_connections: Some(100),
+            max_pending_requests: None,
+            max_requests: None,
+            retry_budget_percent: Some(5),
+        }
+    );
+    let all = service_pool(&annotated_service(&[
+        ("flock.io/max-connections", "1"),
+        ("flock.io/max-pending-requests", "2"),
+        ("flock.io/max-requests", "1000000"),
+        ("flock.io/retry-budget-percent", "100"),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(all.max_pending_requests, Some(2));
+    assert_eq!(all.max_requests, Some(MAX_POOL_LIMIT));
+}
+
+#[test]
+fn malformed_pool_annotations_are_errors_naming_the_annotation() {
+    for (key, value) in [
+        ("flock.io/max-connections", "0"),
+        ("flock.io/max-connections", "-1"),
+        ("flock.io/max-pending-requests", "ten"),
+        ("flock.io/max-requests", "1000001"),
+        ("flock.io/max-requests", ""),
+        ("flock.io/retry-budget-percent", "101"),
+        ("flock.io/retry-budget-percent", "0"),
+        ("flock.io/max-connections", "1.5"),
+    ] {
+        let err = service_pool(&annotated_service(&[
+            ("flock.io/max-requests", "10"),
+            (key, value),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            err.field,
+            format!("metadata.annotations[{key}]"),
+            "{key}={value}"
+        );
+        assert!(err.message.contains(&format!("{value:?}")), "{err:?}");
+    }
+    // A long value is quoted bounded.
+    let long = "9".repeat(10_000);
+    let err = service_pool(&annotated_service(&[("flock.io/max-connections", &long)])).unwrap_err();
+    assert!(err.message.len() < 200, "{}", err.message);
 }

@@ -26,6 +26,9 @@
 //! * an HTTPRoute on the Service routes by header and weight, a missing backend is
 //!   reported and answered 500, a route with an unsupported filter is refused alone
 //!   (both in `/debug/routes`), and deleting the route restores the default route;
+//! * a Service's `flock.io/max-*` annotations become the circuit breakers of each of
+//!   its mesh clusters in Envoy (live), a malformed one keeps the defaults and is
+//!   reported in `/debug/routes`, and removing them restores the defaults;
 //! * a pod whose namespace is not opted in is not meshed.
 //!
 //! Needs what `mtls.rs` needs (root, Envoy, libcni, sibling binaries).
@@ -357,6 +360,89 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
         WAIT,
         || get_web() == 200,
     );
+
+    // Connection-pool limits from web's annotations: every mesh cluster of web in
+    // Envoy gets them as its circuit breakers (the others keep the defaults), live;
+    // a malformed annotation keeps the defaults and is reported; removing them
+    // restores the defaults. Traffic flows throughout.
+    let web_limits = || -> Vec<(String, u64, u64)> {
+        let dump: Value = serde_json::from_str(&envoy.config_dump()).unwrap_or_default();
+        let mut out = Vec::new();
+        for c in dump["configs"].as_array().into_iter().flatten() {
+            for cl in c["dynamic_active_clusters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let name = cl["cluster"]["name"].as_str().unwrap_or_default();
+                if name.contains("|web.shop") {
+                    let t = &cl["cluster"]["circuit_breakers"]["thresholds"][0];
+                    out.push((
+                        name.to_string(),
+                        t["max_connections"].as_u64().unwrap_or(0),
+                        t["max_requests"].as_u64().unwrap_or(0),
+                    ));
+                }
+            }
+        }
+        out
+    };
+    let defaults = flock_xds::translate::policy::ConnectionPool::default();
+    let with_annotations = |pairs: &[(&str, &str)]| {
+        let mut s = service.clone();
+        s.metadata.annotations = Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        s
+    };
+    assert!(
+        web_limits().iter().all(|(_, c, r)| (*c, *r)
+            == (
+                u64::from(defaults.max_connections),
+                u64::from(defaults.max_requests)
+            )),
+        "{:?}",
+        web_limits()
+    );
+    api.apply(&with_annotations(&[
+        ("flock.io/max-connections", "3"),
+        ("flock.io/max-requests", "7"),
+    ]));
+    let limited = wait_for("web's clusters limited by its annotations", WAIT, || {
+        let l = web_limits();
+        (!l.is_empty() && l.iter().all(|(_, c, r)| (*c, *r) == (3, 7))).then_some(l)
+    });
+    println!("web's mesh clusters under its annotations' limits: {limited:?}");
+    assert_eq!(get_web(), 200);
+    api.apply(&with_annotations(&[("flock.io/max-requests", "0")]));
+    let routes = wait_for("the malformed pool annotation reported", WAIT, || {
+        let r = agent.json("/debug/routes").to_string();
+        r.contains("Service shop/web").then_some(r)
+    });
+    assert!(
+        routes.contains("metadata.annotations[flock.io/max-requests]"),
+        "{routes}"
+    );
+    wait_for("web's clusters back on the default limits", WAIT, || {
+        web_limits().iter().all(|(_, c, r)| {
+            (*c, *r)
+                == (
+                    u64::from(defaults.max_connections),
+                    u64::from(defaults.max_requests),
+                )
+        })
+    });
+    assert_eq!(get_web(), 200);
+    api.apply(&service);
+    wait_for("the refusal gone with the annotation", WAIT, || {
+        !agent
+            .json("/debug/routes")
+            .to_string()
+            .contains("Service shop/web")
+    });
 
     // A pod whose namespace is not opted in: the ADD succeeds, nothing is meshed.
     api.apply(&pod(

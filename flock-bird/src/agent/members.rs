@@ -121,6 +121,17 @@ impl Agent {
                 .in_turn(&key, OpKind::Resync, self.resync_pod(&key))
                 .await;
         }
+        // A Service's own facts the translation reads from the snapshot (cluster IPs,
+        // connection-pool annotations) change no membership: publish when the
+        // Services differ from those the last publish read.
+        let services_changed = {
+            let now = kube.snapshot();
+            let state = super::lock(&self.publish);
+            state
+                .kube_seen
+                .as_ref()
+                .is_none_or(|seen| !seen.services.ptr_eq(&now.services))
+        };
         if writes > 0 || memberships_changed > 0 {
             let version = self.publish();
             tracing::info!(
@@ -129,6 +140,9 @@ impl Agent {
                 version,
                 "Service memberships changed; registry updated and published"
             );
+        } else if services_changed {
+            let version = self.publish();
+            tracing::debug!(version, "Services changed; published");
         }
         writes
     }

@@ -674,6 +674,14 @@ impl Agent {
             }
             Arc::clone(table.services())
         };
+        // Connection-pool limits (kube mode: the Services' annotations), before the
+        // routes, whose backends are then the limited values.
+        let services = super::pools::apply(kube.as_ref(), services, &mut state.pools);
+        // The snapshot's address is the service table's VIP token: keep the snapshot
+        // alive until the next publish has compared it, or a snapshot allocated
+        // where this one was freed (two reflector updates between two publishes)
+        // would carry the same token and its VIP changes would be missed.
+        state.kube_seen = kube.clone();
         // Traffic policy: the routed services carry their resolved rules.
         let routes = self.core().routes();
         let no_vips = |_: &str, _: &str| Vec::new();

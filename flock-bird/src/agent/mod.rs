@@ -62,6 +62,7 @@ pub mod mesh;
 mod metrics;
 mod podinputs;
 pub mod policies;
+pub mod pools;
 mod publish;
 mod regsync;
 mod request;

@@ -21,6 +21,10 @@ pub(super) struct PublishState {
     pub(super) pods: super::mesh::PodsOf,
     /// The services with traffic-policy routes, resolved, and the routes' status.
     pub(super) routed: super::routes::RoutedCache,
+    /// The services with connection-pool limits, and the refused annotations.
+    pub(super) pools: super::pools::PoolCache,
+    /// The reflectors' snapshot the last publish read (see `mesh_parts`).
+    pub(super) kube_seen: Option<std::sync::Arc<flock_kube::watch::Snapshot>>,
 }
 
 impl PublishState {
@@ -32,6 +36,8 @@ impl PublishState {
             secrets: None,
             pods: super::mesh::PodsOf::default(),
             routed: super::routes::RoutedCache::default(),
+            pools: super::pools::PoolCache::default(),
+            kube_seen: None,
         }
     }
 }

@@ -30,7 +30,8 @@ pub const MAX_FILES: usize = 10_000;
 /// One route's status, as `/debug/routes` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RouteStatus {
-    /// The source's key (the file name).
+    /// The source's key (the file name, the API object), or `Service <ns>/<name>`
+    /// for a Service whose connection-pool annotations were refused.
     pub key: String,
     /// Where it came from.
     pub origin: String,
@@ -297,9 +298,13 @@ impl Agent {
         changed
     }
 
-    /// Every route's status as of the last publish.
+    /// Every route's status as of the last publish, then the Services whose
+    /// connection-pool annotations were refused ([`super::pools`]).
     pub fn route_status(&self) -> Vec<RouteStatus> {
-        super::lock(&self.publish).routed.status.clone()
+        let state = super::lock(&self.publish);
+        let mut all = state.routed.status.clone();
+        all.extend(state.pools.status.iter().cloned());
+        all
     }
 }
 
