@@ -857,3 +857,73 @@ async fn a_running_pod_without_a_record_is_reported_in_one_sweep_and_deleted_on_
     assert!(err.to_string().contains("Precondition failed"), "{err}");
     assert!(s.api.get::<Pod>(Some("shop"), "web-0").is_some());
 }
+
+/// HTTPRoute status over the status subresource: the agent writes the mesh's entry
+/// (`ResolvedRefs` False for a missing backend) with the object's resourceVersion as
+/// a precondition. Another controller's status written between the agent's read and
+/// its patch (the double's interposed write) fails the patch with 409; the agent's
+/// write after it keeps that controller's entry, never overwriting the list it did
+/// not see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_status_is_written_without_dropping_another_controllers_entry() {
+    let s = setup().await;
+    let agent = &s.agent;
+    tokio::spawn(flock_bird::agent::routes::follow_kube(
+        Arc::clone(agent),
+        agent.kube().cloned().unwrap(),
+    ));
+    s.api
+        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
+    s.api.apply(&web_service());
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
+        agent.not_ready().is_none()
+    })
+    .await;
+    agent.add_pod(&input("shop", "web-0", UID)).await.unwrap();
+    let route: flock_kube::route::HttpRoute = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
+                 "rules": [{"backendRefs": [{"name": "web-gone", "port": 80}]}]}
+    }))
+    .unwrap();
+    let mut theirs = route.clone();
+    theirs.status = Some(json!({"parents": [{
+        "parentRef": {"name": "edge"},
+        "controllerName": "example.com/gateway",
+        "conditions": [],
+    }]}));
+    s.api.write_before_next_patch(&theirs);
+    s.api.apply(&route);
+    let controllers = || -> Vec<String> {
+        s.api
+            .get::<flock_kube::route::HttpRoute>(Some("shop"), "web")
+            .and_then(|r| r.status)
+            .and_then(|st| st["parents"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p["controllerName"].as_str().map(str::to_string))
+            .collect()
+    };
+    wait_for_async("the mesh's status entry written", WAIT, || {
+        controllers().contains(&flock_kube::route::CONTROLLER_NAME.to_string())
+    })
+    .await;
+    assert_eq!(
+        controllers(),
+        vec![
+            "example.com/gateway".to_string(),
+            "flock.io/mesh".to_string()
+        ],
+        "the agent's status write dropped another controller's entry"
+    );
+    let status = s
+        .api
+        .get::<flock_kube::route::HttpRoute>(Some("shop"), "web")
+        .unwrap()
+        .status
+        .unwrap();
+    let ours = &status["parents"][1]["conditions"];
+    assert_eq!(ours[1]["type"], "ResolvedRefs", "{status}");
+    assert_eq!(ours[1]["reason"], "BackendNotFound", "{status}");
+}

@@ -75,6 +75,7 @@ pub const KNOWN: &[&str] = &[
     "route-retries-non-idempotent",
     "agent-no-node-lock",
     "load-publishes-before-sync",
+    "route-status-unconditional",
     "shm-removed-under-successor",
     "supervisor-stops-successors-parent",
     "registry-uncapped-node",

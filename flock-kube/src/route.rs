@@ -20,6 +20,9 @@ pub struct HttpRoute {
     /// The route, unparsed.
     #[serde(default)]
     pub spec: serde_json::Value,
+    /// The status controllers wrote (the mesh's entries: [`desired_status`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
 }
 
 impl k8s_openapi::Resource for HttpRoute {
@@ -55,6 +58,138 @@ fn has_service_parent(spec: &serde_json::Value) -> bool {
                         .is_empty()
             })
         })
+}
+
+/// The `controllerName` of the mesh's entries in an `HTTPRoute`'s `status.parents`.
+pub const CONTROLLER_NAME: &str = "flock.io/mesh";
+
+/// Most bytes of a condition message (the CRD's limit is 32,768).
+pub const MAX_CONDITION_MESSAGE: usize = 1024;
+
+/// What the mesh made of one route, for its status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteOutcome {
+    /// Served; `problems` names each backend or rule dropped (none: served as written).
+    Accepted {
+        /// What was dropped, for the operator.
+        problems: Vec<String>,
+    },
+    /// Nothing of it is served: why.
+    Refused(String),
+}
+
+fn bounded_message(m: &str) -> String {
+    if m.len() <= MAX_CONDITION_MESSAGE {
+        return m.to_string();
+    }
+    let mut end = MAX_CONDITION_MESSAGE;
+    while !m.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &m[..end])
+}
+
+/// The `status` the mesh reports for `obj`, or `None` when what it holds already says
+/// so (no write needed). Gateway API's route status: one entry per Service
+/// `parentRef` under [`CONTROLLER_NAME`], with conditions `Accepted` (`False`,
+/// reason `UnsupportedValue`, for a refused route) and `ResolvedRefs` (`False`,
+/// `BackendNotFound`, when a backend or rule was dropped), each with the object's
+/// `metadata.generation` as `observedGeneration`. Other controllers' entries are
+/// kept as they are (a merge patch replaces the whole list). A condition whose
+/// status is unchanged keeps its `lastTransitionTime`; a new or changed one gets
+/// `now` (RFC 3339): so every node's agent computes the same status from the same
+/// object, and once one has written it the others find nothing to write.
+pub fn desired_status(
+    obj: &HttpRoute,
+    outcome: &RouteOutcome,
+    now: &str,
+) -> Option<serde_json::Value> {
+    use serde_json::{Value, json};
+    let generation = obj.metadata.generation.unwrap_or(0);
+    let existing: Vec<Value> = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.get("parents"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let ours = |e: &Value| e.get("controllerName").and_then(Value::as_str) == Some(CONTROLLER_NAME);
+    let (accepted, resolved) = match outcome {
+        RouteOutcome::Refused(why) => (
+            ("False", "UnsupportedValue", bounded_message(why)),
+            (
+                "False",
+                "UnsupportedValue",
+                "the route is not served".to_string(),
+            ),
+        ),
+        RouteOutcome::Accepted { problems } if problems.is_empty() => (
+            ("True", "Accepted", "served by the mesh".to_string()),
+            ("True", "ResolvedRefs", "every backend resolved".to_string()),
+        ),
+        RouteOutcome::Accepted { problems } => (
+            ("True", "Accepted", "served by the mesh".to_string()),
+            (
+                "False",
+                "BackendNotFound",
+                bounded_message(&problems.join("; ")),
+            ),
+        ),
+    };
+    let parent_refs: Vec<Value> = obj
+        .spec
+        .get("parentRefs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r.get("kind").and_then(Value::as_str) == Some("Service")
+                && r.get("group")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .is_empty()
+        })
+        .cloned()
+        .collect();
+    let mut mine = Vec::new();
+    for parent in &parent_refs {
+        let before = existing
+            .iter()
+            .find(|e| ours(e) && e.get("parentRef") == Some(parent));
+        let condition = |ty: &str, (status, reason, message): &(&str, &str, String)| {
+            let old = before
+                .and_then(|e| e.get("conditions"))
+                .and_then(Value::as_array)
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+                });
+            let since = old
+                .filter(|c| c.get("status").and_then(Value::as_str) == Some(status))
+                .and_then(|c| c.get("lastTransitionTime"))
+                .and_then(Value::as_str)
+                .unwrap_or(now);
+            json!({
+                "type": ty,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "observedGeneration": generation,
+                "lastTransitionTime": since,
+            })
+        };
+        mine.push(json!({
+            "parentRef": parent,
+            "controllerName": CONTROLLER_NAME,
+            "conditions": [condition("Accepted", &accepted), condition("ResolvedRefs", &resolved)],
+        }));
+    }
+    let theirs: Vec<Value> = existing.iter().filter(|e| !ours(e)).cloned().collect();
+    let had: Vec<&Value> = existing.iter().filter(|e| ours(e)).collect();
+    if had.len() == mine.len() && had.iter().zip(&mine).all(|(a, b)| *a == b) {
+        return None;
+    }
+    Some(json!({ "parents": theirs.into_iter().chain(mine).collect::<Vec<_>>() }))
 }
 
 /// The key of the object `namespace/name` among the agent's routes.
@@ -112,6 +247,7 @@ mod tests {
                     ..Default::default()
                 },
                 spec,
+                status: None,
             },
         )
     }
@@ -144,5 +280,98 @@ mod tests {
         assert_eq!(web.id, "shop/web");
         let refused = routes[1].1.written.as_ref().unwrap_err();
         assert_eq!(refused.field, "spec.rules[0].filters[0]");
+    }
+
+    fn web(status: Option<serde_json::Value>) -> HttpRoute {
+        let mut r = obj(
+            "web",
+            serde_json::json!({
+                "parentRefs": [
+                    { "group": "", "kind": "Service", "name": "web", "port": 80 },
+                    { "name": "gw" }
+                ],
+                "rules": [{ "backendRefs": [{ "name": "web-v1", "port": 80 }] }]
+            }),
+        )
+        .1;
+        r.metadata.generation = Some(3);
+        r.status = status;
+        r
+    }
+
+    fn condition<'a>(status: &'a serde_json::Value, ty: &str) -> &'a serde_json::Value {
+        status["parents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["controllerName"] == CONTROLLER_NAME)
+            .and_then(|p| p["conditions"].as_array())
+            .and_then(|cs| cs.iter().find(|c| c["type"] == ty))
+            .unwrap()
+    }
+
+    #[test]
+    fn status_per_service_parent_and_none_when_already_written() {
+        let ok = RouteOutcome::Accepted { problems: vec![] };
+        let status = desired_status(&web(None), &ok, "2026-12-07T10:00:00Z").unwrap();
+        let parents = status["parents"].as_array().unwrap();
+        assert_eq!(
+            parents.len(),
+            1,
+            "the Gateway parent is not the mesh's: {status}"
+        );
+        assert_eq!(parents[0]["parentRef"]["name"], "web");
+        let accepted = condition(&status, "Accepted");
+        assert_eq!(accepted["status"], "True");
+        assert_eq!(accepted["observedGeneration"], 3);
+        assert_eq!(condition(&status, "ResolvedRefs")["status"], "True");
+        // Written: another agent (a later clock) computes nothing to write.
+        assert_eq!(
+            desired_status(&web(Some(status.clone())), &ok, "2026-12-07T11:00:00Z"),
+            None
+        );
+        // A dropped backend: ResolvedRefs turns False at the new time, Accepted
+        // keeps its time.
+        let partly = RouteOutcome::Accepted {
+            problems: vec!["backend web-v9.shop:80 not found".into()],
+        };
+        let next = desired_status(&web(Some(status)), &partly, "2026-12-07T12:00:00Z").unwrap();
+        let resolved = condition(&next, "ResolvedRefs");
+        assert_eq!(resolved["status"], "False");
+        assert_eq!(resolved["reason"], "BackendNotFound");
+        assert_eq!(resolved["lastTransitionTime"], "2026-12-07T12:00:00Z");
+        assert!(resolved["message"].as_str().unwrap().contains("web-v9"));
+        assert_eq!(
+            condition(&next, "Accepted")["lastTransitionTime"],
+            "2026-12-07T10:00:00Z"
+        );
+    }
+
+    #[test]
+    fn refused_routes_are_not_accepted_and_other_controllers_entries_stay() {
+        let other = serde_json::json!({"parents": [{
+            "parentRef": {"name": "gw"}, "controllerName": "example.com/gateway",
+            "conditions": []
+        }]});
+        let long = "x".repeat(10_000);
+        let status = desired_status(
+            &web(Some(other)),
+            &RouteOutcome::Refused(format!("spec.rules[0].filters[0]: {long}")),
+            "2026-12-07T10:00:00Z",
+        )
+        .unwrap();
+        let parents = status["parents"].as_array().unwrap();
+        assert_eq!(parents.len(), 2);
+        assert_eq!(parents[0]["controllerName"], "example.com/gateway");
+        let accepted = condition(&status, "Accepted");
+        assert_eq!(accepted["status"], "False");
+        assert_eq!(accepted["reason"], "UnsupportedValue");
+        let message = accepted["message"].as_str().unwrap();
+        assert!(message.starts_with("spec.rules[0].filters[0]"));
+        assert!(
+            message.len() <= MAX_CONDITION_MESSAGE + 3,
+            "{}",
+            message.len()
+        );
     }
 }

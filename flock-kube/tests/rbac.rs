@@ -208,7 +208,7 @@ fn clusterrole_allows_exactly_what_the_suite_asked_for() {
 /// Pods (`--repair delete`) and patching Nodes (the startup taint), and names no
 /// wildcard (checked by `granted`).
 #[test]
-fn clusterrole_writes_only_events_unmeshed_pod_deletes_and_the_node_patch() {
+fn clusterrole_writes_only_events_unmeshed_pod_deletes_the_node_patch_and_route_status() {
     let role: ClusterRole = manifest("clusterrole.yaml");
     let writes: Vec<Permission> = granted(&role)
         .into_iter()
@@ -220,9 +220,14 @@ fn clusterrole_writes_only_events_unmeshed_pod_deletes_and_the_node_patch() {
             (String::new(), "events".into(), "create".into()),
             (String::new(), "nodes".into(), "patch".into()),
             (String::new(), "pods".into(), "delete".into()),
+            (
+                "gateway.networking.k8s.io".into(),
+                "httproutes/status".into(),
+                "patch".into()
+            ),
         ],
-        "the agent writes nothing to the API but Events, unmeshed pods' deletion and its \
-         Node's taints"
+        "the agent writes nothing to the API but Events, unmeshed pods' deletion, its \
+         Node's taints and HTTPRoutes' status"
     );
     // Secrets and ConfigMaps are never read by the agent.
     assert!(

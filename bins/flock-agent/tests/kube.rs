@@ -25,7 +25,8 @@
 //!   named in `/readyz`, and deleting it restores the default;
 //! * an HTTPRoute on the Service routes by header and weight, a missing backend is
 //!   reported and answered 500, a route with an unsupported filter is refused alone
-//!   (both in `/debug/routes`), and deleting the route restores the default route;
+//!   (both in `/debug/routes`, and in each route's status subresource: `Accepted`,
+//!   `ResolvedRefs`), and deleting the route restores the default route;
 //! * a Service's `flock.io/max-*` annotations become the circuit breakers of each of
 //!   its mesh clusters in Envoy (live), a malformed one keeps the defaults and is
 //!   reported in `/debug/routes`, and removing them restores the defaults;
@@ -354,6 +355,59 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
         200,
         "the refused route broke web's"
     );
+    // The same state in each route's own status (the status subresource), under
+    // the mesh's controllerName, at the object's generation.
+    let condition = |route: &str, ty: &str| -> Option<Value> {
+        let obj = api.get::<flock_kube::route::HttpRoute>(Some("shop"), route)?;
+        let entry = obj.status?["parents"]
+            .as_array()?
+            .iter()
+            .find(|p| p["controllerName"] == flock_kube::route::CONTROLLER_NAME)?
+            .clone();
+        let generation = obj.metadata.generation;
+        let c = entry["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == ty)?
+            .clone();
+        (c["observedGeneration"].as_i64() == generation).then_some(c)
+    };
+    let resolved = wait_for("web's status: a backend not found", WAIT, || {
+        condition("web", "ResolvedRefs")
+    });
+    assert_eq!(resolved["status"], "False", "{resolved}");
+    assert_eq!(resolved["reason"], "BackendNotFound", "{resolved}");
+    assert!(
+        resolved["message"].as_str().unwrap().contains("web-gone"),
+        "{resolved}"
+    );
+    assert_eq!(condition("web", "Accepted").unwrap()["status"], "True");
+    let refused = wait_for("bad's status: not accepted", WAIT, || {
+        condition("bad", "Accepted")
+    });
+    assert_eq!(refused["status"], "False", "{refused}");
+    assert_eq!(refused["reason"], "UnsupportedValue", "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("RequestMirror"),
+        "{refused}"
+    );
+    // Fixed (a new generation): the status follows.
+    api.apply(&http_route(
+        "web",
+        json!([
+            {"matches": [{"headers": [{"name": "x-route", "value": "direct"}]}],
+             "backendRefs": [{"name": "web", "port": 80}]},
+            {"backendRefs": [{"name": "web", "port": 80}]}
+        ]),
+    ));
+    let resolved = wait_for("web's status: every backend resolved", WAIT, || {
+        condition("web", "ResolvedRefs").filter(|c| c["status"] == "True")
+    });
+    println!("HTTPRoute shop/web status: {resolved}");
+    assert!(api.delete::<flock_kube::route::HttpRoute>(Some("shop"), "bad"));
     assert!(api.delete::<flock_kube::route::HttpRoute>(Some("shop"), "web"));
     wait_for(
         "web's default route once its HTTPRoute is gone",

@@ -444,6 +444,13 @@ pub async fn watch_dir(agent: Arc<Agent>, dir: PathBuf, resync: Duration) {
 pub async fn follow_kube(agent: Arc<Agent>, kube: Arc<crate::kube::KubePods>) {
     let mut view = kube.watch().view();
     let mut seen: Option<imbl::OrdMap<(String, String), Arc<flock_kube::route::HttpRoute>>> = None;
+    let (status_tx, status_rx) = tokio::sync::watch::channel(Arc::new(StatusWrites::new()));
+    let writer = tokio::spawn(write_statuses(
+        kube.watch().client().clone(),
+        status_rx,
+        status_delay(&agent.config().node_name),
+    ));
+    let _writer = AbortOnDrop(writer);
     loop {
         let snapshot = view.borrow_and_update().clone();
         let unchanged = seen.as_ref().is_some_and(|s| s.ptr_eq(&snapshot.routes));
@@ -466,9 +473,131 @@ pub async fn follow_kube(agent: Arc<Agent>, kube: Arc<crate::kube::KubePods>) {
                 agent.set_route(&key, Some(route));
             }
             seen = Some(snapshot.routes.clone());
+            let writes = statuses_to_write(&agent, &snapshot.routes);
+            status_tx.send_if_modified(|current| {
+                if **current == writes {
+                    return false;
+                }
+                *current = Arc::new(writes);
+                true
+            });
         }
         if view.changed().await.is_err() {
             return;
         }
     }
 }
+
+/// The route statuses to write: per object (namespace, name), the resourceVersion it
+/// was computed from and its new `status`.
+type StatusWrites = BTreeMap<(String, String), (String, serde_json::Value)>;
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The statuses the mesh's routes among `objects` need (see
+/// [`flock_kube::route::desired_status`]): one per object whose status does not yet
+/// say what this agent made of it.
+fn statuses_to_write(
+    agent: &Agent,
+    objects: &imbl::OrdMap<(String, String), Arc<flock_kube::route::HttpRoute>>,
+) -> StatusWrites {
+    use flock_kube::route::{RouteOutcome, desired_status, key_of};
+    let status: HashMap<String, RouteStatus> = agent
+        .route_status()
+        .into_iter()
+        .map(|s| (s.key.clone(), s))
+        .collect();
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for ((ns, name), obj) in objects.iter() {
+        let Some(s) = status.get(&key_of(ns, name)) else {
+            continue; // not the mesh's (a Gateway's route)
+        };
+        let outcome = match s.state {
+            "Refused" => RouteOutcome::Refused(s.problems.join("; ")),
+            _ => RouteOutcome::Accepted {
+                problems: s.problems.clone(),
+            },
+        };
+        let (Some(rv), Some(new)) = (
+            obj.metadata.resource_version.clone(),
+            desired_status(obj, &outcome, &now),
+        ) else {
+            continue;
+        };
+        out.insert((ns.clone(), name.clone()), (rv, new));
+    }
+    out
+}
+
+/// How long this node's agent waits before writing statuses: every node's agent
+/// computes the same status from the same object, and the first write makes the
+/// others' unnecessary (they find it written when their wait ends). A spread of up to
+/// 2 s, fixed per node (a hash of its name), keeps the writes of a route change to a
+/// few instead of one per node.
+fn status_delay(node: &str) -> Duration {
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    Duration::from_millis(hash % 2000)
+}
+
+/// Writes each wanted status with a merge patch of the `status` subresource, the
+/// object's resourceVersion as a precondition: a write over a newer object (another
+/// node's status, a spec change) fails with 409 and is left to the next computation,
+/// which sees that object. Failures are logged and retried (see [`STATUS_RETRY`]).
+async fn write_statuses(
+    client: kube::Client,
+    mut wanted: tokio::sync::watch::Receiver<Arc<StatusWrites>>,
+    delay: Duration,
+) {
+    use kube::api::{Api, Patch, PatchParams};
+    while wanted.changed().await.is_ok() {
+        tokio::time::sleep(delay).await;
+        let writes = Arc::clone(&wanted.borrow_and_update());
+        let mut failed = false;
+        for ((ns, name), (rv, status)) in writes.iter() {
+            let api: Api<flock_kube::route::HttpRoute> = Api::namespaced(client.clone(), ns);
+            let patch = if flock_core::reintroduced!("route-status-unconditional") {
+                serde_json::json!({ "status": status })
+            } else {
+                serde_json::json!({
+                    "metadata": {"resourceVersion": rv},
+                    "status": status,
+                })
+            };
+            match api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => tracing::info!(namespace = %ns, route = %name, "HTTPRoute status written"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    tracing::debug!(namespace = %ns, route = %name, "HTTPRoute changed before its status was written; recomputed at the change");
+                }
+                Err(e) => {
+                    failed = true;
+                    tracing::warn!(namespace = %ns, route = %name, error = %e, "writing the HTTPRoute's status failed; retried in 10 s or at the next change");
+                }
+            }
+        }
+        if failed {
+            // The same writes again unless a change replaces them first.
+            tokio::select! {
+                () = tokio::time::sleep(STATUS_RETRY) => wanted.mark_changed(),
+                r = wanted.changed() => if r.is_ok() { wanted.mark_changed() },
+            }
+        }
+    }
+}
+
+/// How long a failed status write waits before it is tried again.
+const STATUS_RETRY: Duration = Duration::from_secs(10);

@@ -33,6 +33,9 @@
 //!   `resourceVersion` older than the compaction point gets one ERROR event carrying a
 //!   Status with code 410, reason Expired (as the watch cache sends it), then the
 //!   stream ends.
+//! * **status subresource** of HTTPRoutes (get, merge patch): a write of the object
+//!   keeps its stored status and a write of `…/status` changes only the status, as for
+//!   a CRD with `subresources.status`; `metadata.generation` counts spec changes;
 //! * **PATCH** with `application/merge-patch+json` (RFC 7386) on any of the resources;
 //!   a `metadata.resourceVersion` in the patch that is not the stored one answers
 //!   `409 Conflict`; other patch types answer 415.
@@ -636,11 +639,25 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         namespace: target.namespace.clone(),
         subresource: target.subresource.clone(),
     });
-    if let Some(sub) = &target.subresource {
+    if let Some(sub) = target
+        .subresource
+        .as_ref()
+        .filter(|sub| !(*sub == "status" && target.kind.has_status_subresource()))
+    {
         return Ok(status(
             StatusCode::NOT_FOUND,
             "NotFound",
             &format!("the API-server double does not serve subresource {sub}"),
+        ));
+    }
+    if target.subresource.is_some() && !matches!(verb, "get" | "patch") {
+        return Ok(status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            &format!(
+                "the API-server double serves only get and patch on {}",
+                req.uri().path()
+            ),
         ));
     }
     let labels = match Selector::labels(param("labelSelector").unwrap_or_default()) {
@@ -998,10 +1015,23 @@ fn write(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .pop_front();
-            if let Some((k, obj)) = interposed
-                && let Err(e) = store.put(k, obj, false, false, false)
-            {
-                tracing::warn!(error = ?e, "API double: interposed write refused");
+            if let Some((k, obj)) = interposed {
+                // An object with a status subresource: its status is written too, as
+                // its controller would (a write of the object alone keeps the stored
+                // status).
+                let status_too = k.has_status_subresource() && obj.get("status").is_some();
+                let written = store
+                    .put(k, obj.clone(), false, false, false)
+                    .and_then(|_| {
+                        if status_too {
+                            store.put_status(k, obj, false)
+                        } else {
+                            Ok(Value::Null)
+                        }
+                    });
+                if let Err(e) = written {
+                    tracing::warn!(error = ?e, "API double: interposed write refused");
+                }
             }
             let Some(current) = store.get(kind, &ns, &name).cloned() else {
                 return not_found(kind, &name);
@@ -1019,9 +1049,15 @@ fn write(
                 patched["metadata"]["resourceVersion"] =
                     current["metadata"]["resourceVersion"].clone();
             }
-            store
-                .put(kind, patched, true, true, false)
-                .map(|o| (StatusCode::OK, o))
+            if target.subresource.is_some() {
+                store
+                    .put_status(kind, patched, true)
+                    .map(|o| (StatusCode::OK, o))
+            } else {
+                store
+                    .put(kind, patched, true, true, false)
+                    .map(|o| (StatusCode::OK, o))
+            }
         }
     };
     match result {

@@ -90,6 +90,12 @@ impl Kind {
         }
     }
 
+    /// Whether the kind has a `status` subresource: writes of the object keep the
+    /// stored status, and only `…/status` writes change it (and nothing else).
+    pub(crate) fn has_status_subresource(self) -> bool {
+        self == Kind::HttpRoutes
+    }
+
     pub(crate) fn namespaced(self) -> bool {
         matches!(
             self,
@@ -397,6 +403,30 @@ impl Store {
         must_exist: bool,
         must_not_exist: bool,
     ) -> Result<Value, WriteError> {
+        self.write(kind, obj, check_rv, must_exist, must_not_exist, false)
+    }
+
+    /// A write of the `status` subresource: `obj`'s status replaces the stored
+    /// object's, nothing else of `obj` is kept (its resourceVersion is still a
+    /// precondition when `check_rv`).
+    pub(crate) fn put_status(
+        &mut self,
+        kind: Kind,
+        obj: Value,
+        check_rv: bool,
+    ) -> Result<Value, WriteError> {
+        self.write(kind, obj, check_rv, true, false, true)
+    }
+
+    fn write(
+        &mut self,
+        kind: Kind,
+        obj: Value,
+        check_rv: bool,
+        must_exist: bool,
+        must_not_exist: bool,
+        status_write: bool,
+    ) -> Result<Value, WriteError> {
         let (mut obj, ns, name) = Self::normalise(kind, obj)?;
         let key = (kind, ns, name);
         let old = self.objects.get(&key).cloned();
@@ -415,6 +445,39 @@ impl Store {
                 kind.plural(),
                 key.2
             )));
+        }
+        if kind.has_status_subresource() {
+            let status = if status_write {
+                obj.get("status").cloned()
+            } else {
+                old.as_ref().and_then(|o| o.get("status").cloned())
+            };
+            if let (true, Some(old)) = (status_write, &old) {
+                obj = old.clone();
+            }
+            match (status, obj.as_object_mut()) {
+                (Some(st), Some(o)) => {
+                    o.insert("status".into(), st);
+                }
+                (None, Some(o)) => {
+                    o.remove("status");
+                }
+                _ => {}
+            }
+        }
+        // `metadata.generation`, as the API server keeps it for objects with a spec:
+        // 1 when created, one more at each change of the spec, else unchanged.
+        if obj.get("spec").is_some() {
+            let old_generation = old
+                .as_ref()
+                .and_then(|o| o.pointer("/metadata/generation"))
+                .and_then(Value::as_i64);
+            let generation = match (&old, old_generation) {
+                (Some(o), Some(g)) if o.get("spec") == obj.get("spec") => g,
+                (Some(_), Some(g)) => g + 1,
+                _ => 1,
+            };
+            set_meta(&mut obj, "generation", json!(generation));
         }
         let uid = old
             .as_ref()
