@@ -4,16 +4,19 @@
 //! a field, never a panic; mapped pod ports pass the pod validator's `check_ports`;
 //! memberships only reach meshed pod ports; slice endpoints keep the slice's address
 //! family and carry an identity exactly when the namespace is meshed; messages stay
-//! short.
+//! short. A Service's connection-pool annotations give limits in range or an error
+//! naming the annotation; an HTTPRoute (fourth kind) gets a status that keeps every
+//! other controller's entry and is not written twice.
 #![no_main]
 
 use std::collections::BTreeMap;
 
 use flock_core::pod::{INBOUND_BASE_PORT, PodPort, Protocol, check_ports};
 use flock_kube::map::{
-    MESH_LABEL, MapError, MeshDecision, PodFacts, ServiceInfo, ServicePortInfo, memberships,
-    pod_facts, service_info, slice_endpoints,
+    MAX_POOL_LIMIT, MESH_LABEL, MapError, MeshDecision, PodFacts, ServiceInfo, ServicePortInfo,
+    memberships, pod_facts, service_info, service_pool, slice_endpoints,
 };
+use flock_kube::route::{CONTROLLER_NAME, HttpRoute, RouteOutcome, desired_status};
 use k8s_openapi::api::core::v1::{Pod, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -114,6 +117,26 @@ fn service(json: &[u8]) {
         }
         Err(e) => short(&e),
     }
+    match service_pool(&svc) {
+        Ok(Some(limits)) => {
+            for v in [
+                limits.max_connections,
+                limits.max_pending_requests,
+                limits.max_requests,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                assert!((1..=MAX_POOL_LIMIT).contains(&v));
+            }
+            assert!(limits.retry_budget_percent.is_none_or(|p| (1..=100).contains(&p)));
+        }
+        Ok(None) => {}
+        Err(e) => {
+            short(&e);
+            assert!(e.field.starts_with("metadata.annotations[flock.io/"));
+        }
+    }
     // A meshed pod of the Service's namespace whose labels are its selector.
     let selector = svc
         .spec
@@ -199,6 +222,44 @@ fn slice(json: &[u8]) {
     }
 }
 
+fn route(json: &[u8]) {
+    let Ok(mut obj) = serde_json::from_slice::<HttpRoute>(json) else {
+        return;
+    };
+    let controllers = |status: &serde_json::Value, ours: bool| -> usize {
+        status
+            .get("parents")
+            .and_then(|p| p.as_array())
+            .map_or(0, |ps| {
+                ps.iter()
+                    .filter(|p| {
+                        (p.get("controllerName").and_then(|c| c.as_str()) == Some(CONTROLLER_NAME))
+                            == ours
+                    })
+                    .count()
+            })
+    };
+    let theirs = obj.status.as_ref().map_or(0, |s| controllers(s, false));
+    for outcome in [
+        RouteOutcome::Accepted { problems: vec![] },
+        RouteOutcome::Accepted {
+            problems: vec!["backend gone".into()],
+        },
+        RouteOutcome::Refused("x".repeat(5000)),
+    ] {
+        let Some(status) = desired_status(&obj, &outcome, "2026-12-07T00:00:00Z") else {
+            continue;
+        };
+        assert_eq!(controllers(&status, false), theirs, "another controller's entry lost");
+        // Written, the same outcome computes nothing more to write.
+        let mut written = obj.clone();
+        written.status = Some(status);
+        assert_eq!(desired_status(&written, &outcome, "2026-12-07T01:00:00Z"), None);
+    }
+    obj.status = None;
+    let _ = desired_status(&obj, &RouteOutcome::Refused(String::new()), "");
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&kind, json)) = data.split_first() else {
         return;
@@ -206,9 +267,10 @@ fuzz_target!(|data: &[u8]| {
     if json.len() > MAX_INPUT {
         return;
     }
-    match kind % 3 {
+    match kind % 4 {
         0 => pod(json),
         1 => service(json),
-        _ => slice(json),
+        2 => slice(json),
+        _ => route(json),
     }
 });
