@@ -927,3 +927,60 @@ async fn route_status_is_written_without_dropping_another_controllers_entry() {
     assert_eq!(ours[1]["type"], "ResolvedRefs", "{status}");
     assert_eq!(ours[1]["reason"], "BackendNotFound", "{status}");
 }
+
+/// A route's status follows the services it resolves against, not only the route
+/// object: a backend with no endpoints is `BackendNotFound`, and once its pod is
+/// added (no change of the route) the status turns `ResolvedRefs: True`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_status_follows_a_backend_that_gains_endpoints() {
+    let s = setup().await;
+    let agent = &s.agent;
+    tokio::spawn(flock_bird::agent::routes::follow_kube(
+        Arc::clone(agent),
+        agent.kube().cloned().unwrap(),
+    ));
+    s.api
+        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
+    s.api.apply(&web_service());
+    // web-v1: the same pods, the route's backend.
+    let mut v1 = web_service();
+    v1.metadata.name = Some("web-v1".into());
+    s.api.apply(&v1);
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
+        agent.not_ready().is_none()
+    })
+    .await;
+    let route: flock_kube::route::HttpRoute = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
+                 "rules": [{"backendRefs": [{"name": "web-v1", "port": 80}]}]}
+    }))
+    .unwrap();
+    s.api.apply(&route);
+    let resolved = || -> Option<String> {
+        let st = s
+            .api
+            .get::<flock_kube::route::HttpRoute>(Some("shop"), "web")?
+            .status?;
+        let c = st["parents"][0]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "ResolvedRefs")?
+            .clone();
+        c["status"].as_str().map(str::to_string)
+    };
+    wait_for_async(
+        "ResolvedRefs False: web-v1 has no endpoints yet",
+        WAIT,
+        || resolved().as_deref() == Some("False"),
+    )
+    .await;
+    agent.add_pod(&input("shop", "web-0", UID)).await.unwrap();
+    wait_for_async(
+        "ResolvedRefs True once web-0 serves web-v1 (the route unchanged)",
+        WAIT,
+        || resolved().as_deref() == Some("True"),
+    )
+    .await;
+}

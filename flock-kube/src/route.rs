@@ -76,6 +76,8 @@ pub enum RouteOutcome {
     },
     /// Nothing of it is served: why.
     Refused(String),
+    /// Not the mesh's (no Service parent any more): the mesh's entries go.
+    NotServed,
 }
 
 fn bounded_message(m: &str) -> String {
@@ -135,6 +137,7 @@ pub fn desired_status(
                 bounded_message(&problems.join("; ")),
             ),
         ),
+        RouteOutcome::NotServed => Default::default(),
     };
     let parent_refs: Vec<Value> = obj
         .spec
@@ -143,7 +146,8 @@ pub fn desired_status(
         .into_iter()
         .flatten()
         .filter(|r| {
-            r.get("kind").and_then(Value::as_str) == Some("Service")
+            *outcome != RouteOutcome::NotServed
+                && r.get("kind").and_then(Value::as_str) == Some("Service")
                 && r.get("group")
                     .and_then(Value::as_str)
                     .unwrap_or("")
@@ -344,6 +348,26 @@ mod tests {
         assert_eq!(
             condition(&next, "Accepted")["lastTransitionTime"],
             "2026-12-07T10:00:00Z"
+        );
+    }
+
+    #[test]
+    fn a_route_no_longer_the_meshs_loses_the_meshs_entries_only() {
+        let other = serde_json::json!({"parents": [{
+            "parentRef": {"name": "gw"}, "controllerName": "example.com/gateway",
+            "conditions": []
+        }]});
+        let ok = RouteOutcome::Accepted { problems: vec![] };
+        let ours = desired_status(&web(Some(other.clone())), &ok, "2026-12-07T10:00:00Z").unwrap();
+        let gone = desired_status(&web(Some(ours)), &RouteOutcome::NotServed, "t").unwrap();
+        assert_eq!(gone, other);
+        assert_eq!(
+            desired_status(&web(Some(other)), &RouteOutcome::NotServed, "t"),
+            None
+        );
+        assert_eq!(
+            desired_status(&web(None), &RouteOutcome::NotServed, "t"),
+            None
         );
     }
 

@@ -473,6 +473,12 @@ pub async fn follow_kube(agent: Arc<Agent>, kube: Arc<crate::kube::KubePods>) {
                 agent.set_route(&key, Some(route));
             }
             seen = Some(snapshot.routes.clone());
+        }
+        // A route's status follows the routes and the services they resolve against
+        // (a backend that gains endpoints is resolved at the next publish, with no
+        // change of any route object): recomputed at each change and every
+        // STATUS_RECHECK, written only where it differs from the object's.
+        if snapshot.synced {
             let writes = statuses_to_write(&agent, &snapshot.routes);
             status_tx.send_if_modified(|current| {
                 if **current == writes {
@@ -482,11 +488,15 @@ pub async fn follow_kube(agent: Arc<Agent>, kube: Arc<crate::kube::KubePods>) {
                 true
             });
         }
-        if view.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = view.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(STATUS_RECHECK) => {}
         }
     }
 }
+
+/// How often the route statuses are recomputed without a change of the objects.
+const STATUS_RECHECK: Duration = Duration::from_secs(2);
 
 /// The route statuses to write: per object (namespace, name), the resourceVersion it
 /// was computed from and its new `status`.
@@ -519,12 +529,12 @@ fn statuses_to_write(
         .unwrap_or_default();
     let mut out = BTreeMap::new();
     for ((ns, name), obj) in objects.iter() {
-        let Some(s) = status.get(&key_of(ns, name)) else {
-            continue; // not the mesh's (a Gateway's route)
-        };
-        let outcome = match s.state {
-            "Refused" => RouteOutcome::Refused(s.problems.join("; ")),
-            _ => RouteOutcome::Accepted {
+        // Not the mesh's (a Gateway's route, or one whose Service parents are gone):
+        // only entries the mesh wrote before are removed.
+        let outcome = match status.get(&key_of(ns, name)) {
+            None => RouteOutcome::NotServed,
+            Some(s) if s.state == "Refused" => RouteOutcome::Refused(s.problems.join("; ")),
+            Some(s) => RouteOutcome::Accepted {
                 problems: s.problems.clone(),
             },
         };
@@ -553,19 +563,40 @@ fn status_delay(node: &str) -> Duration {
 
 /// Writes each wanted status with a merge patch of the `status` subresource, the
 /// object's resourceVersion as a precondition: a write over a newer object (another
-/// node's status, a spec change) fails with 409 and is left to the next computation,
-/// which sees that object. Failures are logged and retried (see [`STATUS_RETRY`]).
+/// node's status, a spec change, a deleted route) fails with 409 or 404 and is left to
+/// the next computation, which sees that object. Any other failure (a ClusterRole
+/// without the grant, say) is logged and that object's write at that version waits
+/// [`STATUS_RETRY`], doubling up to [`STATUS_RETRY_MAX`], whatever else changes.
 async fn write_statuses(
     client: kube::Client,
     mut wanted: tokio::sync::watch::Receiver<Arc<StatusWrites>>,
     delay: Duration,
 ) {
     use kube::api::{Api, Patch, PatchParams};
-    while wanted.changed().await.is_ok() {
+    // Per object: the resourceVersion whose write failed, when to try again, and the
+    // wait after the next failure.
+    let mut backoff: HashMap<(String, String), (String, tokio::time::Instant, Duration)> =
+        HashMap::new();
+    loop {
+        let retry_at = backoff.values().map(|(_, at, _)| *at).min();
+        tokio::select! {
+            changed = wanted.changed() => if changed.is_err() { return },
+            () = async {
+                match retry_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
         tokio::time::sleep(delay).await;
         let writes = Arc::clone(&wanted.borrow_and_update());
-        let mut failed = false;
-        for ((ns, name), (rv, status)) in writes.iter() {
+        backoff.retain(|key, (rv, ..)| writes.get(key).is_some_and(|(now, _)| now == rv));
+        let now = tokio::time::Instant::now();
+        for (key, (rv, status)) in writes.iter() {
+            if backoff.get(key).is_some_and(|(_, at, _)| *at > now) {
+                continue;
+            }
+            let (ns, name) = key;
             let api: Api<flock_kube::route::HttpRoute> = Api::namespaced(client.clone(), ns);
             let patch = if flock_core::reintroduced!("route-status-unconditional") {
                 serde_json::json!({ "status": status })
@@ -579,25 +610,32 @@ async fn write_statuses(
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => tracing::info!(namespace = %ns, route = %name, "HTTPRoute status written"),
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    tracing::debug!(namespace = %ns, route = %name, "HTTPRoute changed before its status was written; recomputed at the change");
+                Ok(_) => {
+                    backoff.remove(key);
+                    tracing::info!(namespace = %ns, route = %name, "HTTPRoute status written");
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                    backoff.remove(key);
+                    tracing::debug!(namespace = %ns, route = %name, code = e.code, "HTTPRoute changed or gone before its status was written; recomputed at the change");
                 }
                 Err(e) => {
-                    failed = true;
-                    tracing::warn!(namespace = %ns, route = %name, error = %e, "writing the HTTPRoute's status failed; retried in 10 s or at the next change");
+                    let wait = backoff.get(key).map_or(STATUS_RETRY, |(_, _, next)| *next);
+                    backoff.insert(
+                        key.clone(),
+                        (
+                            rv.clone(),
+                            tokio::time::Instant::now() + wait,
+                            (wait * 2).min(STATUS_RETRY_MAX),
+                        ),
+                    );
+                    tracing::warn!(namespace = %ns, route = %name, error = %e, retry_in = ?wait, "writing the HTTPRoute's status failed");
                 }
-            }
-        }
-        if failed {
-            // The same writes again unless a change replaces them first.
-            tokio::select! {
-                () = tokio::time::sleep(STATUS_RETRY) => wanted.mark_changed(),
-                r = wanted.changed() => if r.is_ok() { wanted.mark_changed() },
             }
         }
     }
 }
 
-/// How long a failed status write waits before it is tried again.
+/// How long a failed status write waits before it is tried again (doubling).
 const STATUS_RETRY: Duration = Duration::from_secs(10);
+/// The longest wait between two tries of a failing status write.
+const STATUS_RETRY_MAX: Duration = Duration::from_secs(300);
