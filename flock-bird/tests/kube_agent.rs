@@ -858,6 +858,44 @@ async fn a_running_pod_without_a_record_is_reported_in_one_sweep_and_deleted_on_
     assert!(s.api.get::<Pod>(Some("shop"), "web-0").is_some());
 }
 
+/// [`setup`] with the routes follower running, pod `shop/web-0` (not yet added),
+/// Service `web` and `extra` Services in the API, and the reflectors synced.
+async fn route_setup(extra: &[Service]) -> Setup {
+    let s = setup().await;
+    tokio::spawn(flock_bird::agent::routes::follow_kube(
+        Arc::clone(&s.agent),
+        s.agent.kube().cloned().unwrap(),
+    ));
+    s.api
+        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
+    s.api.apply(&web_service());
+    for svc in extra {
+        s.api.apply(svc);
+    }
+    wait_for_async("the reflectors synced (ready)", WAIT, || {
+        s.agent.not_ready().is_none()
+    })
+    .await;
+    s
+}
+
+/// An HTTPRoute `shop/web` on Service web's port 80, every request to `backend`.
+fn route_to(backend: &str) -> flock_kube::route::HttpRoute {
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
+                 "rules": [{"backendRefs": [{"name": backend, "port": 80}]}]}
+    }))
+    .unwrap()
+}
+
+/// The status of HTTPRoute `shop/web` as stored.
+fn route_status(api: &ApiServer) -> Option<serde_json::Value> {
+    api.get::<flock_kube::route::HttpRoute>(Some("shop"), "web")?
+        .status
+}
+
 /// HTTPRoute status over the status subresource: the agent writes the mesh's entry
 /// (`ResolvedRefs` False for a missing backend) with the object's resourceVersion as
 /// a precondition. Another controller's status written between the agent's read and
@@ -866,27 +904,9 @@ async fn a_running_pod_without_a_record_is_reported_in_one_sweep_and_deleted_on_
 /// not see.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_status_is_written_without_dropping_another_controllers_entry() {
-    let s = setup().await;
-    let agent = &s.agent;
-    tokio::spawn(flock_bird::agent::routes::follow_kube(
-        Arc::clone(agent),
-        agent.kube().cloned().unwrap(),
-    ));
-    s.api
-        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
-    s.api.apply(&web_service());
-    wait_for_async("the reflectors synced (ready)", WAIT, || {
-        agent.not_ready().is_none()
-    })
-    .await;
-    agent.add_pod(&input("shop", "web-0", UID)).await.unwrap();
-    let route: flock_kube::route::HttpRoute = serde_json::from_value(json!({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
-                 "rules": [{"backendRefs": [{"name": "web-gone", "port": 80}]}]}
-    }))
-    .unwrap();
+    let s = route_setup(&[]).await;
+    s.agent.add_pod(&input("shop", "web-0", UID)).await.unwrap();
+    let route = route_to("web-gone");
     let mut theirs = route.clone();
     theirs.status = Some(json!({"parents": [{
         "parentRef": {"name": "edge"},
@@ -896,9 +916,7 @@ async fn route_status_is_written_without_dropping_another_controllers_entry() {
     s.api.write_before_next_patch(&theirs);
     s.api.apply(&route);
     let controllers = || -> Vec<String> {
-        s.api
-            .get::<flock_kube::route::HttpRoute>(Some("shop"), "web")
-            .and_then(|r| r.status)
+        route_status(&s.api)
             .and_then(|st| st["parents"].as_array().cloned())
             .unwrap_or_default()
             .iter()
@@ -917,12 +935,7 @@ async fn route_status_is_written_without_dropping_another_controllers_entry() {
         ],
         "the agent's status write dropped another controller's entry"
     );
-    let status = s
-        .api
-        .get::<flock_kube::route::HttpRoute>(Some("shop"), "web")
-        .unwrap()
-        .status
-        .unwrap();
+    let status = route_status(&s.api).unwrap();
     let ours = &status["parents"][1]["conditions"];
     assert_eq!(ours[1]["type"], "ResolvedRefs", "{status}");
     assert_eq!(ours[1]["reason"], "BackendNotFound", "{status}");
@@ -933,36 +946,13 @@ async fn route_status_is_written_without_dropping_another_controllers_entry() {
 /// added (no change of the route) the status turns `ResolvedRefs: True`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_status_follows_a_backend_that_gains_endpoints() {
-    let s = setup().await;
-    let agent = &s.agent;
-    tokio::spawn(flock_bird::agent::routes::follow_kube(
-        Arc::clone(agent),
-        agent.kube().cloned().unwrap(),
-    ));
-    s.api
-        .apply(&pod("shop", "web-0", UID, json!({"app": "web"})));
-    s.api.apply(&web_service());
     // web-v1: the same pods, the route's backend.
     let mut v1 = web_service();
     v1.metadata.name = Some("web-v1".into());
-    s.api.apply(&v1);
-    wait_for_async("the reflectors synced (ready)", WAIT, || {
-        agent.not_ready().is_none()
-    })
-    .await;
-    let route: flock_kube::route::HttpRoute = serde_json::from_value(json!({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
-                 "rules": [{"backendRefs": [{"name": "web-v1", "port": 80}]}]}
-    }))
-    .unwrap();
-    s.api.apply(&route);
+    let s = route_setup(&[v1]).await;
+    s.api.apply(&route_to("web-v1"));
     let resolved = || -> Option<String> {
-        let st = s
-            .api
-            .get::<flock_kube::route::HttpRoute>(Some("shop"), "web")?
-            .status?;
+        let st = route_status(&s.api)?;
         let c = st["parents"][0]["conditions"]
             .as_array()?
             .iter()
@@ -976,7 +966,7 @@ async fn route_status_follows_a_backend_that_gains_endpoints() {
         || resolved().as_deref() == Some("False"),
     )
     .await;
-    agent.add_pod(&input("shop", "web-0", UID)).await.unwrap();
+    s.agent.add_pod(&input("shop", "web-0", UID)).await.unwrap();
     wait_for_async(
         "ResolvedRefs True once web-0 serves web-v1 (the route unchanged)",
         WAIT,

@@ -124,7 +124,7 @@ impl Agent {
         // A Service's own facts the translation reads from the snapshot (cluster IPs,
         // connection-pool annotations) change no membership: publish when the
         // Services differ from those the last publish read.
-        let services_changed = {
+        let services_changed = || {
             let now = kube.snapshot();
             let state = super::lock(&self.publish);
             state
@@ -140,7 +140,7 @@ impl Agent {
                 version,
                 "Service memberships changed; registry updated and published"
             );
-        } else if services_changed {
+        } else if services_changed() {
             let version = self.publish();
             tracing::debug!(version, "Services changed; published");
         }

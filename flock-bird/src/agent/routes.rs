@@ -478,7 +478,8 @@ pub async fn follow_kube(agent: Arc<Agent>, kube: Arc<crate::kube::KubePods>) {
         // (a backend that gains endpoints is resolved at the next publish, with no
         // change of any route object): recomputed at each change and every
         // STATUS_RECHECK, written only where it differs from the object's.
-        if snapshot.synced {
+        // (No route objects, nothing to compute: the publish lock is not taken.)
+        if snapshot.synced && !(snapshot.routes.is_empty() && status_tx.borrow().is_empty()) {
             let writes = statuses_to_write(&agent, &snapshot.routes);
             status_tx.send_if_modified(|current| {
                 if **current == writes {
