@@ -71,7 +71,8 @@ pub struct MemberPort {
     pub protocol: Protocol,
     /// The pod port it targets.
     pub app_port: u16,
-    /// Envoy's inbound listener for that pod port: the endpoint's port.
+    /// Envoy's inbound listener for that pod port (a proxyless port: the app's own):
+    /// the endpoint's port.
     pub listen_port: u16,
 }
 
@@ -160,7 +161,7 @@ pub fn member_ports(memberships: &[map::Membership], ports: &[PodPort]) -> Vec<M
                     service_port: p.service_port,
                     protocol: p.protocol,
                     app_port: served.app_port,
-                    listen_port: served.listen_port,
+                    listen_port: served.dialled_port(),
                 })
             })
         })

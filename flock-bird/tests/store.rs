@@ -33,11 +33,13 @@ fn rec(id: &str, ifname: &str) -> PodRecord {
                 app_port: 8080,
                 listen_port: 15006,
                 protocol: Protocol::Http,
+                proxyless: false,
             },
             PodPort {
                 app_port: 50051,
                 listen_port: 15007,
                 protocol: Protocol::Grpc,
+                proxyless: false,
             },
         ],
         network_name: "k8s-pod-network".into(),
@@ -505,7 +507,8 @@ fn put_refuses_invalid_and_oversized_records() {
                     PodPort {
                         app_port: 1,
                         listen_port: 2,
-                        protocol: Protocol::Tcp
+                        protocol: Protocol::Tcp,
+                        proxyless: false,
                     };
                     pod::MAX_PORTS + 1
                 ],
@@ -540,6 +543,7 @@ fn put_refuses_invalid_and_oversized_records() {
                 app_port: 65535 - i,
                 listen_port: pod::INBOUND_BASE_PORT + i,
                 protocol: Protocol::Grpc,
+                proxyless: false,
             })
             .collect(),
         added_at_ms: UnixMs(u64::MAX),
@@ -605,6 +609,7 @@ fn schema_valid_but_unservable_records_are_quarantined_at_load() {
                     app_port: 8080,
                     listen_port: 15001,
                     protocol: Protocol::Http,
+                    proxyless: false,
                 }],
                 ..rec("listener", "eth0")
             },
@@ -675,6 +680,7 @@ fn arb_record() -> impl Strategy<Value = PodRecord> {
                     app_port,
                     listen_port: pod::INBOUND_BASE_PORT + i as u16,
                     protocol,
+                    proxyless: false,
                 })
                 .collect::<Vec<_>>()
         });

@@ -38,7 +38,9 @@ use std::net::IpAddr;
 /// without it are not meshed.
 pub const SERVICE_ANNOTATION: &str = "flock.io/service";
 /// The annotation listing a pod's application ports: `8080`, `8080/http,50051/grpc`,
-/// `5432/tcp`. Default protocol `http`. Absent: the pod only calls out.
+/// `5432/tcp`, `50051/grpc-xds` (a proxyless gRPC xDS server: the app terminates mTLS
+/// and enforces the port's policy itself). Default protocol `http`. Absent: the pod
+/// only calls out.
 pub const PORTS_ANNOTATION: &str = "flock.io/ports";
 /// The annotation naming the pod's service account (a DNS subdomain), which is part
 /// of its workload identity.
@@ -150,6 +152,23 @@ pub struct PodPort {
     pub listen_port: u16,
     /// How the port speaks.
     pub protocol: Protocol,
+    /// The app serves this gRPC port itself as a proxyless xDS server (its own mTLS
+    /// and the port's RBAC, from the agent's xDS): callers dial `app_port`, Envoy has
+    /// no listener for it and capture leaves it alone. `listen_port` stays reserved.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proxyless: bool,
+}
+
+impl PodPort {
+    /// The port callers dial: Envoy's inbound listener, or for a proxyless port the
+    /// app's own.
+    pub fn dialled_port(&self) -> u16 {
+        if self.proxyless {
+            self.app_port
+        } else {
+            self.listen_port
+        }
+    }
 }
 
 /// Why a pod was refused: the field and what is wrong with it.
@@ -436,7 +455,8 @@ fn parse_ips(raw: &[String]) -> Result<Vec<IpAddr>, InvalidPod> {
     Ok(ips)
 }
 
-/// Parses [`PORTS_ANNOTATION`]: `8080`, `8080/http,50051/grpc`, `5432/tcp`. The
+/// Parses [`PORTS_ANNOTATION`]: `8080`, `8080/http,50051/grpc`, `5432/tcp`,
+/// `50051/grpc-xds`. The
 /// `i`-th port gets the inbound listener `INBOUND_BASE_PORT + i`.
 pub fn parse_ports(spec: &str) -> Result<Vec<PodPort>, InvalidPod> {
     let err = |m: String| invalid(PORTS_ANNOTATION, m);
@@ -456,13 +476,15 @@ pub fn parse_ports(spec: &str) -> Result<Vec<PodPort>, InvalidPod> {
             .ok()
             .filter(|p| *p > 0)
             .ok_or_else(|| err(format!("{:?} is not a port (1-65535)", bounded(port))))?;
-        let protocol = match proto {
-            "http" => Protocol::Http,
-            "grpc" => Protocol::Grpc,
-            "tcp" => Protocol::Tcp,
+        let (protocol, proxyless) = match proto {
+            "http" => (Protocol::Http, false),
+            "grpc" => (Protocol::Grpc, false),
+            // The app is a proxyless gRPC xDS server on this port.
+            "grpc-xds" => (Protocol::Grpc, true),
+            "tcp" => (Protocol::Tcp, false),
             other => {
                 return Err(err(format!(
-                    "protocol {:?} of port {app_port} is not http, grpc or tcp",
+                    "protocol {:?} of port {app_port} is not http, grpc, grpc-xds or tcp",
                     bounded(other)
                 )));
             }
@@ -472,6 +494,7 @@ pub fn parse_ports(spec: &str) -> Result<Vec<PodPort>, InvalidPod> {
             // In range: i < MAX_PORTS.
             listen_port: INBOUND_BASE_PORT + i as u16,
             protocol,
+            proxyless,
         });
     }
     check_ports(&ports).map_err(err)?;
@@ -492,6 +515,12 @@ pub fn check_ports(ports: &[PodPort]) -> Result<(), String> {
         }
         if !seen.insert(p.app_port) {
             return Err(format!("port {} is listed twice", p.app_port));
+        }
+        if p.proxyless && p.protocol != Protocol::Grpc {
+            return Err(format!(
+                "port {} is a proxyless xDS server but not gRPC",
+                p.app_port
+            ));
         }
         if usize::from(p.listen_port) != usize::from(INBOUND_BASE_PORT) + i {
             return Err(format!(
@@ -761,12 +790,14 @@ mod tests {
                 PodPort {
                     app_port: 8080,
                     listen_port: INBOUND_BASE_PORT,
-                    protocol: Protocol::Http
+                    protocol: Protocol::Http,
+                    proxyless: false,
                 },
                 PodPort {
                     app_port: 9090,
                     listen_port: INBOUND_BASE_PORT + 1,
-                    protocol: Protocol::Grpc
+                    protocol: Protocol::Grpc,
+                    proxyless: false,
                 },
             ]
         );
@@ -901,6 +932,7 @@ mod tests {
             app_port: OUTBOUND_PORT,
             listen_port: INBOUND_BASE_PORT,
             protocol: Protocol::Tcp,
+            proxyless: false,
         }];
         let e = admit_api(&request(), "web".into(), colliding).unwrap_err();
         assert_eq!(e.field, "container ports");
@@ -979,6 +1011,29 @@ mod tests {
         let mut ports = parse_ports("80,81").unwrap();
         ports.swap(0, 1);
         assert!(check_ports(&ports).is_err());
+    }
+
+    #[test]
+    fn a_grpc_xds_port_is_proxyless_and_dialled_on_its_app_port() {
+        let ports = parse_ports("8080,50051/grpc-xds").unwrap();
+        assert!(!ports[0].proxyless);
+        assert_eq!(ports[0].dialled_port(), INBOUND_BASE_PORT);
+        assert!(ports[1].proxyless);
+        assert_eq!(ports[1].protocol, Protocol::Grpc);
+        // Its listener stays reserved (the i-th port's); callers dial the app.
+        assert_eq!(ports[1].listen_port, INBOUND_BASE_PORT + 1);
+        assert_eq!(ports[1].dialled_port(), 50051);
+        // A stored proxyless port that is not gRPC is refused.
+        let mut bad = ports.clone();
+        bad[1].protocol = Protocol::Tcp;
+        let e = check_ports(&bad).unwrap_err();
+        assert!(e.contains("proxyless") && e.contains("50051"), "{e}");
+        // An older record (no field) reads as Envoy-served; a served port writes none.
+        let old: PodPort =
+            serde_json::from_str(r#"{"app_port": 80, "listen_port": 15006, "protocol": "http"}"#)
+                .unwrap();
+        assert!(!old.proxyless);
+        assert!(!serde_json::to_string(&old).unwrap().contains("proxyless"));
     }
 
     #[test]

@@ -289,6 +289,13 @@ fn declared_protocol(app_protocol: Option<&str>, name: Option<&str>) -> Option<P
     }
 }
 
+/// Whether a container port's name marks the app as a proxyless gRPC xDS server on
+/// it: `grpc-xds` or `grpc-xds-<suffix>` (a `grpc` name, so the port is gRPC too). The
+/// pod spec is what the API's admission governs, as for the port itself.
+pub fn is_proxyless_name(name: &str) -> bool {
+    name == "grpc-xds" || name.starts_with("grpc-xds-")
+}
+
 /// Whether a port's `protocol` field is TCP (absent means TCP, the API's default).
 fn is_tcp(protocol: Option<&str>) -> bool {
     protocol.is_none_or(|p| p == "TCP")
@@ -417,8 +424,8 @@ fn container_ports(
         .enumerate()
         .map(|(i, c)| ("spec.containers", i, c))
         .chain(sidecars);
-    // Number → (protocol), first declaration wins.
-    let mut by_number: BTreeMap<u16, Protocol> = BTreeMap::new();
+    // Number → (protocol, proxyless), first declaration wins.
+    let mut by_number: BTreeMap<u16, (Protocol, bool)> = BTreeMap::new();
     let mut names = BTreeMap::new();
     for (list, i, c) in all {
         let declared = c.ports.as_deref().unwrap_or_default();
@@ -455,18 +462,25 @@ fn container_ports(
                         ),
                     ));
                 }
-                by_number.insert(number, infer_protocol(None, name));
+                by_number.insert(
+                    number,
+                    (
+                        infer_protocol(None, name),
+                        name.is_some_and(is_proxyless_name),
+                    ),
+                );
             }
         }
     }
     let ports: Vec<PodPort> = by_number
         .into_iter()
         .enumerate()
-        .map(|(i, (app_port, protocol))| PodPort {
+        .map(|(i, (app_port, (protocol, proxyless)))| PodPort {
             app_port,
             // In range: i < MAX_PORTS.
             listen_port: INBOUND_BASE_PORT + i as u16,
             protocol,
+            proxyless,
         })
         .collect();
     check_ports(&ports).map_err(|m| map_err("spec.containers[*].ports", m))?;
@@ -619,7 +633,7 @@ pub struct MemberPort {
     pub name: Option<String>,
     /// The pod's port it targets (`targetPort`, resolved).
     pub app_port: u16,
-    /// Envoy's inbound listener for that pod port.
+    /// Envoy's inbound listener for that pod port (a proxyless port: the app's own).
     pub listen_port: u16,
     /// The Service port's protocol ([`infer_protocol`] of its `appProtocol` and name);
     /// when neither says anything, the pod port's protocol.
@@ -682,7 +696,7 @@ fn membership(facts: &PodFacts, svc: &Service) -> Option<Membership> {
             service_port,
             name,
             app_port: pod_port.app_port,
-            listen_port: pod_port.listen_port,
+            listen_port: pod_port.dialled_port(),
             protocol,
         });
     }

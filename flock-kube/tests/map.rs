@@ -41,6 +41,7 @@ fn port(app_port: u16, index: u16, protocol: Protocol) -> PodPort {
         app_port,
         listen_port: INBOUND_BASE_PORT + index,
         protocol,
+        proxyless: false,
     }
 }
 
@@ -58,6 +59,38 @@ fn services() -> Vec<Service> {
     .into_iter()
     .map(fixture)
     .collect()
+}
+
+/// A container port named `grpc-xds` (or `grpc-xds-<suffix>`) is a proxyless gRPC
+/// xDS server's: gRPC, dialled on the port itself.
+#[test]
+fn a_grpc_xds_named_port_is_proxyless() {
+    assert!(flock_kube::map::is_proxyless_name("grpc-xds-api"));
+    assert!(!flock_kube::map::is_proxyless_name("grpc-xdsx"));
+    let mut pod = fixture::<Pod>("pod-web.json");
+    let container = &mut pod.spec.as_mut().unwrap().containers[0];
+    container.ports = Some(vec![
+        ContainerPort {
+            container_port: 8080,
+            name: Some("http".into()),
+            ..Default::default()
+        },
+        ContainerPort {
+            container_port: 50051,
+            name: Some("grpc-xds".into()),
+            ..Default::default()
+        },
+    ]);
+    pod.spec.as_mut().unwrap().init_containers = None;
+    pod.spec.as_mut().unwrap().containers.truncate(1);
+    let facts = pod_facts(&pod, Some(&meshed_ns())).unwrap();
+    let xds = facts.ports.iter().find(|p| p.app_port == 50051).unwrap();
+    assert!(xds.proxyless);
+    assert_eq!(xds.protocol, Protocol::Grpc);
+    assert_eq!(xds.dialled_port(), 50051);
+    let http = facts.ports.iter().find(|p| p.app_port == 8080).unwrap();
+    assert!(!http.proxyless);
+    assert_eq!(http.dialled_port(), http.listen_port);
 }
 
 /// The web pod: numeric and named ports of two containers, a plain init container

@@ -1172,7 +1172,8 @@ mod props {
                 "/var/run/netns/a",
                 "/var/run/netns/b",
             ])),
-            prop::collection::btree_map(1u16..5, protocol(), 0..3),
+            // Per app port its protocol and whether the app serves it proxyless.
+            prop::collection::btree_map(1u16..5, (protocol(), any::<bool>()), 0..3),
             prop::sample::select(vec![0u16, 15001, 15002]),
             // Capture: none, strict or permissive (valid with a netns and an
             // outbound port only).
@@ -1202,11 +1203,21 @@ mod props {
                         netns: netns.map(String::from),
                         inbound: inbound
                             .into_iter()
-                            .map(|(app_port, protocol)| InboundPort {
-                                app_port,
-                                listen_port: 15000 + app_port,
-                                protocol,
-                                authz: None,
+                            .map(|(app_port, (protocol, proxyless))| {
+                                // Proxyless only where it is valid (a grpc port),
+                                // dialled on its app port.
+                                let proxyless = proxyless && protocol == Protocol::Grpc;
+                                InboundPort {
+                                    app_port,
+                                    listen_port: if proxyless {
+                                        app_port
+                                    } else {
+                                        15000 + app_port
+                                    },
+                                    protocol,
+                                    authz: None,
+                                    proxyless,
+                                }
                             })
                             .collect(),
                         outbound_port,
@@ -1370,6 +1381,7 @@ fn envoy_accepts_the_translation() {
                     listen_port: 15006,
                     protocol: Protocol::Http,
                     authz: None,
+                    proxyless: false,
                 }];
             }
             p
@@ -2389,6 +2401,130 @@ fn a_pod_named_twice_is_translated_as_fresh_and_records_no_changes() {
             None => assert!(!exact, "step {i}: no changes recorded for a valid mesh"),
         }
         applied = whole;
+    }
+}
+
+/// A proxyless gRPC server's listener: bound to the pod IP and app port, mTLS from the
+/// app's `flock` certificate provider with a client certificate required, the port's
+/// RBAC before the router, one non-forwarding route. The proxyless memo follows the
+/// pod: a policy change replaces that listener alone (the recorded changes give the
+/// whole lists), and every pass equals a fresh translation.
+#[test]
+fn a_proxyless_server_gets_its_listener_and_the_memo_follows_its_policy() {
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+    let mesh = |default: &str| {
+        let m = Mesh::from_json(
+            format!(
+                r#"{{"services": [{{"name": "greeter", "ports": [{{"port": 50051, "protocol": "grpc"}}],
+                    "endpoints": [{{"address": "10.0.0.5", "port": 50051, "identity": "spiffe://td/ns/default/sa/web"}}]}}],
+                   "pods": [{{"name": "web", "ip": "10.0.0.5", "identity": "spiffe://td/ns/default/sa/web",
+                              "inbound": [{{"app_port": 50051, "listen_port": 50051, "protocol": "grpc", "proxyless": true,
+                                            "authz": {{"service_ports": [50051],
+                                                       "service_policy": {{"spec": {{"default": "{default}"}}}}}}}},
+                                          {{"app_port": 8080, "listen_port": 15006}}]}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        m.validate().unwrap();
+        m
+    };
+    let name = translate::server_listener_name("10.0.0.5".parse().unwrap(), 50051);
+    assert_eq!(
+        name,
+        "grpc/server?xds.resource.listening_address=10.0.0.5:50051"
+    );
+
+    let m = mesh("deny");
+    let grpc = translate::grpc_resources(&m);
+    let l: Listener = decode(find(&grpc, LISTENER, &name));
+    let Some(address::Address::SocketAddress(sa)) = l.address.unwrap().address else {
+        panic!("a socket address")
+    };
+    assert_eq!(
+        (sa.address.as_str(), sa.port_specifier),
+        (
+            "10.0.0.5",
+            Some(socket_address::PortSpecifier::PortValue(50051))
+        )
+    );
+    let chain = &l.filter_chains[0];
+    let Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(
+        tls,
+    )) = chain.transport_socket.clone().unwrap().config_type
+    else {
+        panic!("TLS")
+    };
+    let tls: DownstreamTlsContext = decode_any(&tls, translate::type_urls::DOWNSTREAM_TLS);
+    assert_eq!(tls.require_client_certificate.unwrap().value, true);
+    let common = tls.common_tls_context.unwrap();
+    assert_eq!(
+        common
+            .tls_certificate_provider_instance
+            .unwrap()
+            .instance_name,
+        translate::CERTIFICATE_PROVIDER
+    );
+    let hcm: HttpConnectionManager = match &chain.filters[0].config_type {
+        Some(filter::ConfigType::TypedConfig(a)) => decode_any(a, translate::type_urls::HCM),
+        other => panic!("{other:?}"),
+    };
+    let filters: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        filters,
+        [
+            "envoy.filters.http.rbac.allow0",
+            "envoy.filters.http.router"
+        ]
+    );
+    // The port Envoy serves is Envoy's; the proxyless one is not.
+    let envoy = translate::envoy_resources(&m, &EnvoyOptions::default());
+    assert!(envoy.iter().any(|r| r.name == "inbound|default/web|8080"));
+    assert!(
+        !envoy
+            .iter()
+            .any(|r| r.name.contains("50051") && r.type_url == LISTENER)
+    );
+    assert!(!grpc.iter().any(|r| r.name.contains("8080")));
+
+    let opts = EnvoyOptions::default();
+    let mut memo = translate::Memo::new(translate::Flavor::Grpc);
+    let mut applied =
+        flock_core::resources::ResourceSet::<envoy_types::pb::google::protobuf::Any>::new();
+    let mut last: Option<translate::Entries> = None;
+    for (i, default) in ["deny", "all-authenticated", "all-authenticated", "deny"]
+        .into_iter()
+        .enumerate()
+    {
+        let m = mesh(default);
+        let g = memo.translate(&m, &opts);
+        assert_eq!(
+            memo_flat(&g),
+            flat(translate::grpc_resources(&m)),
+            "step {i}"
+        );
+        let mut whole = applied.edit();
+        for (t, list) in &g {
+            whole.replace_type(t, list.iter().cloned());
+        }
+        let whole = whole.build();
+        let changes = memo.take_changes();
+        if i > 0 {
+            let next = changes.expect("changes of a valid mesh").apply(&applied);
+            assert!(
+                flock_core::resources::diff_full(&next, &whole).is_empty(),
+                "step {i}"
+            );
+            let prev = last.as_ref().unwrap();
+            // The listener is re-encoded only when the policy changed.
+            assert_eq!(
+                i == 2,
+                std::sync::Arc::ptr_eq(entry(prev, LISTENER, &name), entry(&g, LISTENER, &name)),
+                "step {i}"
+            );
+        }
+        applied = whole;
+        last = Some(g);
     }
 }
 

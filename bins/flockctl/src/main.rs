@@ -470,11 +470,13 @@ mod tests {
                         app_port: 8080,
                         listen_port: 15006,
                         protocol: Protocol::Http,
+                        proxyless: false,
                     },
                     PodPort {
                         app_port: 9090,
                         listen_port: 15007,
                         protocol: Protocol::Grpc,
+                        proxyless: false,
                     },
                 ],
                 health: Health::Unhealthy,

@@ -35,7 +35,7 @@ pub fn endpoints(
             service_port: p.app_port,
             protocol: p.protocol,
             address,
-            port: p.listen_port,
+            port: p.dialled_port(),
             node: node.node_name.clone(),
             pod: rec.pod_ref(),
             pod_key: rec.key.clone(),
@@ -221,9 +221,10 @@ pub fn pod_model(
             .iter()
             .map(|p| translate::InboundPort {
                 app_port: p.app_port,
-                listen_port: p.listen_port,
+                listen_port: p.dialled_port(),
                 protocol: p.protocol,
                 authz: authz.as_ref().map(|inputs| inputs.of_port(p.app_port)),
+                proxyless: p.proxyless,
             })
             .collect(),
         outbound_port: OUTBOUND_PORT,

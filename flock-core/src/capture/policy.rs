@@ -378,11 +378,27 @@ impl PodCapture {
     pub fn spec(&self, pod_ip: Option<IpAddr>, ports: &[PodPort]) -> CaptureSpec {
         CaptureSpec {
             outbound_port: OUTBOUND_PORT,
-            inbound: ports.iter().map(|p| (p.app_port, p.listen_port)).collect(),
+            inbound: ports
+                .iter()
+                .filter(|p| !p.proxyless)
+                .map(|p| (p.app_port, p.listen_port))
+                .collect(),
             envoy_mark: self.mark,
             exclude_outbound_ports: self.exclude_outbound_ports.clone(),
             exclude_outbound_cidrs: self.exclude_outbound_cidrs.clone(),
-            exclude_inbound_ports: self.exclude_inbound_ports.clone(),
+            // A proxyless port is the app's own mTLS server: its callers reach it
+            // directly (it enforces the port's policy itself), as for an excluded port.
+            exclude_inbound_ports: {
+                let mut ports: Vec<u16> = self
+                    .exclude_inbound_ports
+                    .iter()
+                    .copied()
+                    .chain(ports.iter().filter(|p| p.proxyless).map(|p| p.app_port))
+                    .collect();
+                ports.sort_unstable();
+                ports.dedup();
+                ports
+            },
             probe_sources: self.probe_sources.clone(),
             mode: self.mode,
             original_src: pod_ip.map(|ip| OriginalSrc { ipv6: ip.is_ipv6() }),
@@ -600,6 +616,17 @@ mod tests {
             e.contains("\"enforce\"") && e.contains("off, strict or permissive"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_proxyless_port_is_left_to_the_app() {
+        let ports = parse_ports("8080,50051/grpc-xds").unwrap();
+        let c = resolve(&node(Setting::Strict), &PodOverrides::default(), &ports)
+            .unwrap()
+            .unwrap();
+        let spec = c.spec(None, &ports);
+        assert_eq!(spec.inbound, vec![(8080, ports[0].listen_port)]);
+        assert!(spec.exclude_inbound_ports.contains(&50051));
     }
 
     #[test]

@@ -151,7 +151,7 @@ pub(crate) fn ads() -> ConfigSource {
     }
 }
 
-fn socket_address(ip: IpAddr, port: u16, netns: Option<&str>) -> SocketAddress {
+pub(crate) fn socket_address(ip: IpAddr, port: u16, netns: Option<&str>) -> SocketAddress {
     SocketAddress {
         protocol: socket_address::Protocol::Tcp as i32,
         address: ip.to_string(),
@@ -161,7 +161,7 @@ fn socket_address(ip: IpAddr, port: u16, netns: Option<&str>) -> SocketAddress {
     }
 }
 
-fn address_of(sa: SocketAddress) -> Address {
+pub(crate) fn address_of(sa: SocketAddress) -> Address {
     Address {
         address: Some(address::Address::SocketAddress(sa)),
     }
@@ -195,7 +195,7 @@ pub(crate) fn router_filter() -> HttpFilter {
 }
 
 /// An HTTP RBAC filter enforcing one authorization layer (`super::authz`).
-fn rbac_http_filter(layer: &super::authz::RbacLayer, stat_prefix: &str) -> HttpFilter {
+pub(crate) fn rbac_http_filter(layer: &super::authz::RbacLayer, stat_prefix: &str) -> HttpFilter {
     HttpFilter {
         name: format!("envoy.filters.http.rbac.{}", layer.name),
         config_type: Some(http_filter::ConfigType::TypedConfig(any(
@@ -234,7 +234,7 @@ pub(crate) fn route_to(prefix: &str, cluster: &str) -> Route {
     }
 }
 
-fn network_filter(name: &str, type_url: &str, value: Vec<u8>) -> Filter {
+pub(crate) fn network_filter(name: &str, type_url: &str, value: Vec<u8>) -> Filter {
     Filter {
         name: name.to_string(),
         config_type: Some(filter::ConfigType::TypedConfig(Any {
@@ -272,7 +272,7 @@ fn resource(type_url: &'static str, name: String, any: Any) -> Resource {
     Resource::new(type_url, name, any)
 }
 
-fn stat_safe(s: &str) -> String {
+pub(crate) fn stat_safe(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' {
@@ -299,7 +299,8 @@ pub fn pod_resources(pod: &Pod, opts: &EnvoyOptions) -> Vec<Resource> {
     let netns = pod.netns.as_deref();
     let capture = pod.capture.as_ref();
     let mut out = Vec::with_capacity(2 * pod.inbound.len() + 1);
-    for ib in &pod.inbound {
+    // A proxyless port is served by the app itself (`super::grpc`): nothing of Envoy's.
+    for ib in pod.inbound.iter().filter(|ib| !ib.proxyless) {
         let cluster_name = names::inbound_cluster(pod, ib.app_port);
         let listener_name = names::inbound_listener(pod, ib.app_port);
         let stat_prefix = format!(
@@ -1606,7 +1607,7 @@ fn common_tls(
     }
 }
 
-fn tls_socket(type_url: &str, value: Vec<u8>) -> TransportSocket {
+pub(crate) fn tls_socket(type_url: &str, value: Vec<u8>) -> TransportSocket {
     TransportSocket {
         name: "envoy.transport_sockets.tls".to_string(),
         config_type: Some(transport_socket::ConfigType::TypedConfig(Any {
@@ -1635,7 +1636,7 @@ fn server_tls(identity: &str) -> Option<TransportSocket> {
 /// The IDs a caller accepts from endpoint `e`: its identity and its `also_accept`
 /// IDs, sorted and deduplicated; `None` without an identity (its `also_accept` IDs
 /// only count with one).
-fn endpoint_peers(e: &Endpoint) -> Option<std::collections::BTreeSet<&str>> {
+pub(crate) fn endpoint_peers(e: &Endpoint) -> Option<std::collections::BTreeSet<&str>> {
     let id = e.identity.as_deref()?;
     Some(
         std::iter::once(id)
@@ -1668,7 +1669,7 @@ pub const UNPINNED_SAN: &str = "flock:no-pinned-identity";
 /// The URI SAN matchers for a set of accepted IDs: an exact match per SPIFFE ID, a
 /// prefix match per ID prefix (`spiffe://td/path/*` → prefix `spiffe://td/path/`),
 /// exact IDs first, then prefixes, each sorted. Never empty for a non-empty set.
-fn san_patterns<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<MatchPattern> {
+pub(crate) fn san_patterns<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<MatchPattern> {
     let ids: std::collections::BTreeSet<(bool, &str)> = ids
         .into_iter()
         .map(|id| match identity_prefix(id) {
@@ -1692,7 +1693,7 @@ fn san_patterns<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<MatchPattern>
 /// else `None` (plaintext). Never empty when `Some`. An ID outside the caller's trust
 /// domain stays; the caller's bundle cannot verify its certificate, so that endpoint
 /// fails closed instead of turning the port to plaintext.
-fn mtls_peers(
+pub(crate) fn mtls_peers(
     service: &Service,
     port: u16,
 ) -> Option<std::collections::BTreeSet<std::collections::BTreeSet<&str>>> {

@@ -2,12 +2,167 @@
 //! named like the target (`xds:///<svc>.<ns>:<port>`), its route configuration, and
 //! the same EDS cluster and endpoints Envoy gets. See the [module docs](super).
 
-use super::envoy::{EnvoyOptions, any, hcm_rds, load_assignment, outbound_cluster, route_to};
-use super::model::{Mesh, Protocol, Service, ip_host};
+use super::envoy::{
+    EnvoyOptions, address_of, any, hcm_rds, load_assignment, mtls_peers, network_filter,
+    outbound_cluster, rbac_http_filter, route_to, router_filter, san_patterns, socket_address,
+    stat_safe, tls_socket,
+};
+use super::model::{Mesh, Pod, Protocol, Service, ip_host};
 use super::{Resource, names, type_urls};
 use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
-use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
-use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, FilterChain, Listener};
+use envoy_types::pb::envoy::config::route::v3::{
+    NonForwardingAction, Route, RouteConfiguration, RouteMatch, VirtualHost, route, route_match,
+};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateProviderPluginInstance, CertificateValidationContext, CommonTlsContext,
+    DownstreamTlsContext, UpstreamTlsContext, common_tls_context,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
+use envoy_types::pb::google::protobuf::BoolValue;
+use prost::Message;
+
+/// The certificate provider instance a proxyless app's bootstrap must define
+/// (`certificate_providers.flock`, e.g. gRPC's `file_watcher` plugin over its SVID,
+/// key and trust bundle): its mTLS clusters and server listeners name it for both
+/// their own certificate and the roots they verify the peer with.
+pub const CERTIFICATE_PROVIDER: &str = "flock";
+
+/// The `server_listener_resource_name_template` a proxyless server's bootstrap must
+/// hold: gRPC asks for the listener named by it, `%s` replaced by the address the
+/// server listens on (`<ip>:<port>`, IPv6 in brackets).
+pub const SERVER_LISTENER_TEMPLATE: &str = "grpc/server?xds.resource.listening_address=%s";
+
+/// The listener a proxyless server listening on `ip:port` asks for
+/// ([`SERVER_LISTENER_TEMPLATE`]).
+pub fn server_listener_name(ip: std::net::IpAddr, port: u16) -> String {
+    SERVER_LISTENER_TEMPLATE.replace("%s", &std::net::SocketAddr::new(ip, port).to_string())
+}
+
+fn provider() -> Option<CertificateProviderPluginInstance> {
+    Some(CertificateProviderPluginInstance {
+        instance_name: CERTIFICATE_PROVIDER.to_string(),
+        certificate_name: String::new(),
+    })
+}
+
+/// TLS from the app's own certificate provider, verifying the peer against its roots
+/// and (when not empty) the URI SANs `sans`. gRPC reads `match_subject_alt_names`
+/// (matched against the URI, DNS, then IP SANs), not the typed list Envoy's clusters
+/// use (gRPC-Java does not honour the typed list correctly either).
+#[allow(deprecated)]
+fn provider_tls(sans: Vec<MatchPattern>) -> CommonTlsContext {
+    CommonTlsContext {
+        tls_certificate_provider_instance: provider(),
+        validation_context_type: Some(
+            common_tls_context::ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    ca_certificate_provider_instance: provider(),
+                    match_subject_alt_names: sans
+                        .into_iter()
+                        .map(|p| StringMatcher {
+                            match_pattern: Some(p),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+            ),
+        ),
+        ..Default::default()
+    }
+}
+
+/// The resources of one pod for proxyless gRPC servers: per [`proxyless`](super::InboundPort::proxyless)
+/// port, the server listener [`server_listener_name`]`(pod ip, app port)`. It binds
+/// the pod IP and port (gRPC checks the listener's address against its own), has one
+/// filter chain whose HTTP connection manager holds the port's RBAC filters
+/// ([`super::authz`], the same layers Envoy's inbound listener gets, on the peer
+/// certificate's URI SAN: gRPC's RBAC matches `principal_name` against it) before the
+/// router, and an inline route configuration with one non-forwarding route (a server
+/// serves the call itself). With a pod identity the chain is mTLS: the server's
+/// certificate and roots from its provider [`CERTIFICATE_PROVIDER`], a client
+/// certificate required, from any ID its roots verify (who may call is the RBAC's
+/// to decide). Without one it is plaintext, and a policy with any rule that names a
+/// caller denies every call (no peer certificate: fail closed).
+pub fn grpc_pod_resources(pod: &Pod) -> Vec<Resource> {
+    let mut out = Vec::new();
+    for ib in pod.inbound.iter().filter(|ib| ib.proxyless) {
+        let name = server_listener_name(pod.ip, ib.app_port);
+        let stat_prefix = format!(
+            "grpc_server_{}_{}_{}",
+            stat_safe(&pod.namespace),
+            stat_safe(&pod.name),
+            ib.app_port
+        );
+        let layers = ib
+            .authz
+            .as_ref()
+            .map(|a| super::authz::layers(&a.effective(&pod.namespace), &a.service_ports, true))
+            .unwrap_or_default();
+        let mut http_filters: Vec<_> = layers
+            .iter()
+            .map(|l| rbac_http_filter(l, &format!("{stat_prefix}_")))
+            .collect();
+        http_filters.push(router_filter());
+        let hcm = HttpConnectionManager {
+            stat_prefix: stat_prefix.clone(),
+            route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
+                RouteConfiguration {
+                    name: format!("grpc-server|{}/{}|{}", pod.namespace, pod.name, ib.app_port),
+                    virtual_hosts: vec![VirtualHost {
+                        name: "inbound".to_string(),
+                        domains: vec!["*".to_string()],
+                        routes: vec![Route {
+                            r#match: Some(RouteMatch {
+                                path_specifier: Some(route_match::PathSpecifier::Prefix(
+                                    String::new(),
+                                )),
+                                ..Default::default()
+                            }),
+                            action: Some(route::Action::NonForwardingAction(
+                                NonForwardingAction {},
+                            )),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            )),
+            http_filters,
+            ..Default::default()
+        };
+        let transport_socket = pod.identity.as_ref().map(|_| {
+            let ctx = DownstreamTlsContext {
+                common_tls_context: Some(provider_tls(Vec::new())),
+                require_client_certificate: Some(BoolValue { value: true }),
+                ..Default::default()
+            };
+            tls_socket(type_urls::DOWNSTREAM_TLS, ctx.encode_to_vec())
+        });
+        let listener = Listener {
+            name: name.clone(),
+            address: Some(address_of(socket_address(pod.ip, ib.app_port, None))),
+            filter_chains: vec![FilterChain {
+                name: "inbound".to_string(),
+                filters: vec![network_filter(
+                    "envoy.filters.network.http_connection_manager",
+                    type_urls::HCM,
+                    hcm.encode_to_vec(),
+                )],
+                transport_socket,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        out.push(Resource::new(LISTENER, name, any(LISTENER, &listener)));
+    }
+    out
+}
 
 /// The resources of one service for proxyless gRPC clients, per port whose protocol
 /// is `grpc`: the listener `<svc>.<ns>:<port>` (an `ApiListener` holding an
@@ -16,12 +171,15 @@ use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost}
 /// everything to the cluster), the EDS cluster `outbound|<port>|<svc>.<ns>` and its
 /// endpoints. Each VIP of the service adds a listener `<ip>:<port>` (IPv6 in
 /// brackets: the client dials `xds:///<ip>:<port>`) using the same route
-/// configuration, whose virtual host also lists those authorities. The endpoints are
-/// plaintext: proxyless clients get no TLS settings and so verify no server identity
-/// at all (an mTLS port's endpoints without an identity are still left out,
-/// `load_assignment`; the endpoints' `envoy.transport_socket_match` metadata, which
-/// pins each to its own identity in Envoy's mTLS clusters, means nothing to them).
-/// Other ports give nothing.
+/// configuration, whose virtual host also lists those authorities.
+///
+/// An mTLS port (any endpoint has an identity; those without one are left out,
+/// `load_assignment`) gets a cluster with mTLS from the client's own certificate
+/// provider [`CERTIFICATE_PROVIDER`], accepting any of the serving endpoints' IDs
+/// (gRPC has no per-endpoint transport socket match, which pins each endpoint to its
+/// own ID in Envoy's mTLS clusters). A client uses it with gRPC's xDS channel
+/// credentials; with other credentials gRPC ignores it (and verifies no server
+/// identity). Other ports give nothing.
 ///
 /// The endpoints have the same priorities by distance from `opts.local_locality`
 /// as Envoy's (gRPC's xDS load balancing fails over by `LocalityLbEndpoints`
@@ -89,7 +247,17 @@ pub fn grpc_service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Res
         };
         out.push(Resource::new(ROUTE, route_name, any(ROUTE, &rc)));
 
-        let cluster = outbound_cluster(service, p.port, p.protocol);
+        let mut cluster = outbound_cluster(service, p.port, p.protocol);
+        if let Some(peers) = mtls_peers(service, p.port) {
+            let ctx = UpstreamTlsContext {
+                common_tls_context: Some(provider_tls(san_patterns(
+                    peers.iter().flatten().copied(),
+                ))),
+                ..Default::default()
+            };
+            cluster.transport_socket =
+                Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
+        }
         out.push(Resource::new(
             CLUSTER,
             cluster_name.clone(),

@@ -470,6 +470,16 @@ fn same_parts(a: &[Arc<Vec<u8>>], b: &[Arc<Vec<u8>>]) -> bool {
             .all(|(x, y)| Arc::ptr_eq(x, y) || x.as_slice() == y.as_slice())
 }
 
+/// A pod's resources in `envoy`'s flavor (or proxyless gRPC's: its proxyless servers'
+/// listeners).
+fn pod_translation(envoy: bool, pod: &Pod, opts: &EnvoyOptions) -> Translated {
+    if envoy {
+        share(pod_resources(pod, opts))
+    } else {
+        share(super::grpc::grpc_pod_resources(pod))
+    }
+}
+
 /// A service's own resources in `envoy`'s flavor (or proxyless gRPC's).
 fn own_resources(envoy: bool, svc: &Service, opts: &EnvoyOptions) -> Translated {
     if envoy {
@@ -662,7 +672,7 @@ impl Memo {
         // Kept in place and marked with the pass (one lookup per pod, no new map),
         // then swept: what this pass did not see went away.
         let mut pods_twice = false;
-        if envoy {
+        {
             for pod in pods {
                 let id = PodId(Arc::clone(pod));
                 match self.pods.get_mut(&id) {
@@ -672,7 +682,7 @@ impl Memo {
                         // is kept.
                         pods_twice = true;
                         exact = false;
-                        let t = share(pod_resources(pod, opts));
+                        let t = pod_translation(envoy, pod, opts);
                         out.push(&t);
                         *m = PodMemo {
                             pod: Arc::clone(pod),
@@ -682,7 +692,7 @@ impl Memo {
                     }
                     Some(m) => {
                         if !Arc::ptr_eq(&m.pod, pod) && m.pod != *pod {
-                            let t = share(pod_resources(pod, opts));
+                            let t = pod_translation(envoy, pod, opts);
                             ch.replaced(&m.translated, &t);
                             m.translated = t;
                         }
@@ -691,7 +701,7 @@ impl Memo {
                         out.push(&m.translated);
                     }
                     None => {
-                        let t = share(pod_resources(pod, opts));
+                        let t = pod_translation(envoy, pod, opts);
                         ch.added(&t);
                         out.push(&t);
                         self.pods.insert(
@@ -978,7 +988,7 @@ impl Memo {
         // The next pass may edit this output in place if it is laid out by position:
         // the services came in the order they were translated in, and no captured
         // pod's listener depends on every service.
-        let pod_groups = if envoy { pods.len() } else { 0 };
+        let pod_groups = pods.len();
         let in_input_order = sorted
             .as_ref()
             .is_some_and(|s| s.iter().zip(services).all(|(a, b)| Arc::ptr_eq(a, b)));
@@ -988,7 +998,7 @@ impl Memo {
             && no_capture
             && out.groups.len() == pod_groups + services.len() * (1 + callers.len()) + 1)
             .then(|| Layout {
-                pods: if envoy { pods.to_vec() } else { Vec::new() },
+                pods: pods.to_vec(),
                 services: services.iter().map(|s| Arc::as_ptr(s) as usize).collect(),
             });
         self.output = Arc::new(out.groups);
@@ -1023,18 +1033,14 @@ impl Memo {
         // groups) and no pod is captured (a captured pod's listener depends on every
         // service). An ADD or DEL with many pods present then costs O(its pod), not a
         // pass over every pod (a hash of each one's name, the caller set rebuilt).
-        let pod_edit = if envoy {
-            pod_edit(&layout.pods, pods)?
-        } else {
-            PodEdit::Same
-        };
+        let pod_edit = pod_edit(&layout.pods, pods)?;
         let is_caller = |id: &str| self.callers.iter().any(|c| c == id);
         match &pod_edit {
             PodEdit::Same => {}
             PodEdit::Insert(i) => {
                 let pod = &pods[*i];
                 if pod.capture.is_some()
-                    || caller_of(pod).is_some_and(|id| !is_caller(id))
+                    || (envoy && caller_of(pod).is_some_and(|id| !is_caller(id)))
                     || self.pods.contains_key(&PodId(Arc::clone(pod)))
                 {
                     return None;
@@ -1051,7 +1057,8 @@ impl Memo {
                 }
                 // Its caller identity stays a caller only if another pod has it.
                 // (The same ID: it names a trust domain, as it did for this pod.)
-                if let Some(id) = caller_of(pod)
+                if envoy
+                    && let Some(id) = caller_of(pod)
                     && !pods
                         .iter()
                         .any(|p| p.outbound_port != 0 && p.identity.as_deref() == Some(id))
@@ -1105,7 +1112,7 @@ impl Memo {
             }
         }
         let mut ch = Changes::default();
-        let pod_groups = if envoy { pods.len() } else { 0 };
+        let pod_groups = pods.len();
         let per_service = 1 + self.callers.len();
         let output = Arc::make_mut(&mut self.output);
         let counts = &mut self.output_counts;
@@ -1113,7 +1120,7 @@ impl Memo {
             PodEdit::Same => {}
             PodEdit::Insert(i) => {
                 let pod = &pods[i];
-                let t = share(pod_resources(pod, opts));
+                let t = pod_translation(envoy, pod, opts);
                 ch.added(&t);
                 for (sum, n) in counts.iter_mut().zip(t.counts) {
                     *sum += n;
@@ -1144,7 +1151,7 @@ impl Memo {
                     let pod = &pods[i];
                     if let Some(m) = self.pods.get_mut(&PodId(Arc::clone(pod))) {
                         if *m.pod != **pod {
-                            let t = share(pod_resources(pod, opts));
+                            let t = pod_translation(envoy, pod, opts);
                             ch.replaced(&m.translated, &t);
                             set_group(output, counts, i, &t);
                             m.translated = t;

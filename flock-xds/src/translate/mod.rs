@@ -179,7 +179,10 @@ pub use envoy::{
     EnvoyOptions, blackhole_cluster, caller_resources, capture_caller_resources, capture_listener,
     envoy_resources, outbound_routes, pod_resources, secret_resource, service_resources,
 };
-pub use grpc::{grpc_resources, grpc_service_resources};
+pub use grpc::{
+    CERTIFICATE_PROVIDER, SERVER_LISTENER_TEMPLATE, grpc_pod_resources, grpc_resources,
+    grpc_service_resources, server_listener_name,
+};
 pub use memo::{Changes, Entries, Flavor, Memo, Translation};
 pub use model::{
     Capture, CaptureMode, DEFAULT_CAPTURE_MARK, Endpoint, Health, InboundAuthz, InboundPort,

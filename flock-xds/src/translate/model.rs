@@ -303,6 +303,16 @@ pub struct InboundPort {
     /// certificate (`super::authz`). Absent: no policy, as without policies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authz: Option<InboundAuthz>,
+    /// The application serves this port itself as a proxyless gRPC xDS server (gRPC's
+    /// `XdsServer`): Envoy gets no listener or cluster for it, and the proxyless
+    /// translation serves the server the listener
+    /// `grpc/server?xds.resource.listening_address=<pod ip>:<app_port>`, with mTLS from
+    /// the server's own certificate provider and this port's RBAC
+    /// ([`super::grpc`]). Needs protocol `grpc` and `listen_port` equal to `app_port`
+    /// (callers dial the app directly). On a captured pod the capture rules must leave
+    /// the port alone (the agent's do). Default `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proxyless: bool,
 }
 
 /// The policies of one inbound port.
@@ -663,7 +673,8 @@ impl Validator {
                     binds.insert((netns, ip, port), at);
                 }
             };
-            for (j, ib) in p.inbound.iter().enumerate() {
+            // A proxyless port is the app's own socket, not a listener of Envoy's.
+            for (j, ib) in p.inbound.iter().enumerate().filter(|(_, ib)| !ib.proxyless) {
                 bind(
                     self,
                     format!("{path}.inbound[{j}].listen_port"),
@@ -1033,6 +1044,23 @@ impl Validator {
             }
             if ib.listen_port == 0 {
                 self.err(format!("{ip}.listen_port"), "port must be 1-65535");
+            }
+            if ib.proxyless {
+                if ib.protocol != Protocol::Grpc {
+                    self.err(
+                        format!("{ip}.proxyless"),
+                        "a proxyless port must have protocol grpc",
+                    );
+                }
+                if ib.listen_port != ib.app_port {
+                    self.err(
+                        format!("{ip}.proxyless"),
+                        format!(
+                            "a proxyless port is dialled directly: listen_port {} must equal app_port {}",
+                            ib.listen_port, ib.app_port
+                        ),
+                    );
+                }
             }
         }
         if let Some(id) = &p.identity {
