@@ -1,5 +1,6 @@
 //! Liveness probes from inside a pod's network namespace: TCP connect for TCP and gRPC
-//! ports, an HTTP/1.1 `GET /` for HTTP ports (any status below 500 is alive).
+//! ports, an HTTP/1.1 `GET /` for HTTP ports (any status below 500 is alive). Ports
+//! are probed on loopback, a proxyless gRPC server's on the pod's address.
 //!
 //! `setns` changes the namespace of the calling *thread*, so every probe runs on a
 //! fresh OS thread that exits afterwards: a pooled thread (tokio's blocking pool)
@@ -16,7 +17,20 @@ pub async fn probe_pod(pod: &PodRecord, timeout: Duration) -> bool {
         return true;
     }
     let netns = pod.netns.clone();
-    let ports: Vec<(u16, Protocol)> = pod.ports.iter().map(|p| (p.app_port, p.protocol)).collect();
+    // A proxyless gRPC server listens on the pod's address (its xDS listener names
+    // it), not necessarily on loopback: it is probed there.
+    let pod_ip = pod.ip();
+    let ports: Vec<(SocketAddr, Protocol)> = pod
+        .ports
+        .iter()
+        .map(|p| {
+            let ip = match pod_ip {
+                Some(ip) if p.proxyless => ip,
+                _ => std::net::Ipv4Addr::LOCALHOST.into(),
+            };
+            (SocketAddr::new(ip, p.app_port), p.protocol)
+        })
+        .collect();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
         .name("flock-probe".into())
@@ -24,7 +38,7 @@ pub async fn probe_pod(pod: &PodRecord, timeout: Duration) -> bool {
             let ok = in_netns(&netns, || {
                 ports
                     .iter()
-                    .all(|(port, proto)| probe_port(*port, *proto, timeout))
+                    .all(|(addr, proto)| probe_port(*addr, *proto, timeout))
             })
             .unwrap_or(false);
             let _ = tx.send(ok);
@@ -46,8 +60,7 @@ fn in_netns<T>(path: &str, f: impl FnOnce() -> T) -> Result<T, String> {
     Ok(f())
 }
 
-fn probe_port(port: u16, protocol: Protocol, timeout: Duration) -> bool {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+fn probe_port(addr: SocketAddr, protocol: Protocol, timeout: Duration) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, timeout) else {
         return false;
     };
@@ -80,7 +93,7 @@ mod tests {
     #[test]
     fn an_http_port_needs_an_http_answer_and_a_tcp_port_only_a_connection() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
+        let port = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             for (i, conn) in listener.incoming().take(2).enumerate() {
                 let mut conn = conn.unwrap();

@@ -2456,7 +2456,7 @@ fn a_proxyless_server_gets_its_listener_and_the_memo_follows_its_policy() {
         panic!("TLS")
     };
     let tls: DownstreamTlsContext = decode_any(&tls, translate::type_urls::DOWNSTREAM_TLS);
-    assert_eq!(tls.require_client_certificate.unwrap().value, true);
+    assert!(tls.require_client_certificate.unwrap().value);
     let common = tls.common_tls_context.unwrap();
     assert_eq!(
         common
