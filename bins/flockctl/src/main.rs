@@ -223,7 +223,14 @@ fn render_pods(doc: &Pods) -> String {
         let ports: Vec<String> = p
             .ports
             .iter()
-            .map(|x| format!("{}/{}", x.app_port, word(&x.protocol)))
+            // As the ports annotation writes them: a proxyless server's is `grpc-xds`.
+            .map(|x| {
+                if x.proxyless {
+                    format!("{}/grpc-xds", x.app_port)
+                } else {
+                    format!("{}/{}", x.app_port, word(&x.protocol))
+                }
+            })
             .collect();
         let ip = p.ips.first().map(ToString::to_string).unwrap_or_default();
         let _ = writeln!(
@@ -476,7 +483,7 @@ mod tests {
                         app_port: 9090,
                         listen_port: 15007,
                         protocol: Protocol::Grpc,
-                        proxyless: false,
+                        proxyless: true,
                     },
                 ],
                 health: Health::Unhealthy,
@@ -495,7 +502,7 @@ mod tests {
                 "web",
                 "web-sa",
                 "10.1.0.5",
-                "8080/http,9090/grpc",
+                "8080/http,9090/grpc-xds",
                 "unhealthy"
             ]
         );

@@ -10,7 +10,8 @@ use flock_core::pod::AdmittedPod;
 
 /// What AddPod needs from the CNI request, decoupled from the proto.
 pub use flock_core::pod::AddRequest as AddPodInput;
-/// Parses the ports annotation (`8080`, `8080/http,50051/grpc`, `5432/tcp`).
+/// Parses the ports annotation (`8080`, `8080/http,50051/grpc`, `5432/tcp`,
+/// `50051/grpc-xds`).
 pub use flock_core::pod::parse_ports;
 
 impl Agent {

@@ -501,6 +501,26 @@ pub fn resolve(
     let Some(mode) = setting.mode() else {
         return Ok(None);
     };
+    // A proxyless port is reached around Envoy (the app's own mTLS and RBAC): on a
+    // node that enforces capture only its operator lets a port around Envoy, as for
+    // any inbound exclusion, or a pod could name a port proxyless and serve it in
+    // plaintext.
+    if node.enforce
+        && let Some(p) = ports
+            .iter()
+            .find(|p| p.proxyless && !node.exclude_inbound_ports.contains(&p.app_port))
+    {
+        return Err(CaptureRefused {
+            annotation: crate::pod::PORTS_ANNOTATION,
+            message: format!(
+                "port {} is a proxyless gRPC server's (grpc-xds), which callers reach around \
+                 Envoy; on a node that enforces capture (--capture-enforce) only the node's \
+                 operator lets a port around Envoy: list it in --capture-exclude-inbound-ports, \
+                 or serve the port through Envoy (grpc)",
+                p.app_port
+            ),
+        });
+    }
     if node.setting == Setting::Off {
         return Err(CaptureRefused {
             annotation: CAPTURE_ANNOTATION,
@@ -627,6 +647,23 @@ mod tests {
         let spec = c.spec(None, &ports);
         assert_eq!(spec.inbound, vec![(8080, ports[0].listen_port)]);
         assert!(spec.exclude_inbound_ports.contains(&50051));
+        // An enforcing node refuses it unless its operator excluded the port.
+        let mut enforcing = node(Setting::Strict);
+        enforcing.enforce = true;
+        let e = resolve(&enforcing, &PodOverrides::default(), &ports).unwrap_err();
+        assert!(
+            e.message.contains("50051") && e.message.contains("--capture-exclude-inbound-ports"),
+            "{}",
+            e.message
+        );
+        enforcing.exclude_inbound_ports = vec![50051];
+        assert!(resolve(&enforcing, &PodOverrides::default(), &ports).is_ok());
+        // Without capture there is nothing to go around.
+        let off = PodOverrides {
+            namespace: Some(Setting::Off),
+            ..PodOverrides::default()
+        };
+        assert_eq!(resolve(&enforcing, &off, &ports), Ok(None));
     }
 
     #[test]

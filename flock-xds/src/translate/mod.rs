@@ -36,6 +36,7 @@
 //! | its endpoints: the service port's, under the mTLS cluster's own name (a cluster added on a name another cluster already watches would get no EDS response and wait out Envoy's initial fetch timeout) | EDS | `outbound\|<port>\|<svc>.<ns>\|<id>` | [`caller_resources`], [`capture_caller_resources`] |
 //! | secret: a pod's certificate (`TlsCertificate`), named by its SPIFFE ID; a trust bundle (`ValidationContext`), named by its trust domain | SDS | the secret's `name` | [`secret_resource`] |
 //! | proxyless gRPC listener (`ApiListener`; the client dials `xds:///<svc>.<ns>:<port>` or `xds:///<vip>:<port>`) | LDS | `<svc>.<ns>:<port>`, `<vip>:<port>` | [`grpc_service_resources`] |
+//! | proxyless gRPC server listener (gRPC's `XdsServer` on a pod's [`proxyless`](InboundPort::proxyless) port: mTLS from the app's `flock` certificate provider, the port's RBAC) | LDS | `grpc/server?xds.resource.listening_address=<pod ip>:<app_port>` | [`grpc_pod_resources`] |
 //! | proxyless gRPC route configuration | RDS | `grpc\|<svc>.<ns>:<port>` | [`grpc_service_resources`] |
 //!
 //! The inbound listener of an HTTP or gRPC port holds an HTTP connection manager with
