@@ -142,7 +142,7 @@ async fn bad_add_requests_get_precise_errors_and_change_nothing() {
     let cases: Vec<(AddPodInput, &str)> = vec![
         (
             input("c1", Some("web"), "80/udp"),
-            "is not http, grpc or tcp",
+            "is not http, grpc, grpc-xds or tcp",
         ),
         (input("c1", Some("web"), "0"), "is not a port"),
         (input("c1", Some("web"), "8080,8080"), "listed twice"),

@@ -22,6 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const NODE: &str = "grpc-app";
+/// The node id of the Envoy of the Envoy-caller test.
+const ENVOY_NODE: &str = "envoy-caller";
 const TD: &str = "spiffe://td.test/ns/default/sa";
 
 struct Peer {
@@ -32,11 +34,20 @@ struct Peer {
 
 impl Peer {
     fn start(dir: &Path, tag: &str, args: &[&str], bootstrap: &Path) -> Self {
+        Self::start_with(
+            dir,
+            tag,
+            args,
+            &[("GRPC_XDS_BOOTSTRAP", bootstrap.display().to_string())],
+        )
+    }
+
+    fn start_with(dir: &Path, tag: &str, args: &[&str], env: &[(&str, String)]) -> Self {
         let log = dir.join(format!("peer-{tag}.log"));
         let mut child = Command::new(grpc_python())
             .arg(repo().join("flock-xds/tests/peers/grpc_peer.py"))
             .args(args)
-            .env("GRPC_XDS_BOOTSTRAP", bootstrap)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -270,6 +281,99 @@ async fn a_proxyless_server_enforces_the_policy_of_its_port() {
         );
     }
     drop((a, b, plain_, web_));
+    drop(dir);
+    let _ = stop.send(());
+    let _ = serving.await;
+}
+
+/// An Envoy-meshed caller reaches a proxyless server: a plain gRPC app calls its
+/// pod's Envoy outbound listener with `:authority greeter.default:<port>`; Envoy's
+/// mTLS cluster presents the caller pod's SVID (`sa/a`, from SDS) to the server,
+/// whose RBAC allows `sa/a`. With `sa/b` as the caller pod's identity, the same call
+/// is refused by the server (`PERMISSION_DENIED` through Envoy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_caller_reaches_a_proxyless_server_with_its_pods_identity() {
+    let dir = TempDir::new("grpc-server-envoy");
+    let (_held, [port, outbound]) = flock_testkit::reserve_ports_for_child();
+    let ca = TestCa::new("mesh");
+    let policy = serde_json::json!({"default": "deny", "rules": [{"action": "allow",
+        "from": {"serviceAccounts": ["default/a"]}, "to": {"paths": ["/flock.test.Echo/*"]}}]})
+    .to_string();
+    let envoy_mesh = |account: &str| {
+        let mut m = serde_json::to_value(mesh(port, Some(&policy), None)).unwrap();
+        let id = format!("{TD}/{account}");
+        let leaf = ca.issue(
+            None,
+            vec![rcgen::SanType::URI(id.as_str().try_into().unwrap())],
+            Usage::Both,
+        );
+        m["pods"].as_array_mut().unwrap().push(serde_json::json!({
+            "name": "caller", "ip": "127.0.0.1", "outbound_port": outbound, "identity": id}));
+        m["secrets"] = serde_json::json!([
+            {"name": "td.test", "kind": {"validation_context": {"trusted_ca_pem": ca.ca_pem}}},
+            {"name": id, "kind": {"tls_certificate": {
+                "certificate_chain_pem": leaf.cert_pem, "private_key_pem": leaf.key_pem}}},
+        ]);
+        let m: Mesh = serde_json::from_value(m).unwrap();
+        m.validate().unwrap();
+        m
+    };
+    let cache = Arc::new(Cache::by_node_id());
+    let publish_envoy = |m: &Mesh| {
+        let resources = translate::envoy_resources(m, &translate::EnvoyOptions::default());
+        cache
+            .update_checked(ENVOY_NODE, &EnvoyReferences, |prev| {
+                let mut b = prev.edit();
+                translate::replace_all(&mut b, resources);
+                b.build()
+            })
+            .unwrap();
+    };
+    publish(&cache, &mesh(port, Some(&policy), None));
+    publish_envoy(&envoy_mesh("a"));
+    let server = Server::new(Arc::clone(&cache));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let xds_addr = listener.local_addr().unwrap();
+    let xds = xds_addr.to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let s = server.clone();
+    let serving = tokio::spawn(async move {
+        s.serve_tcp(listener, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let envoy = common::Envoy::start(ENVOY_NODE, "GRPC", xds_addr.port()).await;
+
+    let web_boot = identity_bootstrap(&dir, &ca, "web", &xds);
+    let logs = dir.0.clone();
+    let (app, web) = tokio::task::spawn_blocking(move || {
+        let address = format!("127.0.0.1:{port}");
+        let mut web = Peer::start(&logs, "web", &["serve-xds", "web", &address], &web_boot);
+        assert_eq!(web.line(), "ready");
+        // The caller's app: plaintext to its Envoy, which routes by the authority.
+        let mut app = Peer::start_with(
+            &logs,
+            "app",
+            &["client", &format!("127.0.0.1:{outbound}")],
+            &[("GRPC_PEER_AUTHORITY", format!("greeter.default:{port}"))],
+        );
+        app.until("ok web", Duration::from_secs(30));
+        (app, web)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nEnvoy:\n{}", envoy.guard.log_tail()));
+
+    // The caller pod is sa/b now: its Envoy presents b's SVID, which the server refuses.
+    publish_envoy(&envoy_mesh("b"));
+    let mut app = app;
+    let app = tokio::task::spawn_blocking(move || {
+        app.until("error PERMISSION_DENIED", Duration::from_secs(10));
+        app
+    })
+    .await
+    .unwrap();
+    drop((app, web, envoy));
     drop(dir);
     let _ = stop.send(());
     let _ = serving.await;

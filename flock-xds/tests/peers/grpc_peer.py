@@ -16,10 +16,12 @@
       the bootstrap file). For every line "call" on stdin, makes one call with a 5 s
       deadline and prints "ok NAME" or "error CODE DETAILS"; for "many N [KEY=VALUE]"
       makes N calls (with that metadata) and prints "tally NAME=COUNT ..." (errors
-      as error:CODE=COUNT). Exits when stdin closes.
+      as error:CODE=COUNT). Exits when stdin closes. GRPC_PEER_AUTHORITY, if set, is
+      the :authority a plain channel sends.
 
 No generated code: the method uses raw bytes, so only grpcio is needed.
 """
+import os
 import sys
 from concurrent import futures
 
@@ -77,7 +79,11 @@ def client(target, xds_creds=False):
         creds = grpc.xds_channel_credentials(experimental.insecure_channel_credentials())
         channel = grpc.secure_channel(target, creds)
     else:
-        channel = grpc.insecure_channel(target)
+        # GRPC_PEER_AUTHORITY: the :authority to send (to call through Envoy's
+        # outbound listener, which routes by it).
+        authority = os.environ.get("GRPC_PEER_AUTHORITY")
+        options = [("grpc.default_authority", authority)] if authority else []
+        channel = grpc.insecure_channel(target, options=options)
     who = channel.unary_unary(METHOD)
     for line in sys.stdin:
         words = line.split()
