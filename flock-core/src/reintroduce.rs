@@ -76,6 +76,8 @@ pub const KNOWN: &[&str] = &[
     "agent-no-node-lock",
     "load-publishes-before-sync",
     "route-status-unconditional",
+    "grpc-server-without-rbac",
+    "capture-redirects-proxyless-port",
     "shm-removed-under-successor",
     "supervisor-stops-successors-parent",
     "registry-uncapped-node",

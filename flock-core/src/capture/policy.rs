@@ -380,7 +380,11 @@ impl PodCapture {
             outbound_port: OUTBOUND_PORT,
             inbound: ports
                 .iter()
-                .filter(|p| !p.proxyless)
+                // The mutant redirects a proxyless server's port to Envoy, which has no
+                // listener for it.
+                .filter(|p| {
+                    !p.proxyless || crate::reintroduced!("capture-redirects-proxyless-port")
+                })
                 .map(|p| (p.app_port, p.listen_port))
                 .collect(),
             envoy_mark: self.mark,
@@ -393,7 +397,15 @@ impl PodCapture {
                     .exclude_inbound_ports
                     .iter()
                     .copied()
-                    .chain(ports.iter().filter(|p| p.proxyless).map(|p| p.app_port))
+                    .chain(
+                        ports
+                            .iter()
+                            .filter(|p| {
+                                p.proxyless
+                                    && !crate::reintroduced!("capture-redirects-proxyless-port")
+                            })
+                            .map(|p| p.app_port),
+                    )
                     .collect();
                 ports.sort_unstable();
                 ports.dedup();

@@ -101,6 +101,9 @@ pub fn grpc_pod_resources(pod: &Pod) -> Vec<Resource> {
         let layers = ib
             .authz
             .as_ref()
+            // The mutant serves the proxyless server's listener without its RBAC, as
+            // before proxyless servers were authorized.
+            .filter(|_| !flock_core::reintroduced!("grpc-server-without-rbac"))
             .map(|a| super::authz::layers(&a.effective(&pod.namespace), &a.service_ports, true))
             .unwrap_or_default();
         let mut http_filters: Vec<_> = layers
