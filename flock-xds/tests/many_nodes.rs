@@ -570,15 +570,22 @@ mod props {
     /// `pods` (the mesh `m` holds the same values); each equals a fresh memo's whole
     /// translation, and the Envoy memo's changes applied to `applied` (or the whole
     /// lists, without changes) give that translation's set, with matching counts.
+    /// The sets a publisher keeps per flavor by applying each translation's changes.
+    type Applied = (
+        flock_core::resources::ResourceSet<envoy_types::pb::google::protobuf::Any>,
+        flock_core::resources::ResourceSet<envoy_types::pb::google::protobuf::Any>,
+    );
+
     fn translate_and_check(
         envoy: &mut Memo,
         grpc: &mut Memo,
-        applied: &mut flock_core::resources::ResourceSet<envoy_types::pb::google::protobuf::Any>,
+        sets: &mut Applied,
         services: &[std::sync::Arc<Service>],
         pods: &[std::sync::Arc<translate::Pod>],
         m: &Mesh,
         opts: &EnvoyOptions,
     ) -> Result<(), TestCaseError> {
+        let (applied, grpc_applied) = sets;
         let t = envoy.translate_shared(services, pods, &m.secrets, opts);
         let entries = t.entries();
         let fresh = Memo::new(Flavor::Envoy).translate(m, opts);
@@ -609,7 +616,29 @@ mod props {
         let g = grpc
             .translate_shared(services, pods, &m.secrets, opts)
             .entries();
-        prop_assert_eq!(flat(&g), flat(&Memo::new(Flavor::Grpc).translate(m, opts)));
+        let fresh = Memo::new(Flavor::Grpc).translate(m, opts);
+        prop_assert_eq!(flat(&g), flat(&fresh));
+        // The proxyless flavor's changes (its pods' server listeners too) applied to
+        // the last set give the whole lists.
+        *grpc_applied = match grpc.take_changes() {
+            Some(changes) => changes.apply(grpc_applied),
+            None => {
+                let mut whole = grpc_applied.edit();
+                for (t, list) in &g {
+                    whole.replace_type(t, list.iter().cloned());
+                }
+                whole.build()
+            }
+        };
+        let grpc_flat: BTreeSet<_> = grpc_applied
+            .type_urls()
+            .flat_map(|t| {
+                grpc_applied
+                    .iter_type(t)
+                    .map(move |(n, e)| (t.to_string(), n.to_string(), e.hash()))
+            })
+            .collect();
+        prop_assert_eq!(&grpc_flat, &flat(&fresh));
         Ok(())
     }
 
@@ -639,7 +668,7 @@ mod props {
                 m.pods.iter().cloned().map(std::sync::Arc::new).collect();
             let mut envoy = Memo::new(Flavor::Envoy);
             let mut grpc = Memo::new(Flavor::Grpc);
-            let mut applied = flock_core::resources::ResourceSet::new();
+            let mut applied: Applied = Default::default();
             let mut first = true;
             for (step, (which, kind, rotate)) in std::iter::once((0, 0, false)).chain(steps).enumerate() {
                 if !first {
@@ -693,7 +722,14 @@ mod props {
                     "netns": format!("/var/run/netns/{name}"),
                     "identity": IDS[id],
                     "outbound_port": if caller { 15001 } else { 0 },
-                    "inbound": [{"app_port": 8080, "listen_port": 15006}],
+                    // Identity b's pods also serve a proxyless gRPC port: the proxyless
+                    // flavor's server listeners are edited in place too.
+                    "inbound": if id == 1 {
+                        serde_json::json!([{"app_port": 8080, "listen_port": 15006},
+                            {"app_port": 50051, "listen_port": 50051, "protocol": "grpc", "proxyless": true}])
+                    } else {
+                        serde_json::json!([{"app_port": 8080, "listen_port": 15006}])
+                    },
                 }))
                 .unwrap();
                 std::sync::Arc::new(p)
@@ -728,7 +764,7 @@ mod props {
                 m.services.iter().cloned().map(std::sync::Arc::new).collect();
             let mut envoy = Memo::new(Flavor::Envoy);
             let mut grpc = Memo::new(Flavor::Grpc);
-            let mut applied = flock_core::resources::ResourceSet::new();
+            let mut applied: Applied = Default::default();
             let mut first = true;
             for (step, (op, at, id, caller, kind)) in
                 std::iter::once((4, 0, 0, false, 0)).chain(steps).enumerate()
