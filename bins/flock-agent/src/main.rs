@@ -60,6 +60,34 @@ enum Command {
     /// issuer signed by it, in the --ca-dir layout).
     #[command(subcommand)]
     Ca(ca::CaCommand),
+    /// Print a proxyless gRPC app's xDS bootstrap (JSON, for `GRPC_XDS_BOOTSTRAP`): this
+    /// agent's mTLS xDS listener (--xds-address, or --server-uri where the app dials
+    /// another address), the app's own SVID files as its client certificate and as
+    /// the certificate provider `flock` its mTLS and RBAC use, and the server listener
+    /// template of a proxyless server (a `grpc-xds` port). Example:
+    /// `flock-agent --xds-address 10.0.0.7:15010 grpc-bootstrap --node-id web --cert
+    /// /var/run/svid/cert.pem --key /var/run/svid/key.pem --ca /var/run/svid/bundle.pem`.
+    GrpcBootstrap(GrpcBootstrapArgs),
+}
+
+/// `grpc-bootstrap`'s arguments.
+#[derive(clap::Args, Debug)]
+struct GrpcBootstrapArgs {
+    /// The app's node id (its name: it shows in the agent's proxy status).
+    #[arg(long, value_name = "ID")]
+    node_id: String,
+    /// The address the app dials for xDS (default: --xds-address).
+    #[arg(long, value_name = "HOST:PORT")]
+    server_uri: Option<String>,
+    /// The app's SVID certificate chain (PEM file, as the app sees it).
+    #[arg(long, value_name = "PATH")]
+    cert: String,
+    /// The SVID's private key (PEM file).
+    #[arg(long, value_name = "PATH")]
+    key: String,
+    /// The trust bundle (PEM file): verifies the agent and the app's peers.
+    #[arg(long, value_name = "PATH")]
+    ca: String,
 }
 
 fn main() -> ExitCode {
@@ -69,6 +97,12 @@ fn main() -> ExitCode {
             return report("flock-agent envoy-bootstrap", print_bootstrap(&flags));
         }
         Some(Command::Ca(cmd)) => return report("flock-agent ca", ca::run(&cmd)),
+        Some(Command::GrpcBootstrap(args)) => {
+            return report(
+                "flock-agent grpc-bootstrap",
+                print_grpc_bootstrap(&flags, &args),
+            );
+        }
         None => {}
     }
     flock_telemetry::logging::init(flags.log_format.parse().unwrap_or_default());
@@ -148,6 +182,35 @@ fn report(what: &str, result: anyhow::Result<()>) -> ExitCode {
 
 fn print_bootstrap(flags: &Flags) -> anyhow::Result<()> {
     let bootstrap = flock_bird::options::envoy_bootstrap(flags)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(&bootstrap)?)
+        .and_then(|()| out.flush())
+        .context("writing the bootstrap to stdout")
+}
+
+fn print_grpc_bootstrap(flags: &Flags, args: &GrpcBootstrapArgs) -> anyhow::Result<()> {
+    let server_uri = match (&args.server_uri, flags.xds_address) {
+        (Some(uri), _) => uri.clone(),
+        (None, Some(addr)) if !addr.ip().is_unspecified() => addr.to_string(),
+        (None, Some(addr)) => anyhow::bail!(
+            "--xds-address {addr} is every address of the node: say which one the app \
+             dials with --server-uri HOST:PORT"
+        ),
+        (None, None) => anyhow::bail!(
+            "a proxyless app reaches the agent over its mTLS xDS listener: give \
+             --xds-address (the agent's) or --server-uri HOST:PORT"
+        ),
+    };
+    anyhow::ensure!(!args.node_id.is_empty(), "--node-id must not be empty");
+    let bootstrap = flock_xds::translate::proxyless_bootstrap(
+        &server_uri,
+        &args.node_id,
+        &flock_xds::translate::AppCertificates {
+            certificate_file: args.cert.clone(),
+            private_key_file: args.key.clone(),
+            ca_certificate_file: args.ca.clone(),
+        },
+    );
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string_pretty(&bootstrap)?)
         .and_then(|()| out.flush())

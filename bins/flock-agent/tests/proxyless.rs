@@ -56,9 +56,9 @@ fn write_policy(dir: &Path, body: &str) -> Instant {
     Instant::now()
 }
 
-/// A proxyless app's files: its SVID (server and client use), key, the roots, and a
-/// bootstrap naming them as the `flock` certificate provider and as its mTLS
-/// credentials to the agent's xDS.
+/// A proxyless app's files: its SVID (server and client use), key, the roots, and the
+/// bootstrap `flock-agent grpc-bootstrap` prints for them (the `flock` certificate
+/// provider, and its mTLS credentials to the agent's xDS).
 fn app_bootstrap(dir: &Path, ca: &TestCa, account: &str) -> PathBuf {
     let id = format!("spiffe://{TRUST_DOMAIN}/ns/default/sa/{account}");
     let leaf = ca.issue(
@@ -76,25 +76,15 @@ fn app_bootstrap(dir: &Path, ca: &TestCa, account: &str) -> PathBuf {
         file("key.pem", &leaf.key_pem),
         file("ca.pem", &ca.ca_pem),
     );
+    // The bootstrap as an operator makes it: `flock-agent grpc-bootstrap`.
+    let out = Command::new(AGENT_BIN)
+        .args(["--xds-address", XDS, "grpc-bootstrap", "--node-id", account])
+        .args(["--cert", &cert, "--key", &key, "--ca", &roots])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
     let bootstrap = dir.join(format!("{account}-bootstrap.json"));
-    let files = json!({"certificate_file": cert, "private_key_file": key,
-                       "ca_certificate_file": roots});
-    std::fs::write(
-        &bootstrap,
-        json!({
-            "xds_servers": [{"server_uri": XDS,
-                             "channel_creds": [{"type": "tls", "config": files}],
-                             "server_features": ["xds_v3"]}],
-            "node": {"id": account},
-            "certificate_providers": {"flock": {"plugin_name": "file_watcher",
-                "config": {"certificate_file": cert, "private_key_file": key,
-                           "ca_certificate_file": roots, "refresh_interval": "1s"}}},
-            "server_listener_resource_name_template":
-                "grpc/server?xds.resource.listening_address=%s",
-        })
-        .to_string(),
-    )
-    .unwrap();
+    std::fs::write(&bootstrap, &out.stdout).unwrap();
     bootstrap
 }
 

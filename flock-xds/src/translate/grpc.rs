@@ -42,6 +42,51 @@ pub fn server_listener_name(ip: std::net::IpAddr, port: u16) -> String {
     SERVER_LISTENER_TEMPLATE.replace("%s", &std::net::SocketAddr::new(ip, port).to_string())
 }
 
+/// A proxyless app's certificate files: its SVID (chain, PEM), its private key and
+/// the trust bundle it verifies peers with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppCertificates {
+    /// The SVID's certificate chain (PEM file).
+    pub certificate_file: String,
+    /// Its private key (PEM file).
+    pub private_key_file: String,
+    /// The trust bundle (PEM file).
+    pub ca_certificate_file: String,
+}
+
+/// The gRPC xDS bootstrap (`GRPC_XDS_BOOTSTRAP`) of a proxyless app, client or
+/// server: the control plane at `server_uri` over mTLS with the app's own certificate
+/// (gRPC's `tls` channel credentials, reloading the files), node id `node_id`, the
+/// certificate provider [`CERTIFICATE_PROVIDER`] (gRPC's `file_watcher` plugin over
+/// the same files, re-read every 10 s) and [`SERVER_LISTENER_TEMPLATE`]. gRPC's
+/// bootstrap format (gRFC A27, A29, A36, A65); the files must be readable by the app
+/// at those paths.
+pub fn proxyless_bootstrap(
+    server_uri: &str,
+    node_id: &str,
+    files: &AppCertificates,
+) -> serde_json::Value {
+    let certs = serde_json::json!({
+        "certificate_file": files.certificate_file,
+        "private_key_file": files.private_key_file,
+        "ca_certificate_file": files.ca_certificate_file,
+    });
+    let mut watcher = certs.clone();
+    watcher["refresh_interval"] = serde_json::json!("10s");
+    serde_json::json!({
+        "xds_servers": [{
+            "server_uri": server_uri,
+            "channel_creds": [{"type": "tls", "config": certs}],
+            "server_features": ["xds_v3"],
+        }],
+        "node": {"id": node_id},
+        "certificate_providers": {
+            CERTIFICATE_PROVIDER: {"plugin_name": "file_watcher", "config": watcher},
+        },
+        "server_listener_resource_name_template": SERVER_LISTENER_TEMPLATE,
+    })
+}
+
 fn provider() -> Option<CertificateProviderPluginInstance> {
     Some(CertificateProviderPluginInstance {
         instance_name: CERTIFICATE_PROVIDER.to_string(),

@@ -181,8 +181,8 @@ pub use envoy::{
     envoy_resources, outbound_routes, pod_resources, secret_resource, service_resources,
 };
 pub use grpc::{
-    CERTIFICATE_PROVIDER, SERVER_LISTENER_TEMPLATE, grpc_pod_resources, grpc_resources,
-    grpc_service_resources, server_listener_name,
+    AppCertificates, CERTIFICATE_PROVIDER, SERVER_LISTENER_TEMPLATE, grpc_pod_resources,
+    grpc_resources, grpc_service_resources, proxyless_bootstrap, server_listener_name,
 };
 pub use memo::{Changes, Entries, Flavor, Memo, Translation};
 pub use model::{
