@@ -339,7 +339,8 @@ pub struct Endpoint {
     pub protocol: Protocol,
     /// The address to connect to: the pod IP.
     pub address: IpAddr,
-    /// The port to connect to: the pod's inbound listener port.
+    /// The port to connect to: the pod's inbound listener port (a proxyless gRPC
+    /// server's port: the app's own).
     pub port: u16,
     /// The node (agent `--node-name`) that owns it.
     pub node: String,

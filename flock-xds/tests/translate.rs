@@ -2528,6 +2528,44 @@ fn a_proxyless_server_gets_its_listener_and_the_memo_follows_its_policy() {
     }
 }
 
+/// A proxyless port is validated as such: gRPC only, dialled on its app port, and its
+/// server listener's address (named by IP and port alone) held by one pod only, in
+/// whatever network namespace.
+#[test]
+fn proxyless_ports_are_grpc_on_their_app_port_and_one_per_address() {
+    let errors = |a: &str, b: &str| {
+        match Mesh::from_json(
+            format!(
+                r#"{{"pods": [{{"name": "a", "ip": "10.0.0.5", "netns": "/run/netns/a", "outbound_port": 0, "inbound": [{a}]}},
+                              {{"name": "b", "ip": "10.0.0.5", "netns": "/run/netns/b", "outbound_port": 0, "inbound": [{b}]}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .and_then(|m| m.validate().map_err(translate::MeshError::Invalid))
+        {
+            Ok(()) => String::new(),
+            Err(e) => format!("{e:?}"),
+        }
+    };
+    let xds = r#"{"app_port": 50051, "listen_port": 50051, "protocol": "grpc", "proxyless": true}"#;
+    let http = r#"{"app_port": 8080, "listen_port": 15006}"#;
+    assert_eq!(errors(xds, http), "");
+    let e = errors(xds, xds);
+    assert!(
+        e.contains(
+            "proxyless server address 10.0.0.5:50051 is also pods[0].inbound[0].proxyless's"
+        ),
+        "{e}"
+    );
+    let tcp = r#"{"app_port": 50051, "listen_port": 50051, "protocol": "tcp", "proxyless": true}"#;
+    let e = errors(tcp, http);
+    assert!(e.contains("must have protocol grpc"), "{e}");
+    let moved =
+        r#"{"app_port": 50051, "listen_port": 15006, "protocol": "grpc", "proxyless": true}"#;
+    let e = errors(moved, http);
+    assert!(e.contains("must equal app_port"), "{e}");
+}
+
 const KUBE_CLIENT: &str = "spiffe://cluster.local/ns/default/sa/kube-client";
 
 /// A service with a ClusterIP of each family behind endpoints that name a SPIFFE ID

@@ -96,7 +96,7 @@ fn pod(json: &[u8]) {
                     facts
                         .ports
                         .iter()
-                        .any(|q| q.app_port == p.app_port && q.listen_port == p.listen_port)
+                        .any(|q| q.app_port == p.app_port && q.dialled_port() == p.listen_port)
                 );
             }
         }
@@ -156,6 +156,7 @@ fn service(json: &[u8]) {
                 app_port,
                 listen_port: INBOUND_BASE_PORT + i as u16,
                 protocol: Protocol::Http,
+                proxyless: false,
             })
             .collect(),
         port_names: [("http".to_string(), 8080u16)].into_iter().collect(),

@@ -447,6 +447,13 @@ pub struct Flags {
     /// `flock.io/capture-exclude-inbound-ports` adds to it). Repeatable.
     #[arg(long, value_name = "PORTS", help_heading = "Transparent capture")]
     pub capture_exclude_inbound_ports: Vec<String>,
+    /// App ports (comma list) a pod may mark as its proxyless gRPC xDS server's
+    /// (`flock.io/ports: 50051/grpc-xds`, or a container port named `grpc-xds`) when
+    /// capture is enforced: that pod's port is left to the app, which terminates mTLS
+    /// and enforces the port's policy itself; other pods' same port stays captured.
+    /// Without --capture-enforce any pod may. Repeatable.
+    #[arg(long, value_name = "PORTS", help_heading = "Transparent capture")]
+    pub capture_allow_proxyless_ports: Vec<String>,
     /// Enforce the node's capture: a pod's `flock.io/capture` annotation may raise the
     /// mode (permissive to strict) but never lower it, and its
     /// `flock.io/capture-exclude-*` annotations are refused — the CNI ADD fails and
@@ -913,6 +920,10 @@ fn node_capture(flags: &Flags) -> Result<NodeCapture, OptionsError> {
     for v in &flags.capture_exclude_inbound_ports {
         node.exclude_inbound_ports
             .extend(parse_port_list(v).map_err(flag("--capture-exclude-inbound-ports"))?);
+    }
+    for v in &flags.capture_allow_proxyless_ports {
+        node.allow_proxyless_ports
+            .extend(parse_port_list(v).map_err(flag("--capture-allow-proxyless-ports"))?);
     }
     node.validate().map_err(OptionsError)?;
     Ok(node)

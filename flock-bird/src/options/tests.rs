@@ -454,6 +454,8 @@ fn capture_settings_are_parsed_per_flag_and_keep_net_admin() {
         "169.254.169.254/32",
         "--capture-exclude-inbound-ports",
         "9090",
+        "--capture-allow-proxyless-ports",
+        "50051",
     ])
     .unwrap();
     let c = &o.runtime.agent.capture;
@@ -462,6 +464,7 @@ fn capture_settings_are_parsed_per_flag_and_keep_net_admin() {
     assert_eq!(c.exclude_outbound_ports, vec![5432, 6379]);
     assert_eq!(c.exclude_outbound_cidrs.len(), 1);
     assert_eq!(c.exclude_inbound_ports, vec![9090]);
+    assert_eq!(c.allow_proxyless_ports, vec![50051]);
     assert_eq!(o.keep_capabilities, vec![Capability::CAP_NET_ADMIN]);
     assert!(try_flags(&["--capture", "sometimes"]).is_err());
     for (flag, value, want) in [

@@ -166,6 +166,10 @@ pub struct NodeCapture {
     pub exclude_outbound_cidrs: Vec<Cidr>,
     /// `--capture-exclude-inbound-ports`.
     pub exclude_inbound_ports: Vec<u16>,
+    /// `--capture-allow-proxyless-ports`: the app ports a pod may mark proxyless
+    /// (`grpc-xds`) on an enforcing node. Only those pods' ports are left to the app;
+    /// other pods' same port stays captured.
+    pub allow_proxyless_ports: Vec<u16>,
     /// `--capture-enforce`: a pod's annotations may raise the node's mode (permissive
     /// to strict) but never lower it, and may not add exclusions ([`resolve`] refuses
     /// the pod). Without it the annotations are the pod owner's to set, and anyone who
@@ -188,6 +192,7 @@ impl Default for NodeCapture {
             exclude_outbound_ports: Vec::new(),
             exclude_outbound_cidrs: Vec::new(),
             exclude_inbound_ports: Vec::new(),
+            allow_proxyless_ports: Vec::new(),
             enforce: false,
         }
     }
@@ -221,6 +226,10 @@ impl NodeCapture {
                 "--capture-exclude-inbound-ports",
                 self.exclude_inbound_ports.len(),
             ),
+            (
+                "--capture-allow-proxyless-ports",
+                self.allow_proxyless_ports.len(),
+            ),
         ] {
             if len > MAX_SPEC_ENTRIES {
                 return Err(format!(
@@ -232,6 +241,7 @@ impl NodeCapture {
             .exclude_outbound_ports
             .iter()
             .chain(&self.exclude_inbound_ports)
+            .chain(&self.allow_proxyless_ports)
             .any(|p| *p == 0)
         {
             return Err("capture exclusions: port 0 is not a port (1-65535)".into());
@@ -514,20 +524,20 @@ pub fn resolve(
         return Ok(None);
     };
     // A proxyless port is reached around Envoy (the app's own mTLS and RBAC): on a
-    // node that enforces capture only its operator lets a port around Envoy, as for
-    // any inbound exclusion, or a pod could name a port proxyless and serve it in
-    // plaintext.
+    // node that enforces capture only its operator lets a port around Envoy, or a pod
+    // could name a port proxyless and serve it in plaintext. Its own list, not the
+    // inbound exclusions: those open the port on every pod of the node.
     if node.enforce
         && let Some(p) = ports
             .iter()
-            .find(|p| p.proxyless && !node.exclude_inbound_ports.contains(&p.app_port))
+            .find(|p| p.proxyless && !node.allow_proxyless_ports.contains(&p.app_port))
     {
         return Err(CaptureRefused {
             annotation: crate::pod::PORTS_ANNOTATION,
             message: format!(
                 "port {} is a proxyless gRPC server's (grpc-xds), which callers reach around \
                  Envoy; on a node that enforces capture (--capture-enforce) only the node's \
-                 operator lets a port around Envoy: list it in --capture-exclude-inbound-ports, \
+                 operator lets a port around Envoy: list it in --capture-allow-proxyless-ports, \
                  or serve the port through Envoy (grpc)",
                 p.app_port
             ),
@@ -664,12 +674,23 @@ mod tests {
         enforcing.enforce = true;
         let e = resolve(&enforcing, &PodOverrides::default(), &ports).unwrap_err();
         assert!(
-            e.message.contains("50051") && e.message.contains("--capture-exclude-inbound-ports"),
+            e.message.contains("50051") && e.message.contains("--capture-allow-proxyless-ports"),
             "{}",
             e.message
         );
-        enforcing.exclude_inbound_ports = vec![50051];
-        assert!(resolve(&enforcing, &PodOverrides::default(), &ports).is_ok());
+        enforcing.allow_proxyless_ports = vec![50051];
+        let c = resolve(&enforcing, &PodOverrides::default(), &ports)
+            .unwrap()
+            .unwrap();
+        assert!(c.spec(None, &ports).exclude_inbound_ports.contains(&50051));
+        // Another pod's port 50051 that is not proxyless stays captured.
+        let plain = parse_ports("50051/grpc").unwrap();
+        let c = resolve(&enforcing, &PodOverrides::default(), &plain)
+            .unwrap()
+            .unwrap();
+        let spec = c.spec(None, &plain);
+        assert_eq!(spec.inbound, vec![(50051, plain[0].listen_port)]);
+        assert!(!spec.exclude_inbound_ports.contains(&50051));
         // Without capture there is nothing to go around.
         let off = PodOverrides {
             namespace: Some(Setting::Off),

@@ -128,11 +128,10 @@ fn provider_tls(sans: Vec<MatchPattern>) -> CommonTlsContext {
 /// ([`super::authz`], the same layers Envoy's inbound listener gets, on the peer
 /// certificate's URI SAN: gRPC's RBAC matches `principal_name` against it) before the
 /// router, and an inline route configuration with one non-forwarding route (a server
-/// serves the call itself). With a pod identity the chain is mTLS: the server's
-/// certificate and roots from its provider [`CERTIFICATE_PROVIDER`], a client
-/// certificate required, from any ID its roots verify (who may call is the RBAC's
-/// to decide). Without one it is plaintext, and a policy with any rule that names a
-/// caller denies every call (no peer certificate: fail closed).
+/// serves the call itself). The chain is always mTLS (whether or not the agent holds
+/// the pod's SVID yet): the server's certificate and roots from its provider
+/// [`CERTIFICATE_PROVIDER`], a client certificate required, from any ID its roots
+/// verify (who may call is the RBAC's to decide).
 pub fn grpc_pod_resources(pod: &Pod) -> Vec<Resource> {
     let mut out = Vec::new();
     for ib in pod.inbound.iter().filter(|ib| ib.proxyless) {
@@ -184,7 +183,10 @@ pub fn grpc_pod_resources(pod: &Pod) -> Vec<Resource> {
             http_filters,
             ..Default::default()
         };
-        let transport_socket = pod.identity.as_ref().map(|_| {
+        // Always mTLS, whether or not the pod's SVID is issued yet: the app has its own
+        // certificate, and a listener without TLS would let gRPC fall back to its
+        // fallback (often plaintext) credentials on a port capture leaves alone.
+        let transport_socket = Some({
             let ctx = DownstreamTlsContext {
                 common_tls_context: Some(provider_tls(Vec::new())),
                 require_client_certificate: Some(BoolValue { value: true }),

@@ -1039,8 +1039,11 @@ impl Memo {
             PodEdit::Same => {}
             PodEdit::Insert(i) => {
                 let pod = &pods[*i];
-                if pod.capture.is_some()
-                    || (envoy && caller_of(pod).is_some_and(|id| !is_caller(id)))
+                // Only Envoy's output of a pod depends on its capture and its caller
+                // identity (the outbound listener and the callers' routes); the
+                // proxyless flavor's is the pod's own server listeners.
+                if (envoy
+                    && (pod.capture.is_some() || caller_of(pod).is_some_and(|id| !is_caller(id))))
                     || self.pods.contains_key(&PodId(Arc::clone(pod)))
                 {
                     return None;
@@ -1071,8 +1074,8 @@ impl Memo {
                     let (was, now) = (&layout.pods[i], &pods[i]);
                     if was.namespace != now.namespace
                         || was.name != now.name
-                        || now.capture.is_some()
-                        || caller_of(was) != caller_of(now)
+                        || (envoy && now.capture.is_some())
+                        || (envoy && caller_of(was) != caller_of(now))
                         || !self
                             .pods
                             .get(&PodId(Arc::clone(now)))

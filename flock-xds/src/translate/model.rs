@@ -293,7 +293,8 @@ pub struct InboundPort {
     pub app_port: u16,
     /// The port of Envoy's inbound listener on the pod IP; service endpoints of this
     /// pod use it as their `port`. Unique within the pod. It may equal `app_port`
-    /// only if the application listens on `127.0.0.1` alone.
+    /// only if the application listens on `127.0.0.1` alone (or, for a
+    /// [`proxyless`](Self::proxyless) port, must: there it is the app's own).
     pub listen_port: u16,
     /// What the port speaks. Default `http`.
     #[serde(default)]
@@ -643,6 +644,9 @@ impl Validator {
         // (netns, ip, port) → the listener that binds it, to catch two listeners on
         // one socket address.
         let mut binds: HashMap<(Option<&str>, IpAddr, u16), String> = HashMap::new();
+        // (ip, port) → the proxyless port there: its server listener is named by the
+        // address alone, whatever the network namespace.
+        let mut proxyless: HashMap<(IpAddr, u16), String> = HashMap::new();
         for (i, p) in m.pods.iter().enumerate() {
             let path = format!("pods[{i}]");
             self.pod(&path, p);
@@ -673,6 +677,20 @@ impl Validator {
                     binds.insert((netns, ip, port), at);
                 }
             };
+            for (j, ib) in p.inbound.iter().enumerate().filter(|(_, ib)| ib.proxyless) {
+                let at = format!("{path}.inbound[{j}].proxyless");
+                if let Some(other) = proxyless.get(&(p.ip, ib.app_port)) {
+                    self.err(
+                        at,
+                        format!(
+                            "proxyless server address {} is also {other}'s",
+                            std::net::SocketAddr::new(p.ip, ib.app_port)
+                        ),
+                    );
+                } else {
+                    proxyless.insert((p.ip, ib.app_port), at);
+                }
+            }
             // A proxyless port is the app's own socket, not a listener of Envoy's.
             for (j, ib) in p.inbound.iter().enumerate().filter(|(_, ib)| !ib.proxyless) {
                 bind(
