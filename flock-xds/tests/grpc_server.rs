@@ -178,7 +178,8 @@ fn publish(cache: &Cache<Any>, mesh: &Mesh) {
 /// are served, `b`'s are refused with `PERMISSION_DENIED`, a client without a
 /// certificate cannot connect at all (the listener requires mTLS); allowing `b` too
 /// reaches the running server with no restart, and a refused policy denies every
-/// caller (fail closed) until it is fixed.
+/// caller (fail closed) until it is fixed; a client refuses the server when the
+/// endpoint's published identity is not the one the server's certificate carries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxyless_server_enforces_the_policy_of_its_port() {
     let dir = TempDir::new("grpc-server");
@@ -272,6 +273,38 @@ async fn a_proxyless_server_enforces_the_policy_of_its_port() {
     })
     .await
     .unwrap();
+
+    // The client verifies the server: with the endpoint's identity published as
+    // sa/other, a new client of a's refuses web's certificate (sa/web) and never
+    // reaches it; with sa/web again it is served.
+    let mut other: serde_json::Value =
+        serde_json::to_value(mesh(port, Some(&allow(&["a"])), None)).unwrap();
+    other["services"][0]["endpoints"][0]["identity"] = serde_json::json!(format!("{TD}/other"));
+    publish(&cache, &serde_json::from_value(other).unwrap());
+    let (logs, a_boot) = (dir.0.clone(), dir.0.join("a-bootstrap.json"));
+    let target = format!("xds:///greeter.default:{port}");
+    let fresh = tokio::task::spawn_blocking(move || {
+        let mut fresh = Peer::start(&logs, "a-fresh", &["client", &target, "xds-creds"], &a_boot);
+        for _ in 0..3 {
+            let got = fresh.call();
+            assert!(
+                got.starts_with("error UNAVAILABLE"),
+                "a server with another identity than the endpoint's was trusted: {got}"
+            );
+        }
+        fresh
+    })
+    .await
+    .unwrap();
+    publish(&cache, &mesh(port, Some(&allow(&["a"])), None));
+    let fresh = tokio::task::spawn_blocking(move || {
+        let mut fresh = fresh;
+        fresh.until("ok web", Duration::from_secs(15));
+        fresh
+    })
+    .await
+    .unwrap();
+    drop(fresh);
 
     for kind in ["lds", "cds", "eds", "rds"] {
         assert_eq!(
