@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::xds::start_tcp;
 use common::{ChildGuard, TempDir, grpc_python, repo};
 use envoy_types::pb::google::protobuf::Any;
 use flock_testkit::pki::{TestCa, Usage};
@@ -163,10 +164,14 @@ fn mesh(port: u16, policy: Option<&str>, refused: Option<&str>) -> Mesh {
     mesh
 }
 
+/// Publishes the proxyless translation of `mesh` to the apps' node id.
 fn publish(cache: &Cache<Any>, mesh: &Mesh) {
-    let resources = translate::grpc_resources(mesh);
+    publish_to(cache, NODE, translate::grpc_resources(mesh));
+}
+
+fn publish_to(cache: &Cache<Any>, node: &str, resources: Vec<translate::Resource>) {
     cache
-        .update_checked(NODE, &EnvoyReferences, |prev| {
+        .update_checked(node, &EnvoyReferences, |prev| {
             let mut b = prev.edit();
             translate::replace_all(&mut b, resources);
             b.build()
@@ -193,17 +198,8 @@ async fn a_proxyless_server_enforces_the_policy_of_its_port() {
 
     let cache = Arc::new(Cache::by_node_id());
     publish(&cache, &mesh(port, Some(&allow(&["a"])), None));
-    let server = Server::new(Arc::clone(&cache));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let xds = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let s = server.clone();
-    let serving = tokio::spawn(async move {
-        s.serve_tcp(listener, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
+    let xds = format!("127.0.0.1:{}", running.port);
 
     let ca = TestCa::new("mesh");
     let target = format!("xds:///greeter.default:{port}");
@@ -308,15 +304,17 @@ async fn a_proxyless_server_enforces_the_policy_of_its_port() {
 
     for kind in ["lds", "cds", "eds", "rds"] {
         assert_eq!(
-            server.metrics().counter("flock_xds_nacks_total", kind),
+            running
+                .server
+                .metrics()
+                .counter("flock_xds_nacks_total", kind),
             0,
             "{kind} NACKed"
         );
     }
     drop((a, b, plain_, web_));
     drop(dir);
-    let _ = stop.send(());
-    let _ = serving.await;
+    running.stop().await;
 }
 
 /// An Envoy-meshed caller reaches a proxyless server: a plain gRPC app calls its
@@ -354,29 +352,13 @@ async fn an_envoy_caller_reaches_a_proxyless_server_with_its_pods_identity() {
     let cache = Arc::new(Cache::by_node_id());
     let publish_envoy = |m: &Mesh| {
         let resources = translate::envoy_resources(m, &translate::EnvoyOptions::default());
-        cache
-            .update_checked(ENVOY_NODE, &EnvoyReferences, |prev| {
-                let mut b = prev.edit();
-                translate::replace_all(&mut b, resources);
-                b.build()
-            })
-            .unwrap();
+        publish_to(&cache, ENVOY_NODE, resources);
     };
     publish(&cache, &mesh(port, Some(&policy), None));
     publish_envoy(&envoy_mesh("a"));
-    let server = Server::new(Arc::clone(&cache));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let xds_addr = listener.local_addr().unwrap();
-    let xds = xds_addr.to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let s = server.clone();
-    let serving = tokio::spawn(async move {
-        s.serve_tcp(listener, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    let envoy = common::Envoy::start(ENVOY_NODE, "GRPC", xds_addr.port()).await;
+    let running = start_tcp(Server::new(Arc::clone(&cache))).await;
+    let xds = format!("127.0.0.1:{}", running.port);
+    let envoy = common::Envoy::start(ENVOY_NODE, "GRPC", running.port).await;
 
     let web_boot = identity_bootstrap(&dir, &ca, "web", &xds);
     let logs = dir.0.clone();
@@ -408,6 +390,5 @@ async fn an_envoy_caller_reaches_a_proxyless_server_with_its_pods_identity() {
     .unwrap();
     drop((app, web, envoy));
     drop(dir);
-    let _ = stop.send(());
-    let _ = serving.await;
+    running.stop().await;
 }
