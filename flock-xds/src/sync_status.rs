@@ -20,7 +20,7 @@
 
 use crate::callbacks::{Callbacks, NodeInfo, ResponseInfo, StreamId, StreamKind};
 use crate::protocol::{RequestKind, RequestOutcome};
-use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, VIRTUAL_HOST};
 use flock_core::sync::{Mutex, lock};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -129,6 +129,7 @@ pub fn tracked(type_url: &str) -> Option<&'static str> {
         CLUSTER => "cds",
         ENDPOINT => "eds",
         SECRET => "sds",
+        VIRTUAL_HOST => "vhds",
         _ => return None,
     })
 }

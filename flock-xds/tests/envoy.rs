@@ -83,7 +83,11 @@ fn mesh(
 }
 
 fn publish(cache: &Cache<Any>, mesh: &Mesh) {
-    let resources = translate::envoy_resources(mesh, &EnvoyOptions::default());
+    publish_with(cache, mesh, &EnvoyOptions::default());
+}
+
+fn publish_with(cache: &Cache<Any>, mesh: &Mesh, opts: &EnvoyOptions) {
+    let resources = translate::envoy_resources(mesh, opts);
     cache
         .update_checked(NODE, &translate::EnvoyReferences, |prev| {
             let mut b = prev.edit();
@@ -100,7 +104,8 @@ async fn body_via(addr: &str, host: &str) -> Option<String> {
     }
 }
 
-async fn envoy_end_to_end(api_type: &str) {
+async fn envoy_end_to_end(api_type: &str, opts: &EnvoyOptions) {
+    let publish = |cache: &Cache<Any>, mesh: &Mesh| publish_with(cache, mesh, opts);
     let b1 = Backend::start("backend-1").await;
     let b2 = Backend::start("backend-2").await;
     let (_held, [outbound, inbound, web_outbound]) = reserve_ports_for_child();
@@ -270,6 +275,12 @@ async fn envoy_end_to_end(api_type: &str) {
         "only the invalid cluster was rejected: {:?}",
         nacks.0.lock().unwrap()
     );
+    // With VHDS the virtual hosts came as their own resources (and only then).
+    let vhosts = running
+        .server
+        .metrics()
+        .counter("flock_xds_resources_sent_total", "vhds");
+    assert_eq!(vhosts > 0, opts.vhds, "virtual hosts sent: {vhosts}");
 
     drop(envoy);
     running.stop().await;
@@ -277,12 +288,25 @@ async fn envoy_end_to_end(api_type: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_over_delta_ads() {
-    envoy_end_to_end("DELTA_GRPC").await;
+    envoy_end_to_end("DELTA_GRPC", &EnvoyOptions::default()).await;
+}
+
+/// The same over Delta ADS with the outbound virtual hosts over VHDS (each its own
+/// resource, subscribed by the route configuration's name as a namespace): routing by
+/// every host name, an endpoint move, a NACK, and a service's removal all behave the
+/// same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_over_delta_ads_with_vhds() {
+    let opts = EnvoyOptions {
+        vhds: true,
+        ..EnvoyOptions::default()
+    };
+    envoy_end_to_end("DELTA_GRPC", &opts).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_over_sotw_ads() {
-    envoy_end_to_end("GRPC").await;
+    envoy_end_to_end("GRPC", &EnvoyOptions::default()).await;
 }
 
 /// How a [`Node`] backend behaves.

@@ -5,6 +5,7 @@
 //! fresh one. Hermetic: no peers (tests/envoy.rs feeds these to a real Envoy).
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier;
 use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
 use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::{
@@ -20,7 +21,7 @@ use flock_xds::translate::{
     self, Endpoint, EnvoyOptions, Flavor, Locality, Memo, Mesh, Resource, Service, ServicePort,
     envoy::RETRY_ON_IDEMPOTENT, envoy::RETRY_ON_OTHER, type_urls,
 };
-use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, VIRTUAL_HOST};
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -655,9 +656,10 @@ mod props {
         fn a_memo_given_shared_arcs_edits_in_place_like_a_fresh_translation(
             m in mesh_strategy(),
             steps in prop::collection::vec((0..3usize, 0..5u8, any::<bool>()), 1..8),
+            vhds in any::<bool>(),
         ) {
             prop_assume!(m.validate().is_ok());
-            let opts = EnvoyOptions::default();
+            let opts = EnvoyOptions { vhds, ..EnvoyOptions::default() };
             let mut m = m;
             for pod in &mut m.pods {
                 pod.capture = None;
@@ -707,6 +709,7 @@ mod props {
             m in mesh_strategy(),
             start in prop::collection::vec((0..3usize, any::<bool>()), 0..6),
             steps in prop::collection::vec((0..4u8, 0..8usize, 0..3usize, any::<bool>(), 0..3u8), 1..10),
+            vhds in any::<bool>(),
         ) {
             const IDS: [&str; 3] = [
                 "spiffe://cluster.local/ns/default/sa/a",
@@ -741,7 +744,7 @@ mod props {
                     .filter(|id| translate::model::trust_domain(id).is_some())
                     .collect()
             };
-            let opts = EnvoyOptions::default();
+            let opts = EnvoyOptions { vhds, ..EnvoyOptions::default() };
             let mut m = m;
             for p in &mut m.pods {
                 p.capture = None;
@@ -816,7 +819,7 @@ mod props {
         #[test]
         fn a_memo_over_any_sequence_translates_like_a_fresh_one(
             steps in prop::collection::vec(
-                (mesh_strategy(), prop::option::of(locality())),
+                (mesh_strategy(), prop::option::of(locality()), any::<bool>()),
                 1..5,
             )
         ) {
@@ -826,9 +829,9 @@ mod props {
             // the memo has them) to the last set, beside the set replaced whole.
             let mut applied =
                 flock_core::resources::ResourceSet::<envoy_types::pb::google::protobuf::Any>::new();
-            for (m, local_locality) in steps {
+            for (m, local_locality, vhds) in steps {
                 prop_assume!(m.validate().is_ok());
-                let opts = EnvoyOptions { local_locality, ..EnvoyOptions::default() };
+                let opts = EnvoyOptions { local_locality, vhds, ..EnvoyOptions::default() };
                 // Each generated mesh, then small edits of it that keep most of it
                 // equal (so the memo reuses entries across the edit): its caller pod
                 // gone and back, a secret rotated, a service gone (the last, then the
@@ -878,7 +881,7 @@ mod props {
                 prop_assert_eq!(&e, &once);
                 // The route configurations, joined from per-service parts in the memo,
                 // are byte for byte the whole builds.
-                let routes: BTreeSet<_> = e.iter().filter(|(t, ..)| t == ROUTE).cloned().collect();
+                let routes: BTreeSet<_> = e.iter().filter(|(t, ..)| t == ROUTE && !vhds).cloned().collect();
                 let mut whole = vec![translate::outbound_routes(&m.services, &opts)];
                 let callers: BTreeSet<&str> = m
                     .pods
@@ -891,7 +894,7 @@ mod props {
                 }
                 let whole: BTreeSet<_> = whole
                     .into_iter()
-                    .filter(|r| r.type_url == ROUTE)
+                    .filter(|r| r.type_url == ROUTE && !vhds)
                     .map(|r| (r.type_url.to_string(), r.name, r.hash))
                     .collect();
                 prop_assert_eq!(&routes, &whole);
@@ -905,6 +908,52 @@ mod props {
                 }
                 }
             }
+        }
+        /// VHDS serves the same routing as whole route configurations: each outbound
+        /// route configuration becomes one without virtual hosts whose VHDS source is
+        /// ADS, each of its virtual hosts a `VirtualHost` resource named
+        /// `<configuration>/<virtual host>` (the same bytes but for the name), and every
+        /// other resource is the same. The oracle splits the plain translation here.
+        #[test]
+        fn vhds_serves_each_route_configurations_virtual_hosts_as_their_own_resources(
+            m in mesh_strategy(),
+        ) {
+            prop_assume!(m.validate().is_ok());
+            let plain = translate::envoy_resources(&m, &EnvoyOptions::default());
+            let split = translate::envoy_resources(
+                &m,
+                &EnvoyOptions { vhds: true, ..EnvoyOptions::default() },
+            );
+            let mut expected: BTreeMap<(String, String), Vec<u8>> = BTreeMap::new();
+            let mut configs = BTreeSet::new();
+            for r in plain {
+                if r.type_url == ROUTE {
+                    let rc = RouteConfiguration::decode(r.any.value.as_slice()).unwrap();
+                    configs.insert(rc.name.clone());
+                    for mut vh in rc.virtual_hosts {
+                        vh.name = format!("{}/{}", rc.name, vh.name);
+                        expected.insert((VIRTUAL_HOST.to_string(), vh.name.clone()), vh.encode_to_vec());
+                    }
+                } else {
+                    expected.insert((r.type_url.to_string(), r.name), r.any.value);
+                }
+            }
+            let mut got = BTreeMap::new();
+            let mut got_configs = BTreeSet::new();
+            for r in split {
+                if r.type_url == ROUTE {
+                    let rc = RouteConfiguration::decode(r.any.value.as_slice()).unwrap();
+                    prop_assert!(rc.virtual_hosts.is_empty());
+                    let source = rc.vhds.and_then(|v| v.config_source).and_then(|c| c.config_source_specifier);
+                    prop_assert!(matches!(source, Some(ConfigSourceSpecifier::Ads(_))), "{}", rc.name);
+                    prop_assert_eq!(&rc.name, &r.name);
+                    got_configs.insert(rc.name);
+                } else {
+                    got.insert((r.type_url.to_string(), r.name), r.any.value);
+                }
+            }
+            prop_assert_eq!(got_configs, configs);
+            prop_assert_eq!(got, expected);
         }
     }
 }

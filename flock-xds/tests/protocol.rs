@@ -6,7 +6,7 @@ use flock_xds::protocol::{
     DeltaAds, DeltaRequest, DeltaResponse, DeltaState, RequestKind, SotwAds, SotwRequest,
     SotwResponse, SotwState,
 };
-use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use flock_xds::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, VIRTUAL_HOST};
 use std::collections::BTreeMap;
 
 type V = String;
@@ -692,4 +692,137 @@ fn delta_resubscribing_a_missing_name_gets_a_removal() {
     let r2 = s.poll_response().unwrap();
     assert_eq!(removed(&r2), ["r"]);
     assert!(s.poll_response().is_none());
+}
+
+// ------------------------------------------------------------------ VHDS
+
+/// Envoy subscribes to a route configuration's virtual hosts by the configuration's
+/// name (a namespace): every `<name>/<host>` is sent, including hosts added later, and
+/// their changes and removals; nothing of another configuration (also not one whose
+/// name only starts the same, nor a deeper path), and no "does not exist" removal of
+/// the namespace itself.
+#[test]
+fn delta_vhds_a_route_configuration_name_subscribes_to_its_virtual_hosts() {
+    let cfg = "outbound|http|spiffe://td/ns/a/sa/b";
+    let v1 = set(&[
+        (VIRTUAL_HOST, &format!("{cfg}/web.default:80"), "w1"),
+        (VIRTUAL_HOST, &format!("{cfg}/db.default:80"), "d1"),
+        (VIRTUAL_HOST, "outbound|http/web.default:80", "shared"),
+        (VIRTUAL_HOST, &format!("{cfg}x/web.default:80"), "other"),
+    ]);
+    let mut s = DeltaState::new(VIRTUAL_HOST);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(VIRTUAL_HOST, &[cfg], &[], ""));
+    let r = s.poll_response().unwrap();
+    let web = format!("{cfg}/web.default:80");
+    let db = format!("{cfg}/db.default:80");
+    let mut got = delta_names(&r);
+    got.sort();
+    assert_eq!(got, [(db.as_str(), "d1"), (web.as_str(), "w1")]);
+    assert!(removed(&r).is_empty(), "{:?}", removed(&r));
+    s.on_request(&dreq(VIRTUAL_HOST, &[], &[], &r.nonce));
+    // A host added, one changed, one removed: only the namespace's.
+    let api = format!("{cfg}/api.default:80");
+    let v2 = edit(
+        &v1,
+        &[
+            (VIRTUAL_HOST, &api, "a1"),
+            (VIRTUAL_HOST, &web, "w2"),
+            (VIRTUAL_HOST, "outbound|http/web.default:80", "shared2"),
+        ],
+        &[(VIRTUAL_HOST, &db)],
+    );
+    s.on_snapshot(&v2, 2);
+    let r = s.poll_response().unwrap();
+    let mut got = delta_names(&r);
+    got.sort();
+    assert_eq!(got, [(api.as_str(), "a1"), (web.as_str(), "w2")]);
+    assert_eq!(removed(&r), [db.as_str()]);
+    s.on_request(&dreq(VIRTUAL_HOST, &[], &[], &r.nonce));
+    // Unsubscribed: forgotten, nothing more sent for it.
+    s.on_request(&dreq(VIRTUAL_HOST, &[], &[cfg], ""));
+    s.on_snapshot(&edit(&v2, &[(VIRTUAL_HOST, &web, "w3")], &[]), 3);
+    assert!(s.poll_response().is_none());
+}
+
+/// A reconnecting Envoy announces the virtual hosts it holds: only what changed, and
+/// what went away meanwhile, is sent.
+#[test]
+fn delta_vhds_a_reconnect_gets_only_what_changed_in_the_namespace() {
+    let v1 = set(&[
+        (VIRTUAL_HOST, "r/a:80", "a1"),
+        (VIRTUAL_HOST, "r/b:80", "b2"),
+    ]);
+    let mut s = DeltaState::new(VIRTUAL_HOST);
+    s.on_snapshot(&v1, 1);
+    let mut req = dreq(VIRTUAL_HOST, &["r"], &[], "");
+    for (name, value) in [("r/a:80", "a1"), ("r/b:80", "b1"), ("r/gone:80", "g1")] {
+        req.initial_resource_versions
+            .insert(name.into(), ContentHash::of(value.as_bytes()).to_hex());
+    }
+    s.on_request(&req);
+    let r = s.poll_response().unwrap();
+    assert_eq!(delta_names(&r), [("r/b:80", "b2")]);
+    assert_eq!(removed(&r), ["r/gone:80"]);
+}
+
+/// A virtual host is a part of its route configuration: a new one goes out after
+/// the route configuration and after the cluster it routes to; a removed cluster
+/// goes out only after the virtual host that routed to it has moved off it.
+#[test]
+fn ads_delta_vhds_virtual_hosts_are_made_after_clusters_and_broken_before_them() {
+    let mut ads: DeltaAds<V> = DeltaAds::new();
+    let v1 = set(&[
+        (CLUSTER, "old", "old"),
+        (ROUTE, "r", "r"),
+        (VIRTUAL_HOST, "r/web:80", "to-old"),
+    ]);
+    ads.on_snapshot(&v1, 1);
+    for (t, sub) in [
+        (CLUSTER, &[][..]),
+        (ROUTE, &["r"][..]),
+        (VIRTUAL_HOST, &["r"][..]),
+    ] {
+        ads.on_request(&dreq(t, sub, &[], ""));
+        let r = ads.poll_response().unwrap();
+        ads.on_request(&dreq(t, &[], &[], &r.nonce));
+    }
+    let v2 = edit(
+        &v1,
+        &[
+            (CLUSTER, "new", "new"),
+            (VIRTUAL_HOST, "r/web:80", "to-new"),
+        ],
+        &[(CLUSTER, "old")],
+    );
+    ads.on_snapshot(&v2, 2);
+    let make = ads.poll_response().unwrap();
+    assert_eq!(make.type_url.as_ref(), CLUSTER);
+    assert_eq!(delta_names(&make), [("new", "new")]);
+    assert!(make.removed_resources.is_empty(), "old is not removed yet");
+    let vh = ads.poll_response().unwrap();
+    assert_eq!(vh.type_url.as_ref(), VIRTUAL_HOST);
+    assert_eq!(delta_names(&vh), [("r/web:80", "to-new")]);
+    ads.on_request(&dreq(CLUSTER, &[], &[], &make.nonce));
+    let brk = ads.poll_response().unwrap();
+    assert_eq!(
+        (brk.type_url.as_ref(), removed(&brk)),
+        (CLUSTER, vec!["old"])
+    );
+}
+
+/// Envoy (1.40, Delta ADS) opens its virtual host subscription with no name at all:
+/// as for LDS and CDS, that first empty request means every virtual host (Envoy sorts
+/// them into route configurations by namespace).
+#[test]
+fn delta_vhds_a_first_request_naming_nothing_gets_every_virtual_host() {
+    let v1 = set(&[
+        (VIRTUAL_HOST, "r/a:80", "a1"),
+        (VIRTUAL_HOST, "s/b:80", "b1"),
+    ]);
+    let mut s = DeltaState::new(VIRTUAL_HOST);
+    s.on_snapshot(&v1, 1);
+    s.on_request(&dreq(VIRTUAL_HOST, &[], &[], ""));
+    let r = s.poll_response().unwrap();
+    assert_eq!(delta_names(&r), [("r/a:80", "a1"), ("s/b:80", "b1")]);
 }

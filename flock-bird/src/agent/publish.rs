@@ -72,6 +72,10 @@ impl Agent {
             denial_log_cluster: config.denial_log_cluster.clone(),
             access_log: config.access_log.clone(),
             tracing: config.tracing.clone(),
+            // The agent's Envoy is on Delta ADS (its bootstrap): each outbound virtual
+            // host is its own VHDS resource, so a route change replaces one service's
+            // virtual hosts instead of every caller's whole route configuration.
+            vhds: true,
             ..EnvoyOptions::default()
         };
         let mut version = 0;

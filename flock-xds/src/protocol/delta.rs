@@ -147,10 +147,13 @@ impl<V> DeltaState<V> {
             };
         }
         let mut next = self.core.sub.clone();
+        // A namespace (VHDS) is not a resource: nothing is owed about the name itself;
+        // its resources are sent as any subscribed resource is.
+        let by_namespace = self.core.sub.by_namespace();
         let newly: Vec<Name> = req
             .resource_names_subscribe
             .iter()
-            .filter(|n| *n != WILDCARD && !self.core.sub.contains(n))
+            .filter(|n| *n != WILDCARD && !by_namespace && !self.core.sub.contains(n))
             .map(|n| Name::from(n.as_str()))
             .collect();
         if first

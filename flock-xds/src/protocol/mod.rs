@@ -36,9 +36,25 @@ pub struct Subscription {
     legacy: bool,
     /// Names subscribed explicitly (never contains `*`).
     names: BTreeSet<Name>,
+    /// The type's names are namespaces ([`uses_namespaces`](crate::types::uses_namespaces)):
+    /// a subscribed name also covers every `<name>/<host>`.
+    namespaces: bool,
 }
 
 impl Subscription {
+    /// An empty subscription of `type_url` (namespace matching if the type uses it).
+    pub fn for_type(type_url: &str) -> Self {
+        Self {
+            namespaces: crate::types::uses_namespaces(type_url),
+            ..Self::default()
+        }
+    }
+
+    /// Whether the subscribed names are namespaces.
+    pub fn by_namespace(&self) -> bool {
+        self.namespaces
+    }
+
     /// Whether the client receives every resource of the type.
     pub fn is_wildcard(&self) -> bool {
         self.wildcard || self.legacy
@@ -54,9 +70,12 @@ impl Subscription {
         self.names.iter().map(|n| n.len()).sum()
     }
 
-    /// Whether `name` is subscribed, explicitly or by wildcard.
+    /// Whether `name` is subscribed, explicitly, by wildcard or by its namespace.
     pub fn contains(&self, name: &str) -> bool {
-        self.is_wildcard() || self.names.contains(name)
+        self.is_wildcard()
+            || self.names.contains(name)
+            || (self.namespaces
+                && crate::types::namespace_of(name).is_some_and(|ns| self.names.contains(ns)))
     }
 }
 

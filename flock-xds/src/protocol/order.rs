@@ -1,14 +1,14 @@
 //! ADS: one stream, many types, and the order their responses go out in.
 //!
 //! **Adds and changes ("make")** go out in Envoy's documented order
-//! SDS → CDS → EDS → LDS → RDS: a type's new or changed resources are withheld while
+//! SDS → CDS → EDS → LDS → RDS → VHDS: a type's new or changed resources are withheld while
 //! any type before it in that order has new or changed resources not yet *sent*. So
 //! a cluster's endpoints never arrive before the cluster (Envoy can drop endpoints of
 //! a cluster it does not have yet and then wait forever), a changed cluster is sent
 //! before its endpoints' change, listeners arrive after the clusters they route to,
 //! and route configurations after their listeners.
 //!
-//! **Removals ("break")** go out in the order LDS → RDS → CDS → EDS → SDS: a type's
+//! **Removals ("break")** go out in the order LDS → RDS → VHDS → CDS → EDS → SDS: a type's
 //! removals are withheld while any type before it in that order has anything unsent
 //! (new, changed or removed). An LDS/RDS update that drops the last reference to a
 //! cluster therefore goes out before the CDS removal of that cluster
@@ -35,7 +35,12 @@
 //! never arrive before their cluster; a wildcard EDS subscriber gets endpoints it did
 //! not ask for, and for it the rule stays strict.
 //!
-//! Types outside the five (VHDS, runtime, extension configs…) are not ordered.
+//! **Virtual hosts (VHDS)** are ordered as route configurations' parts: a virtual
+//! host's change goes out after RDS's (so after the clusters it routes to, and after
+//! the route configuration whose name is its namespace), and its removal after RDS's
+//! but before the clusters' (a virtual host never routes to a cluster already gone).
+//!
+//! Types outside these six (runtime, extension configs…) are not ordered.
 //!
 //! Progress: the make order is a chain, so the first type in it with unsent changes is
 //! never withheld; once no changes are unsent, the first type in the break order with
@@ -48,17 +53,17 @@ use super::{
     DeltaRequest, DeltaResponse, DeltaState, Nonces, Pending, RequestOutcome, SotwRequest,
     SotwResponse, SotwState, StreamStats,
 };
-use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, VIRTUAL_HOST};
 use flock_core::resources::{Name, ResourceSet, TypeDiff, diff};
 use std::collections::BTreeMap;
 use std::fmt;
 
 /// The order adds and changes go out in.
-pub const MAKE_ORDER: [&str; 5] = [SECRET, CLUSTER, ENDPOINT, LISTENER, ROUTE];
+pub const MAKE_ORDER: [&str; 6] = [SECRET, CLUSTER, ENDPOINT, LISTENER, ROUTE, VIRTUAL_HOST];
 /// The order removals go out in.
-pub const BREAK_ORDER: [&str; 5] = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET];
+pub const BREAK_ORDER: [&str; 6] = [LISTENER, ROUTE, VIRTUAL_HOST, CLUSTER, ENDPOINT, SECRET];
 
-fn rank(order: &[&str; 5], type_url: &str) -> Option<usize> {
+fn rank(order: &[&str; 6], type_url: &str) -> Option<usize> {
     order.iter().position(|t| *t == type_url)
 }
 
@@ -299,7 +304,7 @@ struct TypeState {
 
 /// What `type_url` may send now, given every type's state.
 fn gate_for(type_url: &str, types: &[TypeState]) -> Gate {
-    let before = |order: &[&str; 5], t: &str| match (rank(order, t), rank(order, type_url)) {
+    let before = |order: &[&str; 6], t: &str| match (rank(order, t), rank(order, type_url)) {
         (Some(a), Some(b)) => a < b,
         _ => false,
     };

@@ -231,6 +231,7 @@ fn sotw_subscription(
             prev.legacy
         };
     Subscription {
+        namespaces: crate::types::uses_namespaces(type_url),
         wildcard: names.iter().any(|n| n == WILDCARD),
         legacy,
         names: names

@@ -73,7 +73,7 @@ impl<V, H: Held<V>> Core<V, H> {
     pub fn new(type_url: &str) -> Self {
         Self {
             type_url: Name::from(type_url),
-            sub: Subscription::default(),
+            sub: Subscription::for_type(type_url),
             requested: false,
             set: ResourceSet::new(),
             version: 0,
@@ -157,7 +157,24 @@ impl<V, H: Held<V>> Core<V, H> {
         let prev = std::mem::replace(&mut self.sub, next);
         let mut touched: Vec<Name> = Vec::new();
         let mut dropped: Vec<Name> = Vec::new();
-        if prev.is_wildcard() && !self.sub.is_wildcard() {
+        if self.sub.namespaces {
+            // A namespace stands for names it does not list: walk what it may cover.
+            // (VHDS: one subscription change per route configuration, not per host.)
+            touched.extend(
+                self.set
+                    .iter_type(&self.type_url)
+                    .map(|(n, _)| n)
+                    .filter(|n| self.sub.contains(n) && !prev.contains(n))
+                    .cloned(),
+            );
+            dropped.extend(
+                self.held
+                    .keys()
+                    .chain(self.make.keys())
+                    .filter(|n| !self.sub.contains(n))
+                    .cloned(),
+            );
+        } else if prev.is_wildcard() && !self.sub.is_wildcard() {
             // Everything not named explicitly is dropped.
             dropped.extend(
                 self.held

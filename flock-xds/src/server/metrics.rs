@@ -3,7 +3,7 @@
 //! The type URL of a request is chosen by the client. Used as a label value it would
 //! let any client create series without bound (one per distinct URL it sends, kept
 //! for the life of the process) and, written unescaped, inject lines into the
-//! exposition. So a type is labelled only by [`TypeLabel`]: the five types flock
+//! exposition. So a type is labelled only by [`TypeLabel`]: the six types flock
 //! serves by their short names, everything else as `other`. Escaping of whatever
 //! does reach a label is `prometheus-client`'s encoder's.
 
@@ -32,18 +32,21 @@ pub enum TypeLabel {
     Eds,
     /// Secrets.
     Sds,
+    /// Virtual hosts of route configurations (VHDS).
+    Vhds,
     /// Any type URL flock does not serve, whatever the client sent.
     Other,
 }
 
 impl TypeLabel {
     /// Every label value: the bound on the series of one per-type metric.
-    pub const ALL: [TypeLabel; 6] = [
+    pub const ALL: [TypeLabel; 7] = [
         TypeLabel::Lds,
         TypeLabel::Rds,
         TypeLabel::Cds,
         TypeLabel::Eds,
         TypeLabel::Sds,
+        TypeLabel::Vhds,
         TypeLabel::Other,
     ];
 
@@ -55,6 +58,7 @@ impl TypeLabel {
             types::CLUSTER => TypeLabel::Cds,
             types::ENDPOINT => TypeLabel::Eds,
             types::SECRET => TypeLabel::Sds,
+            types::VIRTUAL_HOST => TypeLabel::Vhds,
             _ => TypeLabel::Other,
         }
     }
@@ -67,6 +71,7 @@ impl TypeLabel {
             TypeLabel::Cds => "cds",
             TypeLabel::Eds => "eds",
             TypeLabel::Sds => "sds",
+            TypeLabel::Vhds => "vhds",
             TypeLabel::Other => "other",
         }
     }

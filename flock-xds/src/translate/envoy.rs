@@ -8,7 +8,7 @@ use super::model::{
     trust_domain,
 };
 use super::{Resource, names, type_urls};
-use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, VIRTUAL_HOST};
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, OutlierDetection,
     cluster::{
@@ -30,8 +30,8 @@ use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
 };
 use envoy_types::pb::envoy::config::route::v3::{
-    HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
-    header_matcher, retry_policy, route, route_action, route_match,
+    HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, Vhds,
+    VirtualHost, header_matcher, retry_policy, route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::common::set_filter_state::v3::{
     FilterStateValue, filter_state_value,
@@ -117,6 +117,14 @@ pub struct EnvoyOptions {
     /// ([`super::telemetry`]). `None` (the default): no access log. The cluster must
     /// be in the bootstrap, as for `denial_log_cluster`.
     pub access_log: Option<super::telemetry::AccessLogOptions>,
+    /// Outbound virtual hosts over VHDS: each outbound route configuration is served
+    /// empty but for a VHDS source (ADS), and each of its virtual hosts is its own
+    /// `VirtualHost` resource named `<route configuration>/<svc>.<ns>:<port>`
+    /// ([`vhds_split`]). A route change then replaces one service's virtual hosts, not
+    /// a route configuration holding every service's. Only for an Envoy on a Delta ADS
+    /// stream (`DELTA_GRPC`, as flock's bootstrap): Envoy refuses VHDS over
+    /// state-of-the-world. Default false.
+    pub vhds: bool,
 }
 
 impl Default for EnvoyOptions {
@@ -130,6 +138,7 @@ impl Default for EnvoyOptions {
             denial_log_cluster: None,
             access_log: None,
             tracing: None,
+            vhds: false,
         }
     }
 }
@@ -1563,6 +1572,49 @@ pub(crate) fn routes_from_parts<'a>(
             value,
         },
     )
+}
+
+/// The route configuration `name` with its virtual hosts over VHDS (ADS): no virtual
+/// host of its own, so it never changes.
+pub(crate) fn vhds_route_config(name: &str) -> Resource {
+    let rc = RouteConfiguration {
+        name: name.to_string(),
+        vhds: Some(Vhds {
+            config_source: Some(ads()),
+        }),
+        ..Default::default()
+    };
+    resource(ROUTE, name.to_string(), any(ROUTE, &rc))
+}
+
+/// The `VirtualHost` resources of route configuration `rc`'s virtual hosts encoded in
+/// `part` (`RouteConfiguration.virtual_hosts` entries, as [`encoded_service_routes`]
+/// makes), each named `<rc>/<its name>`: Envoy keys a VHDS virtual host by its own
+/// name and removes it by the resource name, so the two are the same, and subscribes
+/// by the namespace `<rc>` (what comes before the last `/`; a host has none).
+pub(crate) fn vhds_resources(rc: &str, part: &[u8]) -> Vec<Resource> {
+    // The part is this crate's own encoding: it decodes (a failure would only leave
+    // the service's virtual hosts out).
+    let hosts = RouteConfiguration::decode(part)
+        .map(|rc| rc.virtual_hosts)
+        .unwrap_or_default();
+    hosts
+        .into_iter()
+        .map(|mut vh| {
+            vh.name = format!("{rc}/{}", vh.name);
+            let name = vh.name.clone();
+            resource(VIRTUAL_HOST, name, any(VIRTUAL_HOST, &vh))
+        })
+        .collect()
+}
+
+/// A whole outbound route configuration as VHDS serves it: the configuration
+/// without virtual hosts ([`vhds_route_config`]) and one resource per virtual host
+/// ([`vhds_resources`]).
+pub(crate) fn vhds_split(routes: &Resource) -> Vec<Resource> {
+    let mut out = vec![vhds_route_config(&routes.name)];
+    out.extend(vhds_resources(&routes.name, &routes.any.value));
+    out
 }
 
 /// An SDS reference to the secret `name`, served over ADS.

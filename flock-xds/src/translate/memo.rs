@@ -22,14 +22,15 @@
 use super::envoy::{
     EnvoyOptions, blackhole_cluster, caller_routes, caller_service_clusters,
     capture_caller_resources, capture_listener, encoded_service_routes, outbound_routes,
-    pod_resources, routes_from_parts, secret_resource, service_resources,
+    pod_resources, routes_from_parts, secret_resource, service_resources, vhds_resources,
+    vhds_route_config, vhds_split,
 };
 use super::grpc::grpc_service_resources;
 use super::model::ambiguous_service_names;
 use super::model::{Mesh, Pod, Secret, Service};
 use super::names;
 use super::{Resource, sort_dedup};
-use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, VIRTUAL_HOST};
 use envoy_types::pb::google::protobuf::Any;
 use flock_core::ContentHash;
 use flock_core::resources::{Name, ResourceSet};
@@ -49,7 +50,7 @@ pub enum Flavor {
 
 /// The resources of one translation, per type URL: `(name, hash, resource)` in the
 /// shape [`ResourceSetBuilder::replace_type`](flock_core::resources::ResourceSetBuilder::replace_type)
-/// takes. The five xDS types are always present (possibly empty), so replacing each
+/// takes. The six xDS types are always present (possibly empty), so replacing each
 /// removes what went away.
 pub type Entries = BTreeMap<&'static str, Vec<(Name, ContentHash, Arc<Any>)>>;
 
@@ -57,13 +58,13 @@ pub type Entries = BTreeMap<&'static str, Vec<(Name, ContentHash, Arc<Any>)>>;
 /// bytes.
 type Translated = Arc<Group>;
 
-/// One entity's resources and how many there are of each of the five types: a
+/// One entity's resources and how many there are of each of the six types: a
 /// translation is a list of groups, and its per-type counts are sums of these, so
 /// neither needs a walk over every resource.
 #[derive(Debug)]
 struct Group {
     items: Vec<Shared>,
-    counts: [usize; 5],
+    counts: [usize; 6],
 }
 
 impl std::ops::Deref for Group {
@@ -74,7 +75,7 @@ impl std::ops::Deref for Group {
 }
 
 fn group(items: Vec<Shared>) -> Translated {
-    let mut counts = [0; 5];
+    let mut counts = [0; 6];
     for (type_url, ..) in &items {
         counts[slot(type_url)] += 1;
     }
@@ -91,14 +92,14 @@ fn group(items: Vec<Shared>) -> Translated {
 #[derive(Debug, Default)]
 pub struct Translation {
     groups: Arc<Vec<Translated>>,
-    counts: [usize; 5],
+    counts: [usize; 6],
 }
 
 /// A translation's groups while a whole pass builds them.
 #[derive(Debug, Default)]
 struct Out {
     groups: Vec<Translated>,
-    counts: [usize; 5],
+    counts: [usize; 6],
 }
 
 impl Out {
@@ -111,7 +112,7 @@ impl Out {
 }
 
 /// Replaces `groups[at]` with `t`, keeping the per-type `counts` of `groups`.
-fn set_group(groups: &mut [Translated], counts: &mut [usize; 5], at: usize, t: &Translated) {
+fn set_group(groups: &mut [Translated], counts: &mut [usize; 6], at: usize, t: &Translated) {
     for ((sum, old), new) in counts.iter_mut().zip(groups[at].counts).zip(t.counts) {
         *sum = *sum - old + new;
     }
@@ -182,6 +183,9 @@ struct Emitted {
     short: bool,
     callers: Vec<Translated>,
     parts: Vec<Arc<Vec<u8>>>,
+    /// With VHDS ([`EnvoyOptions::vhds`]): the virtual host resources of `parts`, one
+    /// group for every route configuration ([`vhds_group`]).
+    vhosts: Option<Translated>,
 }
 
 /// The service entries of the last pass, handed out to this pass's services one by
@@ -252,6 +256,9 @@ impl ServiceMemo {
         for t in self.callers.values() {
             ch.gone(t);
         }
+        if let Some(v) = self.emitted.as_ref().and_then(|e| e.vhosts.as_ref()) {
+            ch.gone(v);
+        }
     }
 }
 
@@ -293,7 +300,7 @@ pub struct Memo {
     changes: Option<Changes>,
     /// The last translation's groups and their per-type counts (what it returned).
     output: Arc<Vec<Translated>>,
-    output_counts: [usize; 5],
+    output_counts: [usize; 6],
     /// Where each input sits in `output`, when the last translation allows the next
     /// to edit it in place ([`Memo::translate_in_place`]).
     layout: Option<Layout>,
@@ -437,12 +444,12 @@ impl Changes {
     }
 }
 
-/// The five xDS types, in the order of a translation's [`Lists`].
-const TYPES: [&str; 5] = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET];
+/// The six xDS types, in the order of a translation's [`Lists`].
+const TYPES: [&str; 6] = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET, VIRTUAL_HOST];
 
 /// A translation's entries while it is built: one list per type of [`TYPES`]
 /// (indexed, not a map lookup of a 50-byte type URL per resource per publish).
-type Lists = [Vec<(Name, ContentHash, Arc<Any>)>; 5];
+type Lists = [Vec<(Name, ContentHash, Arc<Any>)>; 6];
 
 /// `type_url`'s index in [`TYPES`]: by pointer (the constants themselves) first.
 fn slot(type_url: &str) -> usize {
@@ -450,7 +457,7 @@ fn slot(type_url: &str) -> usize {
         .iter()
         .position(|t| std::ptr::eq(*t, type_url))
         .or_else(|| TYPES.iter().position(|t| *t == type_url))
-        .expect("one of the five xDS types")
+        .expect("one of the six xDS types")
 }
 
 fn share(resources: Vec<Resource>) -> Translated {
@@ -531,6 +538,29 @@ fn caller_part(
     ))
 }
 
+/// The name of route configuration `key` (`None`: the shared one).
+fn route_name(key: Option<&str>) -> String {
+    match key {
+        None => names::OUTBOUND_ROUTE.to_string(),
+        Some(caller) => names::outbound_route_for(caller),
+    }
+}
+
+/// A service's virtual hosts as VHDS resources: its `parts` of the shared route
+/// configuration and of each of `callers`' (in that order), one group. Built from the
+/// parts (decoded, renamed), so it is exactly what joining them would have served.
+fn vhds_group<'a>(
+    parts: &[Arc<Vec<u8>>],
+    callers: impl IntoIterator<Item = &'a str>,
+) -> Translated {
+    let keys = std::iter::once(None).chain(callers.into_iter().map(Some));
+    share(
+        keys.zip(parts)
+            .flat_map(|(key, part)| vhds_resources(&route_name(key), part))
+            .collect(),
+    )
+}
+
 /// Pushes each secret's resource, reusing the one in `kept` for an equal secret (no
 /// re-encoding and re-hashing of its PEMs); `kept` then holds these secrets.
 fn push_secrets(
@@ -569,7 +599,7 @@ impl Memo {
             clean: false,
             changes: None,
             output: Arc::default(),
-            output_counts: [0; 5],
+            output_counts: [0; 6],
             layout: None,
             in_place: 0,
         }
@@ -665,9 +695,10 @@ impl Memo {
         self.pass += 1;
         let pass = self.pass;
         let envoy = self.flavor == Flavor::Envoy;
+        let vhds = envoy && opts.vhds;
         let mut out = Out {
             groups: Vec::with_capacity(pods.len() + services.len() + 1),
-            counts: [0; 5],
+            counts: [0; 6],
         };
         // Kept in place and marked with the pass (one lookup per pod, no new map),
         // then swept: what this pass did not see went away.
@@ -777,6 +808,9 @@ impl Memo {
         let mut kept: Vec<Box<ServiceMemo>> = Vec::with_capacity(iteration.len());
         for svc in iteration {
             let mut old_callers = HashMap::new();
+            // What the entry emitted before (its virtual hosts, with VHDS), if it is
+            // emitted anew.
+            let mut old_emitted = None;
             let mut entry = match old.take(svc, &mut ch) {
                 Some(mut e) if Arc::ptr_eq(&e.model, svc) || *e.model == **svc => {
                     e.model = Arc::clone(svc);
@@ -788,6 +822,7 @@ impl Memo {
                         Some(mut prev) => {
                             ch.replaced(&prev.own, &own);
                             old_callers = std::mem::take(&mut prev.callers);
+                            old_emitted = prev.emitted.take();
                         }
                         None => ch.added(&own),
                     }
@@ -818,14 +853,21 @@ impl Memo {
                     out.push(t);
                     route_parts[index + 1].push(Arc::clone(&em.parts[index + 1]));
                 }
+                if let Some(v) = &em.vhosts {
+                    out.push(v);
+                }
                 kept.push(entry);
                 continue;
+            }
+            if old_emitted.is_none() {
+                old_emitted = entry.emitted.take();
             }
             let mut emitted = Emitted {
                 epoch,
                 short,
                 callers: Vec::with_capacity(callers.len()),
                 parts: Vec::with_capacity(callers.len() + 1),
+                vhosts: None,
             };
             if !callers_same {
                 entry.callers.retain(|id, t| {
@@ -900,6 +942,29 @@ impl Memo {
             for old in old_callers.values() {
                 ch.gone(old);
             }
+            if vhds && order.is_some() {
+                let old = old_emitted.and_then(|e| {
+                    let same = same_parts(&e.parts, &emitted.parts);
+                    e.vhosts.map(|v| (same, v))
+                });
+                let v = match old {
+                    Some((true, v)) => v,
+                    Some((false, v)) => {
+                        let new = vhds_group(&emitted.parts, callers.iter().copied());
+                        ch.replaced(&v, &new);
+                        new
+                    }
+                    None => {
+                        let new = vhds_group(&emitted.parts, callers.iter().copied());
+                        ch.added(&new);
+                        new
+                    }
+                };
+                out.push(&v);
+                emitted.vhosts = Some(v);
+            } else if let Some(v) = old_emitted.and_then(|e| e.vhosts) {
+                ch.gone(&v);
+            }
             entry.emitted = order.is_some().then_some(emitted);
             kept.push(entry);
         }
@@ -917,13 +982,15 @@ impl Memo {
             for (key, parts) in keys.zip(route_parts) {
                 let key = key.map(str::to_string);
                 let route = match self.joined.remove(&key) {
-                    Some(last) if same_parts(&last.parts, &parts) => last.route,
+                    // With VHDS the configuration depends on its name alone.
+                    Some(last) if vhds || same_parts(&last.parts, &parts) => last.route,
                     _ => {
-                        let name = match &key {
-                            None => names::OUTBOUND_ROUTE.to_string(),
-                            Some(caller) => names::outbound_route_for(caller),
-                        };
-                        shared(routes_from_parts(&name, parts.iter().map(|p| p.as_slice())))
+                        let name = route_name(key.as_deref());
+                        if vhds {
+                            shared(vhds_route_config(&name))
+                        } else {
+                            shared(routes_from_parts(&name, parts.iter().map(|p| p.as_slice())))
+                        }
                     }
                 };
                 always.push(route.clone());
@@ -932,10 +999,17 @@ impl Memo {
             self.joined = joined;
         } else if envoy {
             self.joined.clear();
-            always.push(shared(outbound_routes(services, opts)));
+            let mut routes = vec![outbound_routes(services, opts)];
             for (caller, names) in &mtls {
                 let has = |name: &str| names.contains(name);
-                always.push(shared(caller_routes(caller, services, opts, &has)));
+                routes.push(caller_routes(caller, services, opts, &has));
+            }
+            for r in routes {
+                if vhds {
+                    always.extend(vhds_split(&r).into_iter().map(shared));
+                } else {
+                    always.push(shared(r));
+                }
             }
         }
         if envoy {
@@ -996,7 +1070,8 @@ impl Memo {
         self.layout = (order_clean
             && in_input_order
             && no_capture
-            && out.groups.len() == pod_groups + services.len() * (1 + callers.len()) + 1)
+            && out.groups.len()
+                == pod_groups + services.len() * (1 + callers.len() + usize::from(vhds)) + 1)
             .then(|| Layout {
                 pods: pods.to_vec(),
                 services: services.iter().map(|s| Arc::as_ptr(s) as usize).collect(),
@@ -1116,7 +1191,9 @@ impl Memo {
         }
         let mut ch = Changes::default();
         let pod_groups = pods.len();
-        let per_service = 1 + self.callers.len();
+        let vhds = envoy && opts.vhds;
+        // A service's groups: its own, one per caller, and its virtual hosts (VHDS).
+        let per_service = 1 + self.callers.len() + usize::from(vhds);
         let output = Arc::make_mut(&mut self.output);
         let counts = &mut self.output_counts;
         match pod_edit {
@@ -1205,6 +1282,14 @@ impl Memo {
             }
             dirty[0] |= replace_part(&mut self.joined, None, i, &part);
             emitted.parts[0] = part;
+            if vhds {
+                let new = vhds_group(&emitted.parts, self.callers.iter().map(String::as_str));
+                match emitted.vhosts.replace(Arc::clone(&new)) {
+                    Some(old) => ch.replaced(&old, &new),
+                    None => ch.added(&new),
+                }
+                set_group(output, counts, at + per_service - 1, &new);
+            }
         }
         let mut always: Vec<Shared> = Vec::new();
         if envoy {
@@ -1214,7 +1299,8 @@ impl Memo {
                     .joined
                     .get_mut(&key.cloned())
                     .expect("checked: every route configuration was joined");
-                if dirty {
+                // With VHDS a route configuration never changes: its virtual hosts do.
+                if dirty && !vhds {
                     let name = match key {
                         None => names::OUTBOUND_ROUTE.to_string(),
                         Some(caller) => names::outbound_route_for(caller),

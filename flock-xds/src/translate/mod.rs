@@ -192,7 +192,7 @@ pub use model::{
 };
 pub use refs::EnvoyReferences;
 
-use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, VIRTUAL_HOST};
 use envoy_types::pb::google::protobuf::Any;
 use flock_core::ContentHash;
 use flock_core::resources::{Name, ResourceSet, ResourceSetBuilder};
@@ -245,8 +245,8 @@ pub(crate) fn sort_dedup(mut out: Vec<Resource>) -> Vec<Resource> {
     out
 }
 
-/// Makes `resources` the complete contents of the five xDS types (listeners, routes,
-/// clusters, endpoints, secrets) and of any other type among them: names of those
+/// Makes `resources` the complete contents of the six xDS types (listeners, routes,
+/// clusters, endpoints, secrets, virtual hosts) and of any other type among them: names of those
 /// types not in `resources` are removed. An upsert whose hash equals the current
 /// entry's is not recorded as a change (see
 /// [`ResourceSetBuilder::upsert`]), so the built set's
@@ -255,10 +255,11 @@ pub(crate) fn sort_dedup(mut out: Vec<Resource>) -> Vec<Resource> {
 /// this call is O(resources) hash comparisons; no resource is re-encoded.
 pub fn replace_all(builder: &mut ResourceSetBuilder<Any>, resources: Vec<Resource>) {
     type Entries = Vec<(Name, ContentHash, Arc<Any>)>;
-    let mut by_type: BTreeMap<&'static str, Entries> = [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET]
-        .into_iter()
-        .map(|t| (t, Vec::new()))
-        .collect();
+    let mut by_type: BTreeMap<&'static str, Entries> =
+        [LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET, VIRTUAL_HOST]
+            .into_iter()
+            .map(|t| (t, Vec::new()))
+            .collect();
     for r in resources {
         by_type
             .entry(r.type_url)

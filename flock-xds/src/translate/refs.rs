@@ -2,7 +2,7 @@
 
 use super::type_urls;
 use crate::cache::References;
-use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
+use crate::types::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, VIRTUAL_HOST};
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster,
     cluster::{ClusterDiscoveryType, DiscoveryType},
@@ -11,7 +11,9 @@ use envoy_types::pb::envoy::config::core::v3::{
     ConfigSource, TransportSocket, config_source::ConfigSourceSpecifier, transport_socket,
 };
 use envoy_types::pb::envoy::config::listener::v3::{Filter, Listener, filter};
-use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+use envoy_types::pb::envoy::config::route::v3::{
+    RouteConfiguration, VirtualHost, route, route_action,
+};
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager::RouteSpecifier,
 };
@@ -30,7 +32,8 @@ use prost::Message;
 ///   to the clusters of inline route configurations and TCP proxies, and to the
 ///   SDS secrets of its filter chains' TLS transport sockets;
 /// * a **route configuration** refers to the clusters of its routes (single and
-///   weighted);
+///   weighted), and so does a **virtual host** (VHDS); a route configuration's
+///   virtual hosts served by VHDS are not references: its name is their namespace;
 /// * an **EDS cluster** refers to its `ClusterLoadAssignment` (`service_name`, or the
 ///   cluster's own name if that is empty), and to the SDS secrets of its TLS
 ///   transport socket.
@@ -56,6 +59,11 @@ impl References<Any> for EnvoyReferences {
             ROUTE => {
                 if let Ok(rc) = RouteConfiguration::decode(value.value.as_slice()) {
                     route_config_refs(&rc, refer);
+                }
+            }
+            VIRTUAL_HOST => {
+                if let Ok(vh) = VirtualHost::decode(value.value.as_slice()) {
+                    virtual_host_refs(&vh, refer);
                 }
             }
             CLUSTER => {
@@ -140,6 +148,12 @@ fn hcm_refs(hcm: &HttpConnectionManager, refer: &mut dyn FnMut(&str, &str)) {
 
 fn route_config_refs(rc: &RouteConfiguration, refer: &mut dyn FnMut(&str, &str)) {
     for vh in &rc.virtual_hosts {
+        virtual_host_refs(vh, refer);
+    }
+}
+
+fn virtual_host_refs(vh: &VirtualHost, refer: &mut dyn FnMut(&str, &str)) {
+    {
         for r in &vh.routes {
             let Some(route::Action::Route(action)) = &r.action else {
                 continue;
