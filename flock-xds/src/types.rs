@@ -20,12 +20,11 @@ pub const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets
 pub const WILDCARD: &str = "*";
 
 /// Whether a first request with no resource names means "everything" (the legacy
-/// wildcard): true for LDS and CDS, as in Envoy and go-control-plane, and for VHDS:
-/// Envoy (1.40, over Delta ADS) opens its virtual host subscription with no name at
-/// all, not the route configuration's, and sorts what arrives by namespace itself.
-/// Any type can still subscribe to everything explicitly with `*`.
+/// wildcard): true for LDS and CDS only, as in Envoy and go-control-plane. Any type
+/// can still subscribe to everything explicitly with `*`. (VHDS is neither: see
+/// [`Subscription`](crate::protocol::Subscription) for what its namespaces follow.)
 pub fn allows_legacy_wildcard(type_url: &str) -> bool {
-    type_url == LISTENER || type_url == CLUSTER || type_url == VIRTUAL_HOST
+    type_url == LISTENER || type_url == CLUSTER
 }
 
 /// Whether a subscribed name of the type is a namespace: it stands for every resource

@@ -829,6 +829,23 @@ fn mtls_mesh(
 /// timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_callers_mtls_cluster_routes_without_waiting_for_the_initial_fetch_timeout() {
+    new_caller_routes_at_once(&EnvoyOptions::default()).await;
+}
+
+/// The same with VHDS: the new caller's route configuration is a new VHDS watch in
+/// Envoy on a subscription that already exists, and its virtual hosts still arrive
+/// at once (not after the initial fetch timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_vhds_a_new_callers_route_configuration_gets_its_virtual_hosts_at_once() {
+    new_caller_routes_at_once(&EnvoyOptions {
+        vhds: true,
+        ..EnvoyOptions::default()
+    })
+    .await;
+}
+
+async fn new_caller_routes_at_once(opts: &EnvoyOptions) {
+    let publish = |cache: &Cache<Any>, mesh: &Mesh| publish_with(cache, mesh, opts);
     let pki = Pki::new();
     let (app, _app_task) = xfcc_echo().await;
     let (_held, [inbound, plain_inbound, out_a, out_b]) = reserve_ports_for_child();

@@ -811,18 +811,41 @@ fn ads_delta_vhds_virtual_hosts_are_made_after_clusters_and_broken_before_them()
     );
 }
 
-/// Envoy (1.40, Delta ADS) opens its virtual host subscription with no name at all:
-/// as for LDS and CDS, that first empty request means every virtual host (Envoy sorts
-/// them into route configurations by namespace).
+/// Envoy (1.40, Delta ADS) opens its virtual host subscription naming nothing and
+/// adds each route configuration's VHDS watch without a request: the route
+/// configurations the stream subscribes to are its VHDS namespaces. A configuration's
+/// virtual hosts go out after the configuration itself (before it, Envoy has no watch
+/// for them and drops them), and those of a configuration it did not ask for never.
 #[test]
-fn delta_vhds_a_first_request_naming_nothing_gets_every_virtual_host() {
+fn ads_delta_vhds_follows_the_route_configurations_the_stream_subscribes_to() {
+    let mut ads: DeltaAds<V> = DeltaAds::new();
     let v1 = set(&[
+        (ROUTE, "r", "r"),
+        (ROUTE, "s", "s"),
         (VIRTUAL_HOST, "r/a:80", "a1"),
         (VIRTUAL_HOST, "s/b:80", "b1"),
     ]);
-    let mut s = DeltaState::new(VIRTUAL_HOST);
-    s.on_snapshot(&v1, 1);
-    s.on_request(&dreq(VIRTUAL_HOST, &[], &[], ""));
-    let r = s.poll_response().unwrap();
-    assert_eq!(delta_names(&r), [("r/a:80", "a1"), ("s/b:80", "b1")]);
+    ads.on_snapshot(&v1, 1);
+    ads.on_request(&dreq(ROUTE, &["r"], &[], ""));
+    let rds = ads.poll_response().unwrap();
+    ads.on_request(&dreq(ROUTE, &[], &[], &rds.nonce));
+    ads.on_request(&dreq(VIRTUAL_HOST, &[], &[], ""));
+    let vh = ads.poll_response().unwrap();
+    assert_eq!(vh.type_url.as_ref(), VIRTUAL_HOST);
+    assert_eq!(delta_names(&vh), [("r/a:80", "a1")]);
+    ads.on_request(&dreq(VIRTUAL_HOST, &[], &[], &vh.nonce));
+    // A second configuration: its virtual hosts after it, never before.
+    ads.on_request(&dreq(ROUTE, &["s"], &[], ""));
+    let rds = ads.poll_response().unwrap();
+    assert_eq!(
+        (rds.type_url.as_ref(), delta_names(&rds)),
+        (ROUTE, vec![("s", "s")])
+    );
+    let vh = ads.poll_response().unwrap();
+    assert_eq!(delta_names(&vh), [("s/b:80", "b1")]);
+    // Unsubscribing the configuration forgets its virtual hosts: no more updates.
+    ads.on_request(&dreq(VIRTUAL_HOST, &[], &[], &vh.nonce));
+    ads.on_request(&dreq(ROUTE, &[], &["s"], &rds.nonce));
+    ads.on_snapshot(&edit(&v1, &[(VIRTUAL_HOST, "s/b:80", "b2")], &[]), 2);
+    assert!(ads.poll_response().is_none());
 }

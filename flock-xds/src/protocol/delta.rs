@@ -253,6 +253,17 @@ impl<V> DeltaState<V> {
         })
     }
 
+    /// Sets the namespaces linked from the stream's route configuration subscription
+    /// (VHDS; see [`Subscription`]). Nothing for a type without namespaces.
+    pub fn link_namespaces(&mut self, namespaces: &std::collections::BTreeSet<Name>) {
+        if !self.core.sub.by_namespace() || self.core.sub.linked == *namespaces {
+            return;
+        }
+        let mut next = self.core.sub.clone();
+        next.linked = namespaces.clone();
+        self.core.set_subscription(next);
+    }
+
     /// The client's subscription.
     pub fn subscription(&self) -> &Subscription {
         &self.core.sub

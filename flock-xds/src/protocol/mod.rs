@@ -39,6 +39,13 @@ pub struct Subscription {
     /// The type's names are namespaces ([`uses_namespaces`](crate::types::uses_namespaces)):
     /// a subscribed name also covers every `<name>/<host>`.
     namespaces: bool,
+    /// Namespaces linked from the route configurations the stream subscribes to (the
+    /// ADS coordinator keeps them equal): Envoy (1.40, Delta ADS) opens its virtual
+    /// host subscription naming nothing, and adds a route configuration's VHDS watch
+    /// to it without a request, so the route configurations it asked for are the
+    /// namespaces it wants. Their virtual hosts then go out after the configuration
+    /// itself (the make order), when its watch exists: sent before, Envoy drops them.
+    linked: BTreeSet<Name>,
 }
 
 impl Subscription {
@@ -75,7 +82,8 @@ impl Subscription {
         self.is_wildcard()
             || self.names.contains(name)
             || (self.namespaces
-                && crate::types::namespace_of(name).is_some_and(|ns| self.names.contains(ns)))
+                && crate::types::namespace_of(name)
+                    .is_some_and(|ns| self.names.contains(ns) || self.linked.contains(ns)))
     }
 }
 

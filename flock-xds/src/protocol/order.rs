@@ -359,7 +359,23 @@ impl<V> Ads<V, SotwState<V>> {
 impl<V> Ads<V, DeltaState<V>> {
     /// Feeds a request to its type's machine (created on the type's first request).
     pub fn on_request(&mut self, req: &DeltaRequest) -> RequestOutcome {
-        self.machine(&req.type_url).on_request(req)
+        let outcome = self.machine(&req.type_url).on_request(req);
+        if req.type_url == ROUTE || req.type_url == VIRTUAL_HOST {
+            self.link_vhds();
+        }
+        outcome
+    }
+
+    /// Links the route configurations the stream subscribes to into its VHDS
+    /// subscription as namespaces (see [`Subscription`](super::Subscription)).
+    fn link_vhds(&mut self) {
+        let Some(routes) = self.machines.get(ROUTE) else {
+            return;
+        };
+        let names = routes.subscription().names().clone();
+        if let Some(vhds) = self.machines.get_mut(VIRTUAL_HOST) {
+            vhds.link_namespaces(&names);
+        }
     }
 
     /// [`subscribed_names`](Self::subscribed_names) once `req` would be applied,

@@ -232,6 +232,7 @@ fn sotw_subscription(
         };
     Subscription {
         namespaces: crate::types::uses_namespaces(type_url),
+        linked: Default::default(),
         wildcard: names.iter().any(|n| n == WILDCARD),
         legacy,
         names: names
