@@ -2,7 +2,9 @@
 //! 10, 100 and 1,000 routed services (each service routed 90/10 over the next two),
 //! translated by the memo a control plane keeps ([`Memo::translate_shared`], the
 //! agent's publish path), Envoy flavor, with callers that have an identity (their
-//! own route configurations, as in a mesh with mTLS).
+//! own route configurations, as in a mesh with mTLS). Twice: with the virtual hosts
+//! over VHDS (the agent's setting, `EnvoyOptions::vhds`) and with whole route
+//! configurations (RDS only, what a state-of-the-world Envoy gets).
 //!
 //! Sizes are interleaved in rounds (one time window; ratios to the smallest size,
 //! median of rounds), as the publish flatness benchmark does.
@@ -73,7 +75,7 @@ struct World {
 }
 
 impl World {
-    fn new(n: usize) -> Self {
+    fn new(n: usize, vhds: bool) -> Self {
         let services: Vec<Arc<Service>> = (0..n).map(|i| Arc::new(service(i, n, 10))).collect();
         let pods = (0..CALLERS)
             .map(|c| {
@@ -92,7 +94,10 @@ impl World {
             services,
             pods,
             memo: Memo::new(Flavor::Envoy),
-            opts: EnvoyOptions::default(),
+            opts: EnvoyOptions {
+                vhds,
+                ..EnvoyOptions::default()
+            },
             changes: 0,
             weights: vec![10; n],
         };
@@ -130,8 +135,14 @@ impl World {
 fn main() {
     // `cargo test --benches` runs this with --bench absent: a smoke run only.
     let smoke = !std::env::args().any(|a| a == "--bench");
+    for vhds in [true, false] {
+        run(smoke, vhds);
+    }
+}
+
+fn run(smoke: bool, vhds: bool) {
     let (rounds, batch) = if smoke { (2, 5) } else { (30, 200) };
-    let mut worlds: Vec<World> = SIZES.iter().map(|&n| World::new(n)).collect();
+    let mut worlds: Vec<World> = SIZES.iter().map(|&n| World::new(n, vhds)).collect();
     for w in &mut worlds {
         for _ in 0..50 {
             w.change();
@@ -157,7 +168,7 @@ fn main() {
     // The baseline, a few changes per size (a whole translation is slow at 1,000).
     let mut baseline = Vec::new();
     for &n in &SIZES {
-        let mut w = World::new(n);
+        let mut w = World::new(n, vhds);
         let reps = if smoke { 1 } else { 20 };
         let t = std::time::Instant::now();
         for _ in 0..reps {
@@ -170,7 +181,12 @@ fn main() {
         v[v.len() / 2]
     };
     println!(
-        "route change translation: {rounds} rounds of {batch} changes per size, sizes interleaved, {CALLERS} callers with an identity"
+        "route change translation ({}): {rounds} rounds of {batch} changes per size, sizes interleaved, {CALLERS} callers with an identity",
+        if vhds {
+            "virtual hosts over VHDS"
+        } else {
+            "whole route configurations"
+        }
     );
     println!(
         "| routed services | per change (median) | ratio to {} (median) | baseline: whole translation | flock / baseline |",
