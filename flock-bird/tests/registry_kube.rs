@@ -458,11 +458,11 @@ async fn an_api_outage_keeps_the_last_known_endpoints_and_resyncs() {
 /// not the agent's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_serves_slices_with_cluster_ips_and_its_gc_leaves_them() {
-    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    use envoy_types::pb::envoy::config::route::v3::VirtualHost;
     use flock_bird::agent::{Agent, AgentConfig, ENVOY_GROUP, group_of};
     use flock_bird::kube::KubePods;
     use flock_xds::cache::Cache;
-    use flock_xds::types::ROUTE;
+    use flock_xds::types::VIRTUAL_HOST;
     use prost::Message;
 
     let (api, watch, registry) = cluster().await;
@@ -488,17 +488,13 @@ async fn the_agent_serves_slices_with_cluster_ips_and_its_gc_leaves_them() {
     agent.load().await.unwrap();
     agent.publish();
     let snap = cache.snapshot(ENVOY_GROUP).unwrap();
-    let (_, routes) = snap
+    // The agent serves the outbound virtual hosts over VHDS: one resource each.
+    let (_, cart) = snap
         .state()
-        .iter_type(ROUTE)
-        .find(|(n, _)| n.to_string() == "outbound|http")
-        .expect("outbound routes");
-    let rc = RouteConfiguration::decode(routes.value().value.as_slice()).unwrap();
-    let vh = rc
-        .virtual_hosts
-        .iter()
-        .find(|v| v.name == "cart.shop:80")
+        .iter_type(VIRTUAL_HOST)
+        .find(|(n, _)| n.to_string() == "outbound|http/cart.shop:80")
         .expect("cart's virtual host");
+    let vh = &VirtualHost::decode(cart.value().value.as_slice()).unwrap();
     for d in ["10.96.0.10:80", "10.96.0.10", "cart.shop:80"] {
         assert!(
             vh.domains.iter().any(|x| x == d),

@@ -289,7 +289,7 @@ fn render_routes(doc: &flock_admin::api::Routes) -> String {
 }
 
 fn render_proxy_status(doc: &ProxyStatus) -> String {
-    const TYPES: [&str; 5] = ["cds", "eds", "lds", "rds", "sds"];
+    const TYPES: [&str; 6] = ["cds", "eds", "lds", "rds", "vhds", "sds"];
     let mut out = String::new();
     let _ = write!(
         out,
