@@ -120,8 +120,9 @@ pub struct EnvoyOptions {
     /// Outbound virtual hosts over VHDS: each outbound route configuration is served
     /// empty but for a VHDS source (ADS), and each of its virtual hosts is its own
     /// `VirtualHost` resource named `<route configuration>/<svc>.<ns>:<port>`
-    /// (docs/xds.md, "Virtual hosts over VHDS"). A route change then replaces one service's virtual hosts, not
-    /// a route configuration holding every service's. Only for an Envoy on a Delta ADS
+    /// (docs/xds.md, "Virtual hosts over VHDS"). A route change then replaces one
+    /// service's virtual hosts, not a route configuration holding every service's.
+    /// Only for an Envoy on a Delta ADS
     /// stream (`DELTA_GRPC`, as flock's bootstrap): Envoy refuses VHDS over
     /// state-of-the-world. Default false.
     pub vhds: bool,
