@@ -849,3 +849,51 @@ fn ads_delta_vhds_follows_the_route_configurations_the_stream_subscribes_to() {
     ads.on_snapshot(&edit(&v1, &[(VIRTUAL_HOST, "s/b:80", "b2")], &[]), 2);
     assert!(ads.poll_response().is_none());
 }
+
+/// A reconnecting Envoy subscribes its route configurations, then announces the
+/// virtual hosts it holds in its first VHDS request (naming nothing): only what
+/// changed meanwhile is sent, and what went away is removed, not kept forever.
+#[test]
+fn ads_delta_vhds_a_reconnect_gets_what_changed_and_the_removal_of_what_went_away() {
+    let mut ads: DeltaAds<V> = DeltaAds::new();
+    let v1 = set(&[
+        (ROUTE, "r", "r"),
+        (VIRTUAL_HOST, "r/a:80", "a2"),
+        (VIRTUAL_HOST, "r/b:80", "b1"),
+    ]);
+    ads.on_snapshot(&v1, 1);
+    let mut rds = dreq(ROUTE, &["r"], &[], "");
+    rds.initial_resource_versions
+        .insert("r".into(), ContentHash::of(b"r").to_hex());
+    ads.on_request(&rds);
+    let mut vhds = dreq(VIRTUAL_HOST, &[], &[], "");
+    for (name, value) in [("r/a:80", "a1"), ("r/b:80", "b1"), ("r/gone:80", "g1")] {
+        vhds.initial_resource_versions
+            .insert(name.into(), ContentHash::of(value.as_bytes()).to_hex());
+    }
+    ads.on_request(&vhds);
+    let mut sent = Vec::new();
+    while let Some(r) = ads.poll_response() {
+        if r.type_url.as_ref() == VIRTUAL_HOST {
+            sent.push((
+                delta_names(&r)
+                    .into_iter()
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+                    .collect::<Vec<_>>(),
+                removed(&r)
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>(),
+            ));
+        }
+        let nonce = r.nonce.clone();
+        ads.on_request(&dreq(r.type_url.as_ref(), &[], &[], &nonce));
+    }
+    assert_eq!(
+        sent,
+        [(
+            vec![("r/a:80".to_string(), "a2".to_string())],
+            vec!["r/gone:80".to_string()]
+        )]
+    );
+}

@@ -359,8 +359,15 @@ impl<V> Ads<V, SotwState<V>> {
 impl<V> Ads<V, DeltaState<V>> {
     /// Feeds a request to its type's machine (created on the type's first request).
     pub fn on_request(&mut self, req: &DeltaRequest) -> RequestOutcome {
+        if req.type_url == VIRTUAL_HOST {
+            // Linked before the request is applied: a reconnecting Envoy announces the
+            // virtual hosts it holds in its first VHDS request (after its RDS one), and
+            // each is compared, not forgotten as unsubscribed.
+            self.machine(VIRTUAL_HOST);
+            self.link_vhds();
+        }
         let outcome = self.machine(&req.type_url).on_request(req);
-        if req.type_url == ROUTE || req.type_url == VIRTUAL_HOST {
+        if req.type_url == ROUTE {
             self.link_vhds();
         }
         outcome
