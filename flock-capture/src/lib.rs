@@ -5,9 +5,9 @@
 //! crate only runs `nft` inside the pod's netns and maps its failures to
 //! [`CaptureError`]s that name the cause.
 //!
-//! * [`Nft::apply`]: one `nft -j -f -` batch, run through `nsenter --net=<netns>`
-//!   (the netns may be a `/var/run/netns` name or a CNI_NETNS like
-//!   `/proc/<pid>/ns/net`). A batch is one nftables transaction: all of the table or,
+//! * [`Nft::apply`]: one `nft -j -f -` batch, run inside the pod's netns (started
+//!   from a thread of ours that entered it; the netns may be a `/var/run/netns` name
+//!   or a CNI_NETNS like `/proc/<pid>/ns/net`). A batch is one nftables transaction: all of the table or,
 //!   on failure, the previous state. It deletes and re-creates the table, so a
 //!   repeated apply converges on one identical table.
 //! * [`Nft::check`]: `nft -j list table inet flock_capture`, parsed (bounded) and
@@ -16,7 +16,7 @@
 //! * With [`CaptureSpec::original_src`] (the app sees its callers' own addresses),
 //!   apply, check and remove also cover the pod's policy route
 //!   ([`flock_core::capture::PolicyRoute`]: `ip rule` and `ip route` of its own
-//!   table, through `nsenter` and iproute2's `ip -j`), which brings the app's replies
+//!   table, through iproute2's `ip -j` in the netns), which brings the app's replies
 //!   to a caller's address back to Envoy.
 //! * [`Nft::probe`]: whether this host can do any of it: a missing `nft` binary and a
 //!   kernel without nf_tables each get their own error.
@@ -45,7 +45,8 @@
 //!
 //! # Capabilities
 //!
-//! `CAP_SYS_ADMIN` to enter the pod's netns (`setns`, done by `nsenter`) and
+//! `CAP_SYS_ADMIN` to enter the pod's netns (`setns`, by a short-lived thread whose
+//! children start there) and
 //! `CAP_NET_ADMIN` in that netns (its user namespace) to change its nftables. [`Nft::probe`]
 //! creates a throw-away netns (`unshare --net`), which needs `CAP_SYS_ADMIN` too.
 //!
@@ -110,7 +111,7 @@ pub enum CaptureError {
         /// What differs.
         detail: String,
     },
-    /// No `nsenter` / `unshare` binary.
+    /// No `unshare` binary (the probe's throw-away netns).
     #[error("{0:?} not found: install util-linux")]
     UtilMissing(PathBuf),
     /// The kernel has no nf_tables (or not the nat/inet parts the table needs).
@@ -161,12 +162,11 @@ pub enum CaptureError {
 /// Most bytes of nft's stderr kept in an error.
 const MAX_STDERR: usize = 4096;
 
-/// How the `nft`, `nsenter` and `unshare` binaries are found.
+/// How the `nft`, `ip` and `unshare` binaries are found.
 #[derive(Clone, Debug)]
 pub struct Nft {
     nft: PathBuf,
     ip: PathBuf,
-    nsenter: PathBuf,
     unshare: PathBuf,
 }
 
@@ -175,7 +175,6 @@ impl Default for Nft {
         Nft {
             nft: "nft".into(),
             ip: "ip".into(),
-            nsenter: "nsenter".into(),
             unshare: "unshare".into(),
         }
     }
@@ -216,7 +215,7 @@ fn classify(what: &'static str, status: String, stderr: &str) -> CaptureError {
 }
 
 impl Nft {
-    /// `nft`, `nsenter` and `unshare` from `PATH`.
+    /// `nft`, `ip` and `unshare` from `PATH`.
     pub fn new() -> Self {
         Self::default()
     }
@@ -273,8 +272,11 @@ impl Nft {
         }
     }
 
-    /// Runs `program` with `args` inside `netns` through nsenter (whose own failures,
-    /// a netns it cannot open or enter, are errors here).
+    /// Runs `program` with `args` inside `netns`: from a thread of our own that enters
+    /// the netns (`setns`) and exits afterwards, so the child starts there — one
+    /// process per command, not an `nsenter` in front of each (a process start is
+    /// most of what a pod's capture costs its ADD). A netns that cannot be opened or
+    /// entered is an error here.
     fn exec_in(
         &self,
         program: &Path,
@@ -283,40 +285,38 @@ impl Nft {
         stdin: Option<&[u8]>,
         what: &'static str,
     ) -> Result<Ran, CaptureError> {
-        let nsenter = resolve(&self.nsenter)
-            .ok_or_else(|| CaptureError::UtilMissing(self.nsenter.clone()))?;
         if !netns.exists() {
             return Err(CaptureError::Netns {
                 path: netns.into(),
                 detail: "does not exist".into(),
             });
         }
-        let mut cmd = Command::new(nsenter);
-        cmd.arg(format!("--net={}", netns.display()))
-            .arg("--")
-            .arg(program)
-            .args(args);
-        let out = run(cmd, what, stdin)?;
+        // A scoped thread: its netns dies with it, and no thread of the caller's
+        // (a runtime's worker) is ever left in the pod's netns.
+        let out = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    enter_netns(netns)?;
+                    let mut cmd = Command::new(program);
+                    cmd.args(args);
+                    run(cmd, what, stdin)
+                })
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(CaptureError::Io(
+                        what,
+                        std::io::Error::other("the netns thread panicked"),
+                    ))
+                })
+        })?;
         if out.status.success() {
             return String::from_utf8(out.stdout)
                 .map(Ran::Out)
                 .map_err(|_| ParseError::Malformed(format!("{what}: output is not UTF-8")).into());
         }
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if let Some(rest) = stderr.strip_prefix("nsenter: ") {
-            // nsenter's own failure: the netns could not be opened or entered.
-            return Err(if rest.contains("Operation not permitted") {
-                CaptureError::NotPermitted(rest.trim().into())
-            } else {
-                CaptureError::Netns {
-                    path: netns.into(),
-                    detail: rest.trim().chars().take(MAX_STDERR).collect(),
-                }
-            });
-        }
         Ok(Ran::Failed {
             status: out.status.to_string(),
-            stderr: stderr.into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })
     }
 
@@ -614,6 +614,24 @@ fn run(
         return Err(ParseError::TooLarge(out.stdout.len()).into());
     }
     Ok(out)
+}
+
+/// Moves the calling thread into the network namespace at `netns` (only for a thread
+/// that exits afterwards).
+fn enter_netns(netns: &Path) -> Result<(), CaptureError> {
+    let file = std::fs::File::open(netns).map_err(|e| CaptureError::Netns {
+        path: netns.into(),
+        detail: format!("cannot open: {e}"),
+    })?;
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| match e {
+        nix::errno::Errno::EPERM => {
+            CaptureError::NotPermitted(format!("entering {}: {e}", netns.display()))
+        }
+        _ => CaptureError::Netns {
+            path: netns.into(),
+            detail: format!("cannot enter (not a network namespace?): {e}"),
+        },
+    })
 }
 
 /// [`Nft::apply`] with the binaries on `PATH`.

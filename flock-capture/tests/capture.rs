@@ -471,7 +471,42 @@ fn a_missing_netns_and_probe() {
         )
         .unwrap_err();
     assert!(matches!(e, CaptureError::Netns { .. }), "{e}");
+    // A path that exists but is no network namespace: refused when entering it,
+    // before any nft runs.
+    let not_a_netns = std::env::temp_dir().join(format!("flockcap-file-{}", std::process::id()));
+    std::fs::write(&not_a_netns, b"").unwrap();
+    let e = Nft::new()
+        .apply(&not_a_netns, &spec(Mode::Strict))
+        .unwrap_err();
+    let _ = std::fs::remove_file(&not_a_netns);
+    assert!(
+        matches!(&e, CaptureError::Netns { detail, .. } if detail.contains("cannot enter")),
+        "{e}"
+    );
     Nft::new().probe().unwrap();
+}
+
+/// nft runs in the pod's netns from a thread of its own: the caller's thread (in an
+/// agent, a runtime's worker) stays in its own netns, and the table is in the pod's,
+/// not in the caller's.
+#[test]
+fn applying_leaves_the_callers_thread_in_its_own_netns() {
+    let (pod, _peer) = pair();
+    let own = || std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+    let before = own();
+    let s = spec(Mode::Strict);
+    Nft::new().apply(&pod.path(), &s).unwrap();
+    assert_eq!(own(), before);
+    Nft::new().check(&pod.path(), &s).unwrap();
+    assert_eq!(own(), before);
+    let here = std::process::Command::new("nft")
+        .args(["list", "table", "inet", "flock_capture"])
+        .output()
+        .unwrap();
+    assert!(
+        !here.status.success(),
+        "the table is not in the caller's netns"
+    );
 }
 
 fn outbound(v6: bool) {

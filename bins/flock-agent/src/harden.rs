@@ -2,14 +2,15 @@
 //!
 //! What the agent needs while running, and why:
 //!
-//! * `CAP_SYS_ADMIN` — kept: the liveness probes `setns(CLONE_NEWNET)` into each pod's
-//!   network namespace to connect to the pod's loopback, and `setns` into a network
-//!   namespace needs it (nothing narrower exists).
+//! * `CAP_SYS_ADMIN` — kept: the liveness probes, and the threads that start `nft`
+//!   and `ip` for a captured pod, `setns(CLONE_NEWNET)` into the pod's network
+//!   namespace, and `setns` into a network namespace needs it (nothing narrower
+//!   exists).
 //! * `CAP_NET_ADMIN` — kept only with `--capture strict|permissive`: the agent runs
-//!   `nsenter --net=<pod netns> nft -j -f -` to install, check and remove each captured
-//!   pod's nftables table, and changing a netns's nftables needs it. Kept in the
-//!   bounding set too, so the `nsenter`/`nft` children (root, no file capabilities)
-//!   get it and `CAP_SYS_ADMIN` (`setns`) on exec.
+//!   `nft -j -f -` in each captured pod's netns (started from a thread that entered
+//!   it) to install, check and remove the pod's nftables table, and changing a netns's
+//!   nftables needs it. Kept in the bounding set too, so the `nft`/`ip` children
+//!   (root, no file capabilities) get it on exec.
 //!
 //! Everything else goes. The agent runs as root (uid 0) and owns what it writes (the
 //! pod store, `/run/flock`), so it needs no `CAP_DAC_OVERRIDE`; reading peer
