@@ -254,8 +254,20 @@ impl Nft {
         what: &'static str,
         args: &[&str],
     ) -> Result<String, CaptureError> {
+        self.ip_with_input(netns, what, args, None)
+    }
+
+    /// Runs `ip` with `args` inside `netns`, `stdin` on its standard input (a
+    /// `-batch -` of commands); its stdout.
+    fn ip_with_input(
+        &self,
+        netns: &Path,
+        what: &'static str,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<String, CaptureError> {
         let ip = resolve(&self.ip).ok_or_else(|| CaptureError::IpMissing(self.ip.clone()))?;
-        match self.exec_in(&ip, netns, args, None, what)? {
+        match self.exec_in(&ip, netns, args, stdin, what)? {
             Ran::Out(text) => Ok(text),
             Ran::Failed { status, stderr } => {
                 let stderr: String = stderr.trim().chars().take(MAX_STDERR).collect();
@@ -432,40 +444,26 @@ impl Nft {
 
     /// Makes `netns` hold `route`: the table's one local default route (`replace`
     /// converges), then the rule, unless exactly it is there already (`ip rule add`
-    /// would add a second copy).
+    /// would add a second copy). Two `ip` runs: the rules listed, then every change
+    /// in one `-batch` (in that order: the route, the stray rules' removal, the rule).
     fn apply_route(&self, netns: &Path, route: PolicyRoute) -> Result<(), CaptureError> {
-        let table = route.table.to_string();
-        self.ip_in(
-            netns,
-            "route replace",
-            &ip_args(
-                route,
-                &[
-                    "route", "replace", "local", "default", "dev", "lo", "table", &table,
-                ],
-            ),
-        )?;
+        let table = route.table;
         let rules = self.rules(netns, route)?;
-        if rules.len() == 1 && rule_matches(&rules[0], route) {
-            return Ok(());
+        let mut batch = format!("route replace local default dev lo table {table}\n");
+        if !(rules.len() == 1 && rule_matches(&rules[0], route)) {
+            for _ in &rules {
+                batch.push_str(&format!("rule del pref {table}\n"));
+            }
+            batch.push_str(&format!(
+                "rule add fwmark {:#x} lookup {table} pref {table}\n",
+                route.mark
+            ));
         }
-        for _ in &rules {
-            self.ip_in(
-                netns,
-                "rule del",
-                &ip_args(route, &["rule", "del", "pref", &table]),
-            )?;
-        }
-        let mark = format!("{:#x}", route.mark);
-        self.ip_in(
+        self.ip_with_input(
             netns,
-            "rule add",
-            &ip_args(
-                route,
-                &[
-                    "rule", "add", "fwmark", &mark, "lookup", &table, "pref", &table,
-                ],
-            ),
+            "route and rule",
+            &ip_args(route, &["-batch", "-"]),
+            Some(batch.as_bytes()),
         )
         .map(drop)
     }
