@@ -362,10 +362,22 @@ impl Nft {
         Err(classify("probe", out.status.to_string(), &stderr))
     }
 
-    /// Installs (or re-installs) the capture table for `spec` in `netns`, atomically.
+    /// Installs (or re-installs) the capture table for `spec` in `netns`, atomically:
+    /// where there is no table (a new pod) one transaction creates it; where there is
+    /// one (a repair, a repeated ADD), the converging batch replaces it. Each is one
+    /// transaction, so a failure leaves the table as it was.
     pub fn apply(&self, netns: &Path, spec: &CaptureSpec) -> Result<(), CaptureError> {
-        let batch = spec.ruleset()?.to_nft_batch().to_string();
-        self.run_in(netns, "apply", &["-j", "-f", "-"], Some(batch.as_bytes()))?;
+        let ruleset = spec.ruleset()?;
+        let create = ruleset.to_nft_create_batch().to_string();
+        match self.run_in(netns, "apply", &["-j", "-f", "-"], Some(create.as_bytes())) {
+            Ok(_) => {}
+            // `create table` refused: the table is there, so nothing was applied.
+            Err(CaptureError::Nft { stderr, .. }) if stderr.contains("File exists") => {
+                let batch = ruleset.to_nft_batch().to_string();
+                self.run_in(netns, "apply", &["-j", "-f", "-"], Some(batch.as_bytes()))?;
+            }
+            Err(e) => return Err(e),
+        }
         match spec.original_src {
             Some(o) => self.apply_route(netns, o.routes()),
             None => Ok(()),

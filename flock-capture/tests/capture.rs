@@ -486,6 +486,25 @@ fn a_missing_netns_and_probe() {
     Nft::new().probe().unwrap();
 }
 
+/// A new pod's table is created by one transaction without a deletion; over an
+/// existing table (drifted: a rule of someone else's added, one of ours deleted) the
+/// apply falls back to replacing it whole. Both end with exactly the table.
+#[test]
+fn apply_creates_a_new_table_and_replaces_an_existing_one() {
+    let (pod, _peer) = pair();
+    let s = spec(Mode::Strict);
+    let nft = Nft::new();
+    nft.apply(&pod.path(), &s).unwrap();
+    nft.check(&pod.path(), &s).unwrap();
+    pod.nft(&["add", "chain", "inet", "flock_capture", "stray"]);
+    assert!(nft.check(&pod.path(), &s).is_err());
+    nft.apply(&pod.path(), &s).unwrap();
+    nft.check(&pod.path(), &s).unwrap();
+    nft.remove(&pod.path()).unwrap();
+    nft.apply(&pod.path(), &s).unwrap();
+    nft.check(&pod.path(), &s).unwrap();
+}
+
 /// nft runs in the pod's netns from a thread of its own: the caller's thread (in an
 /// agent, a runtime's worker) stays in its own netns, and the table is in the pod's,
 /// not in the caller's.

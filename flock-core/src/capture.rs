@@ -733,6 +733,24 @@ impl Ruleset {
         }
         json!({"nftables": cmds})
     }
+
+    /// One `nft -j -f -` batch that creates the table where there is none: `create
+    /// table` (which fails, and with it the whole transaction, if the table exists),
+    /// then its chains and rules as in [`to_nft_batch`](Self::to_nft_batch). A new
+    /// pod's netns has no table, and this batch spares it the kernel's commit of a
+    /// table deletion, which waits for an RCU grace period: about two thirds of what
+    /// the converging batch costs. Where the table exists, the caller falls back to
+    /// [`to_nft_batch`](Self::to_nft_batch).
+    pub fn to_nft_create_batch(&self) -> Value {
+        let mut batch = self.to_nft_batch();
+        if let Some(cmds) = batch["nftables"].as_array_mut() {
+            cmds.drain(..2);
+            if let Some(first) = cmds.first_mut() {
+                *first = json!({"create": {"table": table_json()}});
+            }
+        }
+        batch
+    }
 }
 
 impl Ruleset {
@@ -1250,6 +1268,24 @@ mod tests {
       {"chain":{"family":"inet","table":"flock_capture","name":"output_route","handle":1,"type":"route","hook":"output","prio":-150,"policy":"accept"}},
       {"rule":{"family":"inet","table":"flock_capture","chain":"output_route","handle":2,"expr":[{"match":{"op":"==","left":{"meta":{"key":"mark"}},"right":1338}},{"mangle":{"key":{"ct":{"key":"mark"}},"value":{"meta":{"key":"mark"}}}}]}},
       {"rule":{"family":"inet","table":"flock_capture","chain":"output_route","handle":3,"expr":[{"match":{"op":"==","left":{"ct":{"key":"mark"}},"right":1338}},{"mangle":{"key":{"meta":{"key":"mark"}},"value":{"ct":{"key":"mark"}}}}]}}]}"#;
+
+    /// The create batch is the converging batch without its `add table` / `delete
+    /// table` prelude, its table made with `create` (which fails where one exists).
+    #[test]
+    fn the_create_batch_is_the_converging_batch_with_create_and_no_delete() {
+        let set = sample().ruleset().unwrap();
+        let converge = set.to_nft_batch();
+        let create = set.to_nft_create_batch();
+        let (converge, create) = (
+            converge["nftables"].as_array().unwrap(),
+            create["nftables"].as_array().unwrap(),
+        );
+        assert_eq!(create.len(), converge.len() - 2);
+        assert_eq!(create[0], json!({"create": {"table": table_json()}}));
+        assert_eq!(converge[2], json!({"add": {"table": table_json()}}));
+        assert_eq!(create[1..], converge[3..]);
+        assert!(!create.iter().any(|c| c.get("delete").is_some()));
+    }
 
     #[test]
     fn original_src_adds_a_route_chain_that_round_trips_through_nfts_listing() {
