@@ -86,10 +86,11 @@ fn main() {
     // Each way's requests went where it says: the captured and explicit ones through
     // the client's mTLS cluster of web.
     let stats = envoy_stats(&envoy.admin);
+    // The service's mTLS cluster itself, not its per-endpoint `|direct-N` ones.
     let mtls = stat(
         &stats,
-        &["outbound|8080|web.default|", "sa/client"],
-        ".upstream_rq_total",
+        &["outbound|8080|web.default|"],
+        "sa/client.upstream_rq_total",
     );
     assert!(
         mtls > 2 * LATENCY_REQUESTS as u64,
