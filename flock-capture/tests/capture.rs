@@ -347,18 +347,29 @@ fn original_source(v6: bool) {
     };
     // Without the route (capture rules alone): the reply leaves, no connection.
     Nft::new().apply(&pod.path(), &spec(Mode::Strict)).unwrap();
-    let (_sock, connected) = connect_transparent(&pod);
+    let (first, connected) = connect_transparent(&pod);
     assert!(
         connected.is_err(),
         "without the policy route the app's reply still reached the caller's socket"
     );
+    // That half-open attempt is closed: left open, the app's retransmitted SYN-ACK
+    // would complete it once the route is in, and the app could accept it first.
+    drop(first);
     // With it: the app sees the caller's own address and the connection works.
     Nft::new()
         .apply(&pod.path(), &spec_original_src(Mode::Strict, v6))
         .unwrap();
     let (mut sock, connected) = connect_transparent(&pod);
     connected.expect("the app's reply came back to the transparent socket");
-    let (mut server, peer) = accepted(&app);
+    // The app's side of this very connection (a leftover of the first attempt that
+    // got through is skipped).
+    let mine = sock.local_addr().unwrap();
+    let (mut server, peer) = loop {
+        let (server, peer) = accepted(&app);
+        if peer == mine {
+            break (server, peer);
+        }
+    };
     assert_eq!(peer.ip(), caller.parse::<SocketAddr>().unwrap().ip());
     server.write_all(b"reply").unwrap();
     let mut buf = [0u8; 5];
