@@ -13,7 +13,7 @@
 //!   holds it: the type stays `NACKED` until an ACK of a response with resources;
 //! * `SYNCED`: the latest response was ACKed.
 //!
-//! Only the five types the mesh serves are tracked (a client naming other type URLs
+//! Only the six types the mesh serves are tracked (a client naming other type URLs
 //! gets nothing of them, and cannot grow this table); streams are forgotten when they
 //! close, so memory is bounded by the server's open-stream limit. The rejection text
 //! is the client's, cut to [`MAX_ERROR`] bytes; print it escaped.

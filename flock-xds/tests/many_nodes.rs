@@ -440,6 +440,136 @@ fn a_memo_starts_over_when_the_options_change() {
     }
 }
 
+/// Every (type, name, hash) of a translation's entries.
+fn entry_set(entries: &translate::Entries) -> BTreeSet<(String, String, ContentHash)> {
+    entries
+        .iter()
+        .flat_map(|(t, list)| {
+            list.iter()
+                .map(move |(n, h, _)| (t.to_string(), n.to_string(), *h))
+        })
+        .collect()
+}
+
+/// A memo given shared `Arc`s (as the agent passes them) with VHDS: after each step,
+/// its translation and its changes applied to the last set equal a fresh memo's.
+fn vhds_memo_follows(
+    steps: &[(
+        Vec<std::sync::Arc<Service>>,
+        Vec<std::sync::Arc<translate::Pod>>,
+    )],
+    opts: &EnvoyOptions,
+) {
+    let mut memo = Memo::new(Flavor::Envoy);
+    let mut applied =
+        flock_core::resources::ResourceSet::<envoy_types::pb::google::protobuf::Any>::new();
+    for (i, (services, pods)) in steps.iter().enumerate() {
+        let entries = memo.translate_shared(services, pods, &[], opts).entries();
+        let mesh = Mesh {
+            services: services.iter().map(|s| (**s).clone()).collect(),
+            pods: pods.iter().map(|p| (**p).clone()).collect(),
+            ..Mesh::default()
+        };
+        let fresh = entry_set(&Memo::new(Flavor::Envoy).translate(&mesh, opts));
+        assert_eq!(entry_set(&entries), fresh, "step {i}");
+        applied = match memo.take_changes() {
+            Some(changes) => changes.apply(&applied),
+            None => {
+                let mut whole = applied.edit();
+                for (t, list) in &entries {
+                    whole.replace_type(t, list.iter().cloned());
+                }
+                whole.build()
+            }
+        };
+        let got: BTreeSet<_> = applied
+            .type_urls()
+            .flat_map(|t| {
+                applied
+                    .iter_type(t)
+                    .map(move |(n, e)| (t.to_string(), n.to_string(), e.hash()))
+            })
+            .collect();
+        assert_eq!(got, fresh, "step {i}: the changes applied");
+    }
+}
+
+fn caller_pod(name: &str, id: &str) -> std::sync::Arc<translate::Pod> {
+    std::sync::Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "name": name, "ip": "10.9.0.1", "identity": id,
+        }))
+        .unwrap(),
+    )
+}
+
+/// One caller identity replaced by another (the same number of callers) while a
+/// service without mTLS peers routes every caller to its plain cluster, so its route
+/// parts are the same bytes for either: its virtual hosts still move to the new
+/// caller's route configuration (their names hold the caller).
+#[test]
+fn with_vhds_a_caller_replaced_by_another_gets_every_virtual_host() {
+    let plain: Service = serde_json::from_value(serde_json::json!({
+        "name": "plain", "ports": [{"port": 8080}],
+        "endpoints": [{"address": "10.9.1.1", "port": 8080}],
+    }))
+    .unwrap();
+    let services = vec![std::sync::Arc::new(plain)];
+    let a = caller_pod("client", "spiffe://cluster.local/ns/default/sa/a");
+    let b = caller_pod("client", "spiffe://cluster.local/ns/default/sa/b");
+    let opts = EnvoyOptions {
+        vhds: true,
+        ..EnvoyOptions::default()
+    };
+    vhds_memo_follows(
+        &[
+            (services.clone(), vec![a.clone()]),
+            (services.clone(), vec![b]),
+            (services, vec![a]),
+        ],
+        &opts,
+    );
+}
+
+/// With tracing on, an in-place edit (one service changed, everything else the same
+/// `Arc`s) keeps the trace collector's cluster, as the whole pass makes it.
+#[test]
+fn an_in_place_edit_keeps_the_trace_collectors_cluster() {
+    let svc = |port: u16| -> std::sync::Arc<Service> {
+        std::sync::Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "name": "web", "ports": [{"port": 8080}],
+                "endpoints": [{"address": "10.9.1.1", "port": port}],
+            }))
+            .unwrap(),
+        )
+    };
+    let pods = vec![caller_pod(
+        "client",
+        "spiffe://cluster.local/ns/default/sa/a",
+    )];
+    for vhds in [false, true] {
+        let opts = EnvoyOptions {
+            vhds,
+            tracing: Some(translate::telemetry::TracingOptions {
+                collector_host: "10.9.2.1".into(),
+                collector_port: 4317,
+                service_name: "envoy".into(),
+                sample_percent: 100,
+            }),
+            ..EnvoyOptions::default()
+        };
+        vhds_memo_follows(
+            &[
+                (vec![svc(8080)], pods.clone()),
+                (vec![svc(8081)], pods.clone()),
+                (vec![svc(8082)], pods.clone()),
+            ],
+            &opts,
+        );
+    }
+}
+
 mod props {
     use super::*;
     use proptest::prelude::*;

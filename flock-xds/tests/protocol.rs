@@ -897,3 +897,46 @@ fn ads_delta_vhds_a_reconnect_gets_what_changed_and_the_removal_of_what_went_awa
         )]
     );
 }
+
+/// A host name moving between services (one virtual host removed, another added with
+/// its domain) while a listener's removal waits for the listener type's ACK: the old
+/// virtual host's removal goes out with the new one, not after it. Envoy rejects a
+/// route table with two virtual hosts sharing a domain (with whole route
+/// configurations the move was one update).
+#[test]
+fn ads_delta_vhds_a_removed_virtual_host_is_not_held_behind_a_listeners_removal() {
+    let mut ads: DeltaAds<V> = DeltaAds::new();
+    let v1 = set(&[
+        (LISTENER, "l1", "l1"),
+        (LISTENER, "l2", "l2"),
+        (ROUTE, "r", "r"),
+        (VIRTUAL_HOST, "r/web.a:80", "web-a"),
+    ]);
+    ads.on_snapshot(&v1, 1);
+    for (t, sub) in [
+        (LISTENER, &[][..]),
+        (ROUTE, &["r"][..]),
+        (VIRTUAL_HOST, &[][..]),
+    ] {
+        ads.on_request(&dreq(t, sub, &[], ""));
+        let r = ads.poll_response().unwrap();
+        assert_eq!(r.type_url.as_ref(), t);
+        ads.on_request(&dreq(t, &[], &[], &r.nonce));
+    }
+    // A listener change goes out and is not ACKed yet.
+    let v2 = edit(&v1, &[(LISTENER, "l1", "l1b")], &[]);
+    ads.on_snapshot(&v2, 2);
+    let lds = ads.poll_response().unwrap();
+    assert_eq!(lds.type_url.as_ref(), LISTENER);
+    // Then a listener goes away (waiting for that ACK) and the host name moves.
+    let v3 = edit(
+        &v2,
+        &[(VIRTUAL_HOST, "r/web.b:80", "web-b")],
+        &[(LISTENER, "l2"), (VIRTUAL_HOST, "r/web.a:80")],
+    );
+    ads.on_snapshot(&v3, 3);
+    let vh = ads.poll_response().unwrap();
+    assert_eq!(vh.type_url.as_ref(), VIRTUAL_HOST);
+    assert_eq!(delta_names(&vh), [("r/web.b:80", "web-b")]);
+    assert_eq!(removed(&vh), ["r/web.a:80"]);
+}

@@ -8,7 +8,7 @@
 //! before its endpoints' change, listeners arrive after the clusters they route to,
 //! and route configurations after their listeners.
 //!
-//! **Removals ("break")** go out in the order LDS → RDS → VHDS → CDS → EDS → SDS: a type's
+//! **Removals ("break")** go out in the order VHDS → LDS → RDS → CDS → EDS → SDS: a type's
 //! removals are withheld while any type before it in that order has anything unsent
 //! (new, changed or removed). An LDS/RDS update that drops the last reference to a
 //! cluster therefore goes out before the CDS removal of that cluster
@@ -37,8 +37,15 @@
 //!
 //! **Virtual hosts (VHDS)** are ordered as route configurations' parts: a virtual
 //! host's change goes out after RDS's (so after the clusters it routes to, and after
-//! the route configuration whose name is its namespace), and its removal after RDS's
-//! but before the clusters' (a virtual host never routes to a cluster already gone).
+//! the route configuration whose name is its namespace). Its removal goes first of
+//! all: removing a virtual host breaks no reference (a route configuration names its
+//! virtual hosts' namespace, not them), and a host name moving between services
+//! (a Service gone from one namespace and added in another, a reused cluster IP)
+//! must leave before it arrives — Envoy rejects a route table with two virtual hosts
+//! sharing a domain, and with whole route configurations the move was one update.
+//! Held behind a listener's removal instead, the new virtual host would go out
+//! first. Still before the clusters' removals: a virtual host never routes to a
+//! cluster already gone.
 //!
 //! Types outside these six (runtime, extension configs…) are not ordered.
 //!
@@ -61,7 +68,7 @@ use std::fmt;
 /// The order adds and changes go out in.
 pub const MAKE_ORDER: [&str; 6] = [SECRET, CLUSTER, ENDPOINT, LISTENER, ROUTE, VIRTUAL_HOST];
 /// The order removals go out in.
-pub const BREAK_ORDER: [&str; 6] = [LISTENER, ROUTE, VIRTUAL_HOST, CLUSTER, ENDPOINT, SECRET];
+pub const BREAK_ORDER: [&str; 6] = [VIRTUAL_HOST, LISTENER, ROUTE, CLUSTER, ENDPOINT, SECRET];
 
 fn rank(order: &[&str; 6], type_url: &str) -> Option<usize> {
     order.iter().position(|t| *t == type_url)

@@ -944,7 +944,10 @@ impl Memo {
             }
             if vhds && order.is_some() {
                 let old = old_emitted.and_then(|e| {
-                    let same = same_parts(&e.parts, &emitted.parts);
+                    // The virtual hosts' names hold the callers too, which the parts'
+                    // bytes do not (a service routing every caller to its plain cluster
+                    // has the same part for each): reused only for the same callers.
+                    let same = e.epoch == emitted.epoch && same_parts(&e.parts, &emitted.parts);
                     e.vhosts.map(|v| (same, v))
                 });
                 let v = match old {
@@ -1311,6 +1314,22 @@ impl Memo {
                     ));
                 }
                 always.push(joined.route.clone());
+            }
+            // The trace collector's cluster, as the whole pass makes it (the one of
+            // last time: the options are the same).
+            if opts.tracing.is_some() {
+                let kept = self.always.as_ref().and_then(|last| {
+                    last.iter()
+                        .find(|(ty, name, ..)| {
+                            *ty == CLUSTER && &**name == super::telemetry::TRACE_COLLECTOR_CLUSTER
+                        })
+                        .cloned()
+                });
+                always.extend(kept.or_else(|| {
+                    opts.tracing
+                        .as_ref()
+                        .map(|t| shared(super::telemetry::trace_collector_cluster(t)))
+                }));
             }
             push_secrets(&mut self.secrets, secrets, &mut always);
         }
