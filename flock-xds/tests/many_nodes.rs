@@ -451,15 +451,15 @@ fn entry_set(entries: &translate::Entries) -> BTreeSet<(String, String, ContentH
         .collect()
 }
 
-/// A memo given shared `Arc`s (as the agent passes them) with VHDS: after each step,
+/// One step of [`vhds_memo_follows`]: the services and pods as the agent passes them.
+type Step = (
+    Vec<std::sync::Arc<Service>>,
+    Vec<std::sync::Arc<translate::Pod>>,
+);
+
+/// A memo given shared `Arc`s (as the agent passes them): after each step,
 /// its translation and its changes applied to the last set equal a fresh memo's.
-fn vhds_memo_follows(
-    steps: &[(
-        Vec<std::sync::Arc<Service>>,
-        Vec<std::sync::Arc<translate::Pod>>,
-    )],
-    opts: &EnvoyOptions,
-) {
+fn vhds_memo_follows(steps: &[Step], opts: &EnvoyOptions) {
     let mut memo = Memo::new(Flavor::Envoy);
     let mut applied =
         flock_core::resources::ResourceSet::<envoy_types::pb::google::protobuf::Any>::new();
