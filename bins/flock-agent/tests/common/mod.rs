@@ -680,7 +680,19 @@ impl Bridge {
         let pid = std::process::id();
         // Interface names are at most 15 bytes.
         let name = format!("flm{:x}{n}", pid % 0xfffff);
-        let third = (pid.wrapping_mul(13).wrapping_add(n)) % 250 + 1;
+        // A /24 the host does not route yet: a bridge left by a killed run (its Drop
+        // never ran) keeps its route, and a new bridge on the same /24 would lose the
+        // host's traffic to the old one.
+        let routes = Command::new("ip")
+            .args(["-4", "route", "show"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let start = pid.wrapping_mul(13).wrapping_add(n);
+        let third = (0..250)
+            .map(|k| (start.wrapping_add(k)) % 250 + 1)
+            .find(|t| !routes.contains(&format!("198.19.{t}.0/24")))
+            .unwrap_or(start % 250 + 1);
         Self {
             name,
             subnet: format!("198.19.{third}.0/24"),
