@@ -451,6 +451,37 @@ fn entry_set(entries: &translate::Entries) -> BTreeSet<(String, String, ContentH
         .collect()
 }
 
+/// Every (type, name, hash) of a resource set.
+fn set_entries(
+    set: &flock_core::resources::ResourceSet<envoy_types::pb::google::protobuf::Any>,
+) -> BTreeSet<(String, String, ContentHash)> {
+    set.type_urls()
+        .flat_map(|t| {
+            set.iter_type(t)
+                .map(move |(n, e)| (t.to_string(), n.to_string(), e.hash()))
+        })
+        .collect()
+}
+
+/// The set a publisher keeps: `memo`'s last changes applied to `prev`, or, where the
+/// memo has none, `prev` with every type replaced by `entries`.
+fn apply_changes(
+    memo: &mut Memo,
+    prev: &flock_core::resources::ResourceSet<envoy_types::pb::google::protobuf::Any>,
+    entries: &translate::Entries,
+) -> flock_core::resources::ResourceSet<envoy_types::pb::google::protobuf::Any> {
+    match memo.take_changes() {
+        Some(changes) => changes.apply(prev),
+        None => {
+            let mut whole = prev.edit();
+            for (t, list) in entries {
+                whole.replace_type(t, list.iter().cloned());
+            }
+            whole.build()
+        }
+    }
+}
+
 /// One step of [`vhds_memo_follows`]: the services and pods as the agent passes them.
 type Step = (
     Vec<std::sync::Arc<Service>>,
@@ -472,25 +503,12 @@ fn vhds_memo_follows(steps: &[Step], opts: &EnvoyOptions) {
         };
         let fresh = entry_set(&Memo::new(Flavor::Envoy).translate(&mesh, opts));
         assert_eq!(entry_set(&entries), fresh, "step {i}");
-        applied = match memo.take_changes() {
-            Some(changes) => changes.apply(&applied),
-            None => {
-                let mut whole = applied.edit();
-                for (t, list) in &entries {
-                    whole.replace_type(t, list.iter().cloned());
-                }
-                whole.build()
-            }
-        };
-        let got: BTreeSet<_> = applied
-            .type_urls()
-            .flat_map(|t| {
-                applied
-                    .iter_type(t)
-                    .map(move |(n, e)| (t.to_string(), n.to_string(), e.hash()))
-            })
-            .collect();
-        assert_eq!(got, fresh, "step {i}: the changes applied");
+        applied = apply_changes(&mut memo, &applied, &entries);
+        assert_eq!(
+            set_entries(&applied),
+            fresh,
+            "step {i}: the changes applied"
+        );
     }
 }
 
@@ -656,15 +674,7 @@ mod props {
             })
     }
 
-    fn flat(entries: &translate::Entries) -> BTreeSet<(String, String, ContentHash)> {
-        entries
-            .iter()
-            .flat_map(|(t, list)| {
-                list.iter()
-                    .map(move |(n, h, _)| (t.to_string(), n.to_string(), *h))
-            })
-            .collect()
-    }
+    use super::entry_set as flat;
 
     /// A service edited under its name: 0 an equal copy, 1 an endpoint's weight
     /// changed (or one added), 2 its port's protocol changed (its routes change), 3
@@ -721,29 +731,12 @@ mod props {
         let entries = t.entries();
         let fresh = Memo::new(Flavor::Envoy).translate(m, opts);
         prop_assert_eq!(flat(&entries), flat(&fresh));
-        *applied = match envoy.take_changes() {
-            Some(changes) => changes.apply(applied),
-            None => {
-                let mut whole = applied.edit();
-                for (t, list) in &entries {
-                    whole.replace_type(t, list.iter().cloned());
-                }
-                whole.build()
-            }
-        };
+        *applied = apply_changes(envoy, applied, &entries);
         prop_assert!(
             t.counts_match(applied),
             "changes applied and counts disagree"
         );
-        let applied_flat: BTreeSet<_> = applied
-            .type_urls()
-            .flat_map(|t| {
-                applied
-                    .iter_type(t)
-                    .map(move |(n, e)| (t.to_string(), n.to_string(), e.hash()))
-            })
-            .collect();
-        prop_assert_eq!(&applied_flat, &flat(&fresh));
+        prop_assert_eq!(&set_entries(applied), &flat(&fresh));
         let g = grpc
             .translate_shared(services, pods, &m.secrets, opts)
             .entries();
@@ -751,25 +744,8 @@ mod props {
         prop_assert_eq!(flat(&g), flat(&fresh));
         // The proxyless flavor's changes (its pods' server listeners too) applied to
         // the last set give the whole lists.
-        *grpc_applied = match grpc.take_changes() {
-            Some(changes) => changes.apply(grpc_applied),
-            None => {
-                let mut whole = grpc_applied.edit();
-                for (t, list) in &g {
-                    whole.replace_type(t, list.iter().cloned());
-                }
-                whole.build()
-            }
-        };
-        let grpc_flat: BTreeSet<_> = grpc_applied
-            .type_urls()
-            .flat_map(|t| {
-                grpc_applied
-                    .iter_type(t)
-                    .map(move |(n, e)| (t.to_string(), n.to_string(), e.hash()))
-            })
-            .collect();
-        prop_assert_eq!(&grpc_flat, &flat(&fresh));
+        *grpc_applied = apply_changes(grpc, grpc_applied, &g);
+        prop_assert_eq!(&set_entries(grpc_applied), &flat(&fresh));
         Ok(())
     }
 
