@@ -364,6 +364,12 @@ pub struct Endpoint {
     /// (a pod has one identity).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub also_accept: Vec<String>,
+    /// The pod's labels a route subset may select on (`version: v2`): those of the
+    /// `flock.io/labels` annotation, or in kube mode the pod's labels named by the
+    /// agent's `--endpoint-labels`. Absent when none, and in entries written before
+    /// subsets existed.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: flock_core::labels::Labels,
 }
 
 impl Endpoint {
@@ -401,6 +407,7 @@ impl Endpoint {
             zone: &self.zone,
             identity: self.identity.as_deref(),
             also_accept: &self.also_accept,
+            labels: &self.labels,
         }
     }
 }

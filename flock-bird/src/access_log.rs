@@ -796,6 +796,7 @@ mod tests {
             health: flock_core::pod::Health::Healthy,
             identity: None,
             also_accept: Vec::new(),
+            labels: Default::default(),
         };
         v.endpoints.insert(
             "k".into(),

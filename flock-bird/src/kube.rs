@@ -83,6 +83,30 @@ pub struct Members {
     pub ports: Vec<MemberPort>,
     /// The pod is terminating (`deletionTimestamp` set): its endpoints are draining.
     pub terminating: bool,
+    /// The pod's labels its endpoints carry ([`endpoint_labels`]).
+    pub labels: flock_core::labels::Labels,
+}
+
+/// The label keys a pod's endpoints carry unless `--endpoint-labels` says otherwise:
+/// the version labels of Istio's convention and of Kubernetes' recommended labels.
+pub const DEFAULT_ENDPOINT_LABELS: [&str; 2] = ["version", "app.kubernetes.io/version"];
+
+/// The labels of `labels` whose keys are in `keys` (pure): what a pod's endpoints
+/// carry for route subsets. A value the label rules refuse is left out (the API
+/// server validates labels as [`flock_core::labels`] does, so only a test double's
+/// could be).
+pub fn endpoint_labels(
+    labels: &BTreeMap<String, String>,
+    keys: &[String],
+) -> flock_core::labels::Labels {
+    keys.iter()
+        .take(flock_core::labels::MAX_LABELS)
+        .filter_map(|k| {
+            let v = labels.get(k)?;
+            flock_core::labels::check_value(v).ok()?;
+            Some((k.clone(), v.clone()))
+        })
+        .collect()
 }
 
 impl Members {
@@ -179,6 +203,7 @@ pub fn decide<'a>(
     namespace_labels: Option<&BTreeMap<String, String>>,
     services: impl IntoIterator<Item = &'a Service>,
     node: &str,
+    label_keys: &[String],
 ) -> Result<KubeAdmission, PodError> {
     let pod_ref = format!("{}/{}", input.namespace, input.name);
     if uid_differs(&input.uid, pod) {
@@ -223,6 +248,7 @@ pub fn decide<'a>(
     let members = Members {
         ports: member_ports(&map::memberships(&facts, services), &admitted.ports),
         terminating: facts.terminating,
+        labels: endpoint_labels(&facts.labels, label_keys),
     };
     Ok(KubeAdmission::Meshed {
         pod: Box::new(admitted),
@@ -233,7 +259,7 @@ pub fn decide<'a>(
 /// A live pod's memberships from `snapshot` (pure): `None` when the snapshot has no pod
 /// of that name with the record's UID (deleted from the API, or re-created as another
 /// pod), or the pod no longer maps.
-pub fn members_in(snapshot: &Snapshot, rec: &PodRecord) -> Option<Members> {
+pub fn members_in(snapshot: &Snapshot, rec: &PodRecord, label_keys: &[String]) -> Option<Members> {
     let pod = snapshot
         .pods
         .get(&(rec.namespace.clone(), rec.name.clone()))?;
@@ -245,6 +271,7 @@ pub fn members_in(snapshot: &Snapshot, rec: &PodRecord) -> Option<Members> {
     Some(Members {
         ports: member_ports(&memberships, &rec.ports),
         terminating: facts.terminating,
+        labels: endpoint_labels(&facts.labels, label_keys),
     })
 }
 
@@ -258,6 +285,8 @@ pub struct KubePods {
     /// reflector does not show it (an ADD that raced ahead of the watch event; a pod
     /// deleted from the API whose CNI DEL has not come yet).
     last: Mutex<BTreeMap<PodKey, Members>>,
+    /// The pod label keys endpoints carry ([`endpoint_labels`]).
+    label_keys: Vec<String>,
 }
 
 impl KubePods {
@@ -270,7 +299,15 @@ impl KubePods {
             node_name: node_name.into(),
             pod_wait,
             last: Mutex::new(BTreeMap::new()),
+            label_keys: DEFAULT_ENDPOINT_LABELS.map(String::from).to_vec(),
         }
+    }
+
+    /// Endpoints carry the pod labels of these keys (`--endpoint-labels`; default
+    /// [`DEFAULT_ENDPOINT_LABELS`]).
+    pub fn with_endpoint_labels(mut self, keys: Vec<String>) -> Self {
+        self.label_keys = keys;
+        self
     }
 
     /// The reflectors.
@@ -346,6 +383,7 @@ impl KubePods {
             namespace_labels.as_ref(),
             services_in(&snapshot, &input.namespace),
             &self.node_name,
+            &self.label_keys,
         )
     }
 
@@ -399,7 +437,7 @@ impl KubePods {
     pub fn members(&self, rec: &PodRecord) -> Members {
         let snapshot = self.snapshot();
         if snapshot.synced
-            && let Some(members) = members_in(&snapshot, rec)
+            && let Some(members) = members_in(&snapshot, rec, &self.label_keys)
         {
             lock(&self.last).insert(rec.key.clone(), members.clone());
             return members;
@@ -484,6 +522,10 @@ mod tests {
         }
     }
 
+    fn keys() -> Vec<String> {
+        DEFAULT_ENDPOINT_LABELS.map(String::from).to_vec()
+    }
+
     fn meshed_ns() -> BTreeMap<String, String> {
         [(map::MESH_LABEL.to_string(), "enabled".to_string())].into()
     }
@@ -504,7 +546,14 @@ mod tests {
             (PORTS_ANNOTATION.to_string(), "7000/grpc".to_string()),
         ]
         .into();
-        let (rec, members) = admitted(decide(&req, &pod(json!({})), Some(&meshed_ns()), [], "n1"));
+        let (rec, members) = admitted(decide(
+            &req,
+            &pod(json!({})),
+            Some(&meshed_ns()),
+            [],
+            "n1",
+            &keys(),
+        ));
         assert_eq!(rec.service_account, "web-sa");
         assert_eq!(rec.service, "");
         assert_eq!(
@@ -532,14 +581,14 @@ mod tests {
             "flock.io/capture": "permissive",
             "flock.io/capture-exclude-outbound-ports": "5432",
         }}}));
-        let (rec, _) = admitted(decide(&req, &p, Some(&meshed_ns()), [], "n1"));
+        let (rec, _) = admitted(decide(&req, &p, Some(&meshed_ns()), [], "n1", &keys()));
         assert_eq!(rec.capture.setting, Some(Setting::Permissive));
         assert_eq!(rec.capture.exclude_outbound_ports, vec![5432]);
         // A bad value refuses the meshed pod, naming the API field.
         let p = pod(json!({"metadata": {"annotations": {
             "flock.io/capture-exclude-outbound-ports": "postgres",
         }}}));
-        match decide(&input(), &p, Some(&meshed_ns()), [], "n1") {
+        match decide(&input(), &p, Some(&meshed_ns()), [], "n1", &keys()) {
             Err(PodError::Invalid(m)) => assert!(
                 m.contains(&format!(
                     "metadata.annotations[{EXCLUDE_OUTBOUND_PORTS_ANNOTATION}]"
@@ -550,7 +599,7 @@ mod tests {
         }
         // Not meshed: its capture annotations are not judged.
         assert!(matches!(
-            decide(&input(), &p, Some(&BTreeMap::new()), [], "n1"),
+            decide(&input(), &p, Some(&BTreeMap::new()), [], "n1", &keys()),
             Ok(KubeAdmission::Ignored(_))
         ));
     }
@@ -560,11 +609,18 @@ mod tests {
         use flock_core::capture::policy::{NAMESPACE_LABEL, Setting};
         let mut labels = meshed_ns();
         labels.insert(NAMESPACE_LABEL.into(), "off".into());
-        let (rec, _) = admitted(decide(&input(), &pod(json!({})), Some(&labels), [], "n1"));
+        let (rec, _) = admitted(decide(
+            &input(),
+            &pod(json!({})),
+            Some(&labels),
+            [],
+            "n1",
+            &keys(),
+        ));
         assert_eq!(rec.capture.namespace, Some(Setting::Off));
         assert_eq!(rec.capture.setting, None);
         labels.insert(NAMESPACE_LABEL.into(), "none".into());
-        match decide(&input(), &pod(json!({})), Some(&labels), [], "n1") {
+        match decide(&input(), &pod(json!({})), Some(&labels), [], "n1", &keys()) {
             Err(PodError::Invalid(m)) => assert!(
                 m.contains(&format!("metadata.labels[{NAMESPACE_LABEL}]"))
                     && m.contains("\"none\" is not a capture mode"),
@@ -577,13 +633,20 @@ mod tests {
     #[test]
     fn a_pod_without_a_service_account_runs_as_default() {
         let p = pod(json!({"spec": {"serviceAccountName": null}}));
-        let (rec, _) = admitted(decide(&input(), &p, Some(&meshed_ns()), [], "n1"));
+        let (rec, _) = admitted(decide(&input(), &p, Some(&meshed_ns()), [], "n1", &keys()));
         assert_eq!(rec.service_account, "default");
     }
 
     #[test]
     fn a_pod_not_opted_in_is_ignored_with_the_reason() {
-        match decide(&input(), &pod(json!({})), Some(&BTreeMap::new()), [], "n1") {
+        match decide(
+            &input(),
+            &pod(json!({})),
+            Some(&BTreeMap::new()),
+            [],
+            "n1",
+            &keys(),
+        ) {
             Ok(KubeAdmission::Ignored(why)) => {
                 assert!(
                     why.contains("shop/web-0") && why.contains("not meshed"),
@@ -595,18 +658,18 @@ mod tests {
         // Opted out by its own label, in a meshed namespace.
         let out = pod(json!({"metadata": {"labels": {"flock.io/mesh": "disabled"}}}));
         assert!(matches!(
-            decide(&input(), &out, Some(&meshed_ns()), [], "n1"),
+            decide(&input(), &out, Some(&meshed_ns()), [], "n1", &keys()),
             Ok(KubeAdmission::Ignored(_))
         ));
         // Opted in by its own label, in an unlabelled namespace.
         let opted = pod(json!({"metadata": {"labels": {"flock.io/mesh": "enabled"}}}));
-        admitted(decide(&input(), &opted, None, [], "n1"));
+        admitted(decide(&input(), &opted, None, [], "n1", &keys()));
     }
 
     #[test]
     fn a_recreated_pod_of_the_same_name_is_refused() {
         let other = pod(json!({"metadata": {"uid": "11111111-2222-4333-8444-555555555555"}}));
-        match decide(&input(), &other, Some(&meshed_ns()), [], "n1") {
+        match decide(&input(), &other, Some(&meshed_ns()), [], "n1", &keys()) {
             Err(PodError::Unidentified(m)) => {
                 assert!(m.contains("re-created") && m.contains("11111111"), "{m}")
             }
@@ -615,17 +678,24 @@ mod tests {
         // The runtime passed no UID: nothing to compare.
         let mut req = input();
         req.uid = String::new();
-        admitted(decide(&req, &other, Some(&meshed_ns()), [], "n1"));
+        admitted(decide(&req, &other, Some(&meshed_ns()), [], "n1", &keys()));
     }
 
     #[test]
     fn a_pod_of_another_node_or_terminating_is_refused() {
-        match decide(&input(), &pod(json!({})), Some(&meshed_ns()), [], "n2") {
+        match decide(
+            &input(),
+            &pod(json!({})),
+            Some(&meshed_ns()),
+            [],
+            "n2",
+            &keys(),
+        ) {
             Err(PodError::Invalid(m)) => assert!(m.contains("\"n1\""), "{m}"),
             other => panic!("{other:?}"),
         }
         let going = pod(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}));
-        match decide(&input(), &going, Some(&meshed_ns()), [], "n1") {
+        match decide(&input(), &going, Some(&meshed_ns()), [], "n1", &keys()) {
             Err(PodError::Invalid(m)) => assert!(m.contains("terminating"), "{m}"),
             other => panic!("{other:?}"),
         }
@@ -675,6 +745,7 @@ mod tests {
             Some(&meshed_ns()),
             svcs.iter(),
             "n1",
+            &keys(),
         ));
         assert_eq!(
             members.ports,
@@ -705,6 +776,7 @@ mod tests {
             Some(&meshed_ns()),
             [],
             "n1",
+            &keys(),
         ));
         let rec = PodRecord::admitted(admitted_pod, flock_core::UnixMs(0));
         let mut snapshot = Snapshot {
@@ -713,10 +785,13 @@ mod tests {
         };
         snapshot.namespaces.insert("shop".into(), meshed_ns());
         // The pod is not in the snapshot (deleted from the API, or not listed yet).
-        assert_eq!(members_in(&snapshot, &rec), None);
+        assert_eq!(members_in(&snapshot, &rec, &keys()), None);
         let key = ("shop".to_string(), "web-0".to_string());
         snapshot.pods.insert(key.clone(), Arc::new(pod(json!({}))));
-        assert_eq!(members_in(&snapshot, &rec), Some(Members::default()));
+        assert_eq!(
+            members_in(&snapshot, &rec, &keys()),
+            Some(Members::default())
+        );
         let svc = service(
             "web",
             json!({"app": "web"}),
@@ -735,7 +810,7 @@ mod tests {
         snapshot
             .services
             .insert(("zzz".into(), "other".into()), Arc::new(elsewhere));
-        let members = members_in(&snapshot, &rec).unwrap();
+        let members = members_in(&snapshot, &rec, &keys()).unwrap();
         assert_eq!(
             members
                 .ports
@@ -749,7 +824,10 @@ mod tests {
             key.clone(),
             Arc::new(pod(json!({"metadata": {"labels": {"app": "web-v2"}}}))),
         );
-        assert_eq!(members_in(&snapshot, &rec), Some(Members::default()));
+        assert_eq!(
+            members_in(&snapshot, &rec, &keys()),
+            Some(Members::default())
+        );
         // The name now belongs to another pod: not this record's memberships.
         snapshot.pods.insert(
             key,
@@ -757,6 +835,6 @@ mod tests {
                 json!({"metadata": {"uid": "11111111-2222-4333-8444-555555555555"}}),
             )),
         );
-        assert_eq!(members_in(&snapshot, &rec), None);
+        assert_eq!(members_in(&snapshot, &rec, &keys()), None);
     }
 }

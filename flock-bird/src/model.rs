@@ -52,6 +52,12 @@ pub struct PodRecord {
     /// inbound ports. Absent in records written before policies existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authz: Option<String>,
+    /// The labels its endpoints carry for route subsets
+    /// ([`flock_core::pod::LABELS_ANNOTATION`]). Absent when none (so a record
+    /// without labels reads in an agent that predates them), and in kube mode, where
+    /// they come from the API live.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: flock_core::labels::Labels,
 }
 
 impl PodRecord {
@@ -73,6 +79,7 @@ impl PodRecord {
             service_account: &self.service_account,
             ports: &self.ports,
             network_name: &self.network_name,
+            labels: &self.labels,
         }
     }
 
@@ -94,6 +101,7 @@ impl PodRecord {
             added_at_ms: added_at,
             capture: None,
             authz: pod.authz,
+            labels: pod.labels,
         }
     }
 

@@ -104,6 +104,9 @@ pub struct KubeOptions {
     /// What to do with a running pod that should be meshed and is not
     /// ([`crate::repair`]).
     pub repair: crate::repair::RepairMode,
+    /// The pod label keys its endpoints carry for route subsets
+    /// ([`crate::kube::KubePods::with_endpoint_labels`]).
+    pub endpoint_labels: Vec<String>,
 }
 
 /// Starts kube mode's reflectors (`None` without kube mode): this node's pods, the
@@ -436,11 +439,14 @@ pub async fn run(
         agent = agent.with_identity(bridge);
     }
     if let (Some(watch), Some(kube)) = (&kube_watch, &opts.kube) {
-        agent = agent.with_kube(Arc::new(KubePods::new(
-            Arc::clone(watch),
-            opts.agent.node_name.clone(),
-            kube.pod_wait,
-        )));
+        agent = agent.with_kube(Arc::new(
+            KubePods::new(
+                Arc::clone(watch),
+                opts.agent.node_name.clone(),
+                kube.pod_wait,
+            )
+            .with_endpoint_labels(kube.endpoint_labels.clone()),
+        ));
         agent = agent.with_repairer(Arc::new(crate::repair::Repairer::new(
             opts.agent.node_name.clone(),
             kube.repair,

@@ -453,6 +453,7 @@ fn names_and_selectors() {
         added_at_ms: UnixMs::ZERO,
         capture: None,
         authz: None,
+        labels: Default::default(),
     };
     let id = PodIdentity::from(&record);
     assert_eq!(id.service_account, "default");

@@ -516,6 +516,7 @@ mod whole_view {
                 health: Health::Healthy,
                 identity,
                 also_accept,
+                labels: Default::default(),
             };
             let key = if key_ok { e.key() } else { format!("b/{}", e.key()) };
             (key, e)

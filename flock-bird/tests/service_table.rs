@@ -47,6 +47,7 @@ fn endpoint() -> impl Strategy<Value = Endpoint> {
                 },
                 identity: identity.then(|| format!("spiffe://cluster.local/ns/n{ns}/sa/s{svc}")),
                 also_accept: Vec::new(),
+                labels: Default::default(),
             },
         )
 }
@@ -88,6 +89,7 @@ fn spread(port: u8) -> Endpoint {
             .is_multiple_of(2)
             .then(|| "spiffe://cluster.local/ns/n0/sa/s0".to_string()),
         also_accept: Vec::new(),
+        labels: Default::default(),
     }
 }
 
@@ -222,6 +224,7 @@ fn unchanged_services_stay_the_same_allocation() {
         health: Health::Healthy,
         identity: None,
         also_accept: Vec::new(),
+        labels: Default::default(),
     };
     let v1 = Arc::new(View {
         endpoints: [

@@ -46,6 +46,7 @@ fn rec(id: &str, ifname: &str) -> PodRecord {
         added_at_ms: UnixMs(1_700_000_000_000),
         capture: None,
         authz: None,
+        labels: Default::default(),
     }
 }
 
@@ -723,6 +724,7 @@ fn arb_record() -> impl Strategy<Value = PodRecord> {
                 added_at_ms: UnixMs(added_at_ms),
                 capture: None,
                 authz: None,
+                labels: Default::default(),
             },
         )
         // A regex can still give `a..b` or a `/../` path: keep the valid ones.

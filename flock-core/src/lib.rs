@@ -30,6 +30,7 @@
 //! | [`backoff`] | retry delays | synchronized retry storms |
 //! | [`capture`] | a pod's transparent-capture nftables table, and whether the kernel's copy drifted | an app reaching the network, or a caller reaching the app, around Envoy |
 //! | [`journal`] | which keys of a persistent map changed since an earlier snapshot | a per-pod derivation walking every pod to find the one that changed |
+//! | [`labels`] | which endpoints a route subset selects, and the syntax of the labels that travel to other nodes | a label from another node's entry breaking a resource name |
 //! | [`debounce`] | when a burst of events becomes one action (quiet period, cap) | an action per event; a never-quiet source postponing it forever |
 //! | [`ratelimit`] | write-rate bound (token bucket) | an installer re-patching a constantly rewritten config as fast as it can |
 //! | [`registry`] | the registry key layout and which remote entries an agent serves | one node's bad or forged entry taking a service down or widening who a caller trusts |
@@ -75,6 +76,7 @@ pub mod gc;
 pub mod hash;
 pub mod issuance;
 pub mod journal;
+pub mod labels;
 pub mod lifecycle;
 pub mod pod;
 pub mod ratelimit;

@@ -46,6 +46,13 @@ pub const PORTS_ANNOTATION: &str = "flock.io/ports";
 /// of its workload identity.
 pub const SERVICE_ACCOUNT_ANNOTATION: &str = "flock.io/service-account";
 
+/// The annotation listing the pod labels a route subset may select on, as
+/// `key=value` pairs: `version=v2,track=canary` ([`crate::labels::parse`]: at most
+/// 8). Outside kube mode the runtime passes annotations, not labels, so a pod names
+/// here the labels it is registered with; kube mode reads the pod's labels from the
+/// API instead.
+pub const LABELS_ANNOTATION: &str = "flock.io/labels";
+
 /// First port of Envoy's inbound listeners on the pod IP (one per app port, in order).
 pub const INBOUND_BASE_PORT: u16 = 15006;
 /// Envoy's outbound HTTP listener on the pod's loopback.
@@ -212,6 +219,8 @@ pub struct PodFields<'a> {
     pub ports: &'a [PodPort],
     /// The CNI network name (may be empty).
     pub network_name: &'a str,
+    /// Labels for route subsets ([`LABELS_ANNOTATION`]).
+    pub labels: &'a crate::labels::Labels,
 }
 
 /// Checks every field of a pod against the one set of limits. A pod that passes is
@@ -224,6 +233,7 @@ pub fn validate(p: &PodFields<'_>) -> Result<(), InvalidPod> {
     check_label(p.namespace).map_err(|m| invalid("pod namespace", m))?;
     check_uid(p.uid).map_err(|m| invalid("pod uid", m))?;
     check_netns(p.netns).map_err(|m| invalid("netns", m))?;
+    crate::labels::check(p.labels).map_err(|m| invalid(LABELS_ANNOTATION, m))?;
     if p.ips.is_empty() {
         return Err(invalid(
             "IPs",
@@ -319,6 +329,9 @@ pub struct AdmittedPod {
     /// parsed where it is enforced, and a policy that does not parse refuses the
     /// pod's inbound calls rather than the pod.
     pub authz: Option<String>,
+    /// The labels of its [`LABELS_ANNOTATION`] (none from [`admit_api`]: kube mode
+    /// reads the pod's labels live).
+    pub labels: crate::labels::Labels,
 }
 
 impl AdmittedPod {
@@ -335,6 +348,7 @@ impl AdmittedPod {
             service_account: &self.service_account,
             ports: &self.ports,
             network_name: &self.network_name,
+            labels: &self.labels,
         }
     }
 }
@@ -369,6 +383,10 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
     if let Some(a) = &authz {
         crate::authz::check_annotation_size(a).map_err(|e| invalid(crate::authz::ANNOTATION, e))?;
     }
+    let labels = match req.annotations.get(LABELS_ANNOTATION) {
+        None => crate::labels::Labels::new(),
+        Some(text) => crate::labels::parse(text).map_err(|e| invalid(LABELS_ANNOTATION, e))?,
+    };
     let pod = AdmittedPod {
         key: PodKey::new(&req.container_id, &req.ifname),
         name: req.name.clone(),
@@ -386,6 +404,7 @@ pub fn admit(req: &AddRequest) -> Result<Option<AdmittedPod>, InvalidPod> {
         network_name: req.network_name.clone(),
         capture,
         authz,
+        labels,
     };
     validate(&pod.fields())?;
     Ok(Some(pod))
@@ -416,6 +435,7 @@ pub fn admit_api(
         network_name: req.network_name.clone(),
         capture: PodOverrides::default(),
         authz: None,
+        labels: crate::labels::Labels::new(),
     };
     // The same rules, but the message names where these values came from: an
     // operator reading "flock.io/ports" would look for an annotation the pod lacks.

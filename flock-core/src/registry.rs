@@ -78,11 +78,13 @@ pub enum Reject {
     /// The writing node already has the most entries a reader loads from one node
     /// ([`NodeCap`]).
     NodeCap,
+    /// The endpoint's labels break the label rules ([`crate::labels::check`]).
+    Labels,
 }
 
 impl Reject {
     /// Every reason, in label order.
-    pub const ALL: [Reject; 15] = [
+    pub const ALL: [Reject; 16] = [
         Reject::Oversized,
         Reject::Undecodable,
         Reject::Key,
@@ -98,6 +100,7 @@ impl Reject {
         Reject::TooManyPorts,
         Reject::Scope,
         Reject::NodeCap,
+        Reject::Labels,
     ];
 
     /// The metric label value.
@@ -118,6 +121,7 @@ impl Reject {
             Reject::TooManyPorts => "too_many_ports",
             Reject::Scope => "node_scope",
             Reject::NodeCap => "node_cap",
+            Reject::Labels => "labels",
         }
     }
 
@@ -211,6 +215,8 @@ pub struct EntryFields<'a> {
     pub identity: Option<&'a str>,
     /// Further SPIFFE IDs callers accept from the endpoint (only with `identity`).
     pub also_accept: &'a [String],
+    /// The pod's labels a route subset may select on.
+    pub labels: &'a crate::labels::Labels,
 }
 
 /// What the agent trusts: who it is and its trust domain.
@@ -337,6 +343,9 @@ pub fn check_entry(e: &EntryFields<'_>, trust: &Trust<'_>) -> Result<(), Rejecte
             ));
         }
     }
+    // Labels end up in cluster names (a subset's): one that breaks the syntax is
+    // refused here, alone, not by the translation for the whole service.
+    crate::labels::check(e.labels).map_err(|why| Rejected::new(Reject::Labels, why))?;
     if let Some(id) = e.identity {
         check_identity(id, e.namespace, trust.trust_domain)?;
     }
@@ -633,6 +642,7 @@ mod tests {
             zone: "eu-1",
             identity: Some("spiffe://cluster.local/ns/default/sa/web"),
             also_accept: &[],
+            labels: &crate::labels::NONE,
         }
     }
 
@@ -649,6 +659,17 @@ mod tests {
     #[test]
     fn a_well_formed_entry_passes() {
         assert_eq!(check_entry(&good(), &TRUST), Ok(()));
+        let labels = crate::labels::parse("version=v2,app.kubernetes.io/name=web").unwrap();
+        assert_eq!(
+            check_entry(
+                &EntryFields {
+                    labels: &labels,
+                    ..good()
+                },
+                &TRUST
+            ),
+            Ok(())
+        );
         assert_eq!(
             check_entry(
                 &EntryFields {
@@ -663,6 +684,11 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_named_by_its_reason() {
+        let bad_labels =
+            crate::labels::Labels::from([("version".to_string(), "v2/../x".to_string())]);
+        let too_many_labels: crate::labels::Labels = (0..=crate::labels::MAX_LABELS)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
         let cases: Vec<(EntryFields<'_>, Reject)> = vec![
             (
                 EntryFields {
@@ -715,6 +741,20 @@ mod tests {
                 Reject::Address,
             ),
             (EntryFields { port: 0, ..good() }, Reject::Port),
+            (
+                EntryFields {
+                    labels: &bad_labels,
+                    ..good()
+                },
+                Reject::Labels,
+            ),
+            (
+                EntryFields {
+                    labels: &too_many_labels,
+                    ..good()
+                },
+                Reject::Labels,
+            ),
             (
                 EntryFields {
                     key: "node-b/default/web/c1/eth0/9090",

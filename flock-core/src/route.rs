@@ -26,6 +26,12 @@
 //!   (default 1, may be 0). A rule whose weights are all 0 answers 500. A backend
 //!   that does not exist is dropped from its rule and reported; a rule left with none
 //!   answers 500 (Gateway API: requests to an invalid backend get a 500).
+//! * **Subsets** (flock's extension): a backendRef of group [`SUBSET_GROUP`], kind
+//!   [`SUBSET_KIND`] names a subset the route's annotation [`SUBSETS_ANNOTATION`]
+//!   defines: the endpoints of a Service whose pods carry given labels
+//!   (`version: v2`), for versions that share one Service. Its requests go to
+//!   clusters of their own ([`subset_service_name`]); a subset no endpoint matches
+//!   is dropped from its rule and reported, as a missing Service is.
 //! * `timeouts.request` is the whole request's timeout (Envoy's route timeout, the
 //!   gRPC stream's maximum duration); `timeouts.backendRequest` each try's.
 //! * `retry` (`attempts`, `codes`, `backoff`): retries on connect failures, resets
@@ -300,6 +306,77 @@ pub struct RetrySpec {
     pub backoff: Option<String>,
 }
 
+/// The annotation of an `HTTPRoute` that names subsets of Services for its
+/// `backendRefs` of group [`SUBSET_GROUP`], kind [`SUBSET_KIND`]: a JSON object from
+/// subset name to the Service and the labels its endpoints must carry,
+/// `{"web-v2": {"service": "web", "labels": {"version": "v2"}}}`. The Gateway API has
+/// no subset field; an implementation-specific backend kind is its way to extend
+/// what a backend can be, and the route is the one place that needs the subset.
+pub const SUBSETS_ANNOTATION: &str = "flock.io/subsets";
+/// The `group` of a backendRef that names a subset ([`SUBSETS_ANNOTATION`]).
+pub const SUBSET_GROUP: &str = "flock.io";
+/// The `kind` of a backendRef that names a subset ([`SUBSETS_ANNOTATION`]).
+pub const SUBSET_KIND: &str = "ServiceSubset";
+/// Most subsets one route names.
+pub const MAX_SUBSETS: usize = 16;
+/// Longest [`SUBSETS_ANNOTATION`] value.
+pub const MAX_SUBSETS_BYTES: usize = 8 * 1024;
+
+/// One subset as [`SUBSETS_ANNOTATION`] writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsetSpec {
+    /// The Service (of the route's namespace).
+    pub service: String,
+    /// The labels its endpoints must carry (at least one).
+    pub labels: crate::labels::Labels,
+}
+
+/// The subsets of a route's [`SUBSETS_ANNOTATION`], checked; none without it.
+fn subsets_of(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<std::collections::BTreeMap<String, SubsetSpec>, RouteError> {
+    let field = format!("metadata.annotations[{SUBSETS_ANNOTATION}]");
+    let Some(text) = annotations.get(SUBSETS_ANNOTATION) else {
+        return Ok(Default::default());
+    };
+    if text.len() > MAX_SUBSETS_BYTES {
+        return Err(RouteError::new(
+            field,
+            format!("{} bytes, more than {MAX_SUBSETS_BYTES}", text.len()),
+        ));
+    }
+    let subsets: std::collections::BTreeMap<String, SubsetSpec> = serde_json::from_str(text)
+        .map_err(|e| {
+            RouteError::new(
+                &field,
+                format!(
+                    "not a JSON object of {{\"<subset>\": {{\"service\": .., \"labels\": {{..}}}}}}: {e}"
+                ),
+            )
+        })?;
+    if subsets.len() > MAX_SUBSETS {
+        return Err(RouteError::new(
+            field,
+            format!("more than {MAX_SUBSETS} subsets"),
+        ));
+    }
+    for (name, spec) in &subsets {
+        let sf = format!("{field}.{name}");
+        check_label(name).map_err(|e| RouteError::new(&field, format!("subset name {e}")))?;
+        check_label(&spec.service).map_err(|e| RouteError::new(format!("{sf}.service"), e))?;
+        if spec.labels.is_empty() {
+            return Err(RouteError::new(
+                format!("{sf}.labels"),
+                "empty: a subset selects on at least one label (name the Service itself for all of it)",
+            ));
+        }
+        crate::labels::check(&spec.labels)
+            .map_err(|e| RouteError::new(format!("{sf}.labels"), e))?;
+    }
+    Ok(subsets)
+}
+
 /// Reads one `HTTPRoute` object (JSON): at most [`MAX_ROUTE_BYTES`], unknown spec
 /// fields refused with the serde error's line and column.
 pub fn parse(bytes: &[u8]) -> Result<HttpRouteObject, RouteError> {
@@ -394,6 +471,10 @@ pub struct BackendRef {
     /// Its share.
     #[serde(default = "one")]
     pub weight: u32,
+    /// The labels its endpoints must carry: a subset of the Service
+    /// ([`SUBSETS_ANNOTATION`]). Empty: the whole Service.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub subset: crate::labels::Labels,
     /// Whether the port is mTLS (an endpoint has an identity): which cluster a
     /// caller with an identity reaches it through. Set when the routes are resolved
     /// against the services; the translation does not look at other services.
@@ -403,6 +484,37 @@ pub struct BackendRef {
 
 fn one() -> u32 {
     1
+}
+
+/// The separator of a subset's service name, `<service>~<selector>`: no Service
+/// name holds it (they are DNS labels), so a subset's clusters never share a name
+/// with a Service's.
+pub const SUBSET_SEPARATOR: char = '~';
+
+/// The name of the service whose clusters carry the subset `subset` of `service`:
+/// `web~version=v2` ([`crate::labels::render`]); `service` itself for the empty
+/// subset.
+pub fn subset_service_name(service: &str, subset: &crate::labels::Labels) -> String {
+    if subset.is_empty() {
+        service.to_string()
+    } else {
+        format!(
+            "{service}{SUBSET_SEPARATOR}{}",
+            crate::labels::render(subset)
+        )
+    }
+}
+
+impl BackendRef {
+    /// The name of the service whose clusters this backend's requests go to
+    /// ([`subset_service_name`]).
+    pub fn target(&self) -> std::borrow::Cow<'_, str> {
+        if self.subset.is_empty() {
+            std::borrow::Cow::Borrowed(&self.service)
+        } else {
+            std::borrow::Cow::Owned(subset_service_name(&self.service, &self.subset))
+        }
+    }
 }
 
 /// A retry policy.
@@ -592,6 +704,7 @@ impl HttpRoute {
                 ));
             }
         };
+        let subsets = subsets_of(&obj.metadata.annotations)?;
         let spec = &obj.spec;
         if !spec.hostnames.is_empty() {
             return Err(RouteError::new(
@@ -660,6 +773,7 @@ impl HttpRoute {
                 &id,
                 namespace,
                 non_idempotent,
+                &subsets,
             )?);
         }
         Ok(HttpRoute {
@@ -677,6 +791,7 @@ fn check_rule(
     id: &str,
     namespace: &str,
     non_idempotent: bool,
+    subsets: &std::collections::BTreeMap<String, SubsetSpec>,
 ) -> Result<RouteRule, RouteError> {
     if let Some(f) = r.filters.first() {
         let kind = f.get("type").and_then(|t| t.as_str()).unwrap_or("?");
@@ -787,12 +902,16 @@ fn check_rule(
     let mut backends = Vec::with_capacity(r.backend_refs.len());
     for (j, b) in r.backend_refs.iter().enumerate() {
         let bf = format!("{field}.backendRefs[{j}]");
-        if !b.group.as_deref().unwrap_or("").is_empty()
-            || b.kind.as_deref().unwrap_or("Service") != "Service"
-        {
+        let group = b.group.as_deref().unwrap_or("");
+        let kind = b.kind.as_deref().unwrap_or("Service");
+        let is_subset = group == SUBSET_GROUP && kind == SUBSET_KIND;
+        if !is_subset && !(group.is_empty() && kind == "Service") {
             return Err(RouteError::new(
                 bf,
-                "only Services (group \"\", kind Service) can be backends",
+                format!(
+                    "only Services (group \"\", kind Service) and subsets (group \"{SUBSET_GROUP}\", \
+                     kind {SUBSET_KIND}) can be backends"
+                ),
             ));
         }
         if b.namespace.as_deref().is_some_and(|ns| ns != namespace) {
@@ -809,6 +928,20 @@ fn check_rule(
             ));
         }
         check_label(&b.name).map_err(|e| RouteError::new(format!("{bf}.name"), e))?;
+        let (service, subset) = if is_subset {
+            let Some(spec) = subsets.get(&b.name) else {
+                return Err(RouteError::new(
+                    format!("{bf}.name"),
+                    format!(
+                        "subset {:?} is not in the annotation {SUBSETS_ANNOTATION}",
+                        b.name
+                    ),
+                ));
+            };
+            (spec.service.clone(), spec.labels.clone())
+        } else {
+            (b.name.clone(), Default::default())
+        };
         let port = match b.port {
             Some(p) if p > 0 => p,
             _ => {
@@ -826,10 +959,11 @@ fn check_rule(
             ));
         }
         backends.push(BackendRef {
-            service: b.name.clone(),
+            service,
             namespace: namespace.to_string(),
             port,
             weight,
+            subset,
             mtls: false,
         });
     }
@@ -976,6 +1110,92 @@ mod tests {
                 ]
             }
         })
+    }
+
+    fn subset_route(annotation: &str) -> serde_json::Value {
+        serde_json::json!({
+            "metadata": { "name": "web", "namespace": "shop",
+                          "annotations": { SUBSETS_ANNOTATION: annotation } },
+            "spec": {
+                "parentRefs": [{ "kind": "Service", "name": "web", "port": 80 }],
+                "rules": [{ "backendRefs": [
+                    { "group": "flock.io", "kind": "ServiceSubset", "name": "v1",
+                      "port": 80, "weight": 90 },
+                    { "group": "flock.io", "kind": "ServiceSubset", "name": "v2",
+                      "port": 80, "weight": 10 }] }]
+            }
+        })
+    }
+
+    #[test]
+    fn a_subset_backend_names_its_service_and_labels() {
+        let r = route(subset_route(
+            r#"{"v1": {"service": "web", "labels": {"version": "v1"}},
+                "v2": {"service": "web", "labels": {"version": "v2", "track": "canary"}}}"#,
+        ))
+        .unwrap();
+        let b = &r.rules[0].backends;
+        assert_eq!((b[0].service.as_str(), b[0].weight), ("web", 90));
+        assert_eq!(crate::labels::render(&b[0].subset), "version=v1");
+        assert_eq!(b[1].target(), "web~track=canary,version=v2");
+        assert_eq!(b[0].namespace, "shop");
+        // A plain Service backend targets the Service itself.
+        let plain = route(canary()).unwrap();
+        assert_eq!(plain.rules[0].backends[0].target(), "web-v2");
+        assert!(plain.rules[0].backends[0].subset.is_empty());
+    }
+
+    #[test]
+    fn a_bad_subset_refuses_the_route_and_says_where() {
+        let field = format!("metadata.annotations[{SUBSETS_ANNOTATION}]");
+        for (annotation, at, says) in [
+            ("not json", field.clone(), "not a JSON object"),
+            (
+                r#"{"v1": {"service": "web", "labels": {}}}"#,
+                format!("{field}.v1.labels"),
+                "empty",
+            ),
+            (
+                r#"{"v1": {"service": "Web", "labels": {"a": "b"}}}"#,
+                format!("{field}.v1.service"),
+                "DNS label",
+            ),
+            (
+                r#"{"v1": {"service": "web", "labels": {"a": "b,c"}}}"#,
+                format!("{field}.v1.labels"),
+                "label value",
+            ),
+            (
+                r#"{"v1": {"service": "web", "labels": {"a": "b"}, "x": 1}}"#,
+                field.clone(),
+                "unknown field",
+            ),
+            // v2 is used but not defined.
+            (
+                r#"{"v1": {"service": "web", "labels": {"a": "b"}}}"#,
+                "spec.rules[0].backendRefs[1].name".to_string(),
+                "not in the annotation",
+            ),
+        ] {
+            let e = route(subset_route(annotation)).unwrap_err();
+            assert_eq!(e.field, at, "{annotation}: {e}");
+            assert!(e.reason.contains(says), "{annotation}: {e}");
+        }
+        let many: serde_json::Map<String, serde_json::Value> = (0..=MAX_SUBSETS)
+            .map(|i| {
+                (
+                    format!("s{i}"),
+                    serde_json::json!({"service": "web", "labels": {"a": "b"}}),
+                )
+            })
+            .collect();
+        let e = route(subset_route(&serde_json::Value::Object(many).to_string())).unwrap_err();
+        assert!(e.reason.contains("more than 16 subsets"), "{e}");
+        // Another implementation's backend kind is still refused.
+        let mut other = subset_route(r#"{"v1": {"service": "web", "labels": {"a": "b"}}}"#);
+        other["spec"]["rules"][0]["backendRefs"][0]["group"] = "example.com".into();
+        let e = route(other).unwrap_err();
+        assert_eq!(e.field, "spec.rules[0].backendRefs[0]");
     }
 
     #[test]

@@ -29,6 +29,7 @@ fn fields<'a>(node: &'a str, key: &'a str, identity: Option<&'a str>) -> EntryFi
         zone: "",
         identity,
         also_accept: &[],
+        labels: &flock_core::labels::NONE,
     }
 }
 

@@ -25,6 +25,7 @@ const CALLERS: usize = 4;
 fn service(i: usize, n: usize, v2_weight: u32) -> Service {
     let name = |k: usize| format!("svc-{:04}", k % n);
     let backend = |k: usize, weight: u32| BackendRef {
+        subset: Default::default(),
         service: name(k),
         namespace: "default".into(),
         port: 8080,
@@ -49,6 +50,7 @@ fn service(i: usize, n: usize, v2_weight: u32) -> Service {
                 service_port: None,
                 identity: Some(format!("spiffe://td/ns/default/sa/{}", name(i))),
                 also_accept: Vec::new(),
+                labels: Default::default(),
             })
             .collect(),
         vips: Vec::new(),

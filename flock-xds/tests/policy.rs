@@ -209,6 +209,7 @@ fn a_missing_backend_is_dropped_and_reported_and_the_rest_is_served() {
     only_gone.rules[1]
         .backends
         .push(flock_core::route::BackendRef {
+            subset: Default::default(),
             service: "gone".into(),
             namespace: "shop".into(),
             port: 80,
@@ -475,4 +476,221 @@ fn a_captured_callers_chain_for_a_routed_service_follows_its_rules() {
         Some(route::Action::DirectResponse(d)) => assert_eq!(d.status, 404),
         other => panic!("{other:?}"),
     }
+}
+
+/// A Service `shop` whose endpoints carry `version` labels (two v1, one v2, one
+/// without), and a route on it splitting 80/20 over the subsets v1 and v2 of itself.
+fn subset_mesh(protocol: &str, mtls: bool) -> Mesh {
+    let id = if mtls {
+        r#", "identity": "spiffe://cluster.local/ns/shop/sa/shop""#
+    } else {
+        ""
+    };
+    let ep = |ip: &str, labels: &str| {
+        format!(r#"{{"address": "{ip}", "port": 15006, "labels": {labels}{id}}}"#)
+    };
+    let json = format!(
+        r#"{{"services": [{{"name": "shop", "namespace": "shop",
+                             "ports": [{{"port": 80, "protocol": "{protocol}"}}],
+                             "endpoints": [{}, {}, {}, {}]}}],
+             "pods": [{{"name": "client", "namespace": "shop", "ip": "10.0.0.9",
+                        "identity": "{CALLER}"}}]}}"#,
+        ep("10.0.1.1", r#"{"version": "v1"}"#),
+        ep("10.0.1.2", r#"{"version": "v1", "track": "stable"}"#),
+        ep("10.0.1.3", r#"{"version": "v2"}"#),
+        ep("10.0.1.4", "{}"),
+    );
+    let mut m = Mesh::from_json(json.as_bytes()).unwrap();
+    let obj = serde_json::json!({
+        "metadata": { "name": "shop", "namespace": "shop", "annotations": {
+            "flock.io/subsets": r#"{"v1": {"service": "shop", "labels": {"version": "v1"}},
+                                   "v2": {"service": "shop", "labels": {"version": "v2"}},
+                                   "v3": {"service": "shop", "labels": {"version": "v3"}}}"# } },
+        "spec": {
+            "parentRefs": [{ "kind": "Service", "name": "shop", "port": 80 }],
+            "rules": [
+                { "matches": [{ "headers": [{ "name": "x-canary", "value": "1" }] }],
+                  "backendRefs": [{ "group": "flock.io", "kind": "ServiceSubset", "name": "v2", "port": 80 }] },
+                { "backendRefs": [
+                    { "group": "flock.io", "kind": "ServiceSubset", "name": "v1", "port": 80, "weight": 80 },
+                    { "group": "flock.io", "kind": "ServiceSubset", "name": "v2", "port": 80, "weight": 20 },
+                    { "group": "flock.io", "kind": "ServiceSubset", "name": "v3", "port": 80, "weight": 5 }] }
+            ]
+        }
+    });
+    let route = HttpRoute::from_object(&parse(obj.to_string().as_bytes()).unwrap()).unwrap();
+    m.services[0].routes = route.rules_for("shop");
+    m
+}
+
+fn cla_addresses(rs: &[Resource], name: &str) -> Vec<String> {
+    use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+    let cla = ClusterLoadAssignment::decode(
+        find(rs, flock_xds::types::ENDPOINT, name)
+            .any
+            .value
+            .as_slice(),
+    )
+    .unwrap();
+    let mut out: Vec<String> = cla
+        .endpoints
+        .iter()
+        .flat_map(|g| &g.lb_endpoints)
+        .filter_map(|e| match &e.host_identifier {
+            Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                match ep.address.as_ref()?.address.as_ref()? {
+                    envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(
+                        sa,
+                    ) => Some(sa.address.clone()),
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn subsets_route_to_clusters_of_the_endpoints_that_carry_their_labels() {
+    let mut m = subset_mesh("http", false);
+    let problems = m.resolve_routes();
+    // v3 selects no endpoint: dropped from its rule and reported, the rest served.
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0]
+            .message
+            .contains("subset version=v3 has no endpoints"),
+        "{problems:?}"
+    );
+    m.validate().unwrap();
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    check_consistency(&translate::into_set(rs.clone()), &EnvoyReferences).unwrap();
+    assert_eq!(
+        cla_addresses(&rs, "outbound|80|shop~version=v1.shop"),
+        ["10.0.1.1", "10.0.1.2"]
+    );
+    assert_eq!(
+        cla_addresses(&rs, "outbound|80|shop~version=v2.shop"),
+        ["10.0.1.3"]
+    );
+    // The Service itself keeps every endpoint.
+    assert_eq!(cla_addresses(&rs, "outbound|80|shop.shop").len(), 4);
+    let routes = vhost_routes(&rs, "outbound|http", "shop.shop:80");
+    // x-canary (idempotent and other methods), the split (both), the 404.
+    assert_eq!(
+        weighted(&routes[0]),
+        [("outbound|80|shop~version=v2.shop".to_string(), 1)]
+    );
+    assert_eq!(
+        weighted(&routes[2]),
+        [
+            ("outbound|80|shop~version=v1.shop".to_string(), 80),
+            ("outbound|80|shop~version=v2.shop".to_string(), 20)
+        ]
+    );
+    // A subset has no host names of its own: no virtual host, no domain.
+    let rc =
+        RouteConfiguration::decode(find(&rs, ROUTE, "outbound|http").any.value.as_slice()).unwrap();
+    assert_eq!(rc.virtual_hosts.len(), 1, "{:?}", rc.virtual_hosts);
+    // The same for proxyless gRPC: clusters, no listener or route configuration.
+    let mut m = subset_mesh("grpc", false);
+    m.resolve_routes();
+    let rs = translate::grpc_resources(&m);
+    check_consistency(&translate::into_set(rs.clone()), &EnvoyReferences).unwrap();
+    assert_eq!(
+        cla_addresses(&rs, "outbound|80|shop~version=v2.shop"),
+        ["10.0.1.3"]
+    );
+    assert!(
+        rs.iter()
+            .filter(|r| r.type_url != CLUSTER && r.type_url != flock_xds::types::ENDPOINT)
+            .all(|r| !r.name.contains('~')),
+        "{:?}",
+        rs.iter().map(|r| &r.name).collect::<Vec<_>>()
+    );
+    let routes = vhost_routes(&rs, "grpc|shop.shop:80", "shop.shop:80");
+    assert_eq!(weighted(&routes[1]).len(), 2, "{routes:#?}");
+}
+
+#[test]
+fn callers_with_an_identity_reach_a_subset_over_its_own_mtls_cluster() {
+    let mut m = subset_mesh("http", true);
+    m.resolve_routes();
+    let rs = translate::envoy_resources(&m, &EnvoyOptions::default());
+    // The fixture has no secrets: the clusters' references to them are not checked.
+    let routes = vhost_routes(&rs, &format!("outbound|http|{CALLER}"), "shop.shop:80");
+    assert_eq!(
+        weighted(&routes[2]),
+        [
+            (format!("outbound|80|shop~version=v1.shop|{CALLER}"), 80),
+            (format!("outbound|80|shop~version=v2.shop|{CALLER}"), 20)
+        ]
+    );
+    assert_eq!(
+        cla_addresses(&rs, &format!("outbound|80|shop~version=v2.shop|{CALLER}")),
+        ["10.0.1.3"]
+    );
+}
+
+#[test]
+fn the_memo_follows_a_subset_like_a_fresh_translation() {
+    let flat = |e: translate::Entries| {
+        let mut v: Vec<(String, String, Vec<u8>)> = Vec::new();
+        for (ty, list) in e {
+            for (name, _, any) in list {
+                v.push((ty.to_string(), name.to_string(), any.value.clone()));
+            }
+        }
+        v.sort();
+        v
+    };
+    let opts = EnvoyOptions::default();
+    let mut memo = Memo::new(Flavor::Envoy);
+    let mut m = subset_mesh("http", false);
+    m.resolve_routes();
+    assert_eq!(
+        flat(memo.translate(&m, &opts)),
+        flat(Memo::new(Flavor::Envoy).translate(&m, &opts))
+    );
+    // An endpoint of the Service turns v3: the subset v3 appears, its backend with it.
+    let mut m = subset_mesh("http", false);
+    m.services[0].endpoints[3].labels = flock_core::labels::parse("version=v3").unwrap();
+    assert!(m.resolve_routes().is_empty());
+    assert_eq!(
+        flat(memo.translate(&m, &opts)),
+        flat(Memo::new(Flavor::Envoy).translate(&m, &opts))
+    );
+    assert_eq!(
+        cla_addresses(
+            &translate::envoy_resources(&m, &opts),
+            "outbound|80|shop~version=v3.shop"
+        ),
+        ["10.0.1.4"]
+    );
+}
+
+#[test]
+fn a_subset_service_with_a_malformed_selector_fails_validation() {
+    let mut m = subset_mesh("http", false);
+    m.resolve_routes();
+    let subset = m
+        .services
+        .iter()
+        .position(|s| s.subset_of().is_some())
+        .unwrap();
+    for bad in [
+        "shop~",
+        "shop~version",
+        "shop~version=v2,a=b",
+        "Shop~version=v2",
+    ] {
+        let mut m = m.clone();
+        m.services[subset].name = bad.to_string();
+        assert!(m.validate().is_err(), "{bad} validated");
+    }
+    let mut m = m.clone();
+    m.services[subset].vips = vec!["10.96.0.1".parse().unwrap()];
+    assert!(m.validate().is_err(), "a subset with a VIP validated");
 }

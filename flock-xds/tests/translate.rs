@@ -781,6 +781,7 @@ proptest::proptest! {
                     service_port: *service_port,
                     identity: identity.map(str::to_string),
                     also_accept: also.iter().map(|s| s.to_string()).collect(),
+                    labels: Default::default(),
                 })
                 .collect(),
             vips: vips.iter().map(|v| v.parse().unwrap()).collect(),
@@ -883,6 +884,7 @@ fn validation_enforces_limits() {
         service_port: None,
         identity: None,
         also_accept: Vec::new(),
+        labels: Default::default(),
     };
     let mut eps: Vec<Endpoint> = (0..2)
         .map(|i| Endpoint {
@@ -1137,6 +1139,7 @@ mod props {
                                 } else {
                                     Vec::new()
                                 },
+                                labels: Default::default(),
                                 identity: identity.map(String::from),
                             },
                         )

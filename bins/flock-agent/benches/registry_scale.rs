@@ -186,6 +186,7 @@ fn remote(i: usize, n: usize, version: usize) -> Endpoint {
             i % services(n)
         )),
         also_accept: Vec::new(),
+        labels: Default::default(),
     }
 }
 

@@ -547,6 +547,7 @@ mod tests {
             health: Health::Healthy,
             identity: None,
             also_accept: Vec::new(),
+            labels: Default::default(),
         };
         let doc = RegistryView {
             backend: "memory".into(),

@@ -70,6 +70,7 @@ pub fn member_endpoints(
             identity: identity.map(str::to_string),
             // A pod has one identity.
             also_accept: Vec::new(),
+            labels: members.labels.clone(),
         })
         .collect()
 }

@@ -45,6 +45,7 @@ pub fn endpoints(
             identity: identity.map(str::to_string),
             // A pod has one identity.
             also_accept: Vec::new(),
+            labels: rec.labels.clone(),
         })
         .collect()
 }
@@ -181,6 +182,7 @@ pub fn service_models<'a>(eps: impl IntoIterator<Item = &'a Endpoint>) -> Vec<tr
             service_port: Some(ep.service_port),
             identity: ep.identity.clone(),
             also_accept: ep.also_accept.clone(),
+            labels: ep.labels.clone(),
         });
     }
     services

@@ -206,6 +206,7 @@ mod tests {
             added_at_ms: flock_core::time::UnixMs(0),
             capture: None,
             authz: None,
+            labels: Default::default(),
         })
     }
 

@@ -49,6 +49,8 @@ pub struct RouteStatus {
 #[derive(Default)]
 pub(super) struct RoutedCache {
     entries: HashMap<(String, String), Routed>,
+    /// The route subsets' services by (namespace, name), from the last publish.
+    subsets: HashMap<(String, String), Arc<translate::Service>>,
     /// The status of every route, from the last publish.
     pub(super) status: Vec<RouteStatus>,
 }
@@ -71,6 +73,7 @@ pub(super) fn apply(
 ) -> Arc<Vec<Arc<translate::Service>>> {
     if routes.map().is_empty() {
         cache.entries.clear();
+        cache.subsets.clear();
         cache.status.clear();
         return services;
     }
@@ -87,11 +90,38 @@ pub(super) fn apply(
             }
         }
     }
+    // The route subsets the rules name, each a service of its own (its Service's
+    // endpoints that carry the labels). The last publish's value is kept while it is
+    // equal, so the translation's memo sees the same service and does no work.
+    let subsets: Vec<Arc<translate::Service>> = {
+        let base: HashMap<(&str, &str), &Arc<translate::Service>> = services
+            .iter()
+            .map(|s| ((s.namespace.as_str(), s.name.as_str()), s))
+            .collect();
+        let lookup = |ns: &str, name: &str| base.get(&(ns, name)).map(|s| &***s);
+        let mut kept = HashMap::new();
+        let made: Vec<Arc<translate::Service>> =
+            translate::policy::subset_services(by_parent.values().flatten(), &lookup)
+                .into_iter()
+                .map(|subset| {
+                    let key = (subset.namespace.clone(), subset.name.clone());
+                    let service = match cache.subsets.remove(&key) {
+                        Some(old) if *old == subset => old,
+                        _ => Arc::new(subset),
+                    };
+                    kept.insert(key, Arc::clone(&service));
+                    service
+                })
+                .collect();
+        cache.subsets = kept;
+        made
+    };
     let index: HashMap<(&str, &str), &Arc<translate::Service>> = services
         .iter()
+        .chain(&subsets)
         .map(|s| ((s.namespace.as_str(), s.name.as_str()), s))
         .collect();
-    let mut out: Vec<Arc<translate::Service>> = Vec::with_capacity(services.len());
+    let mut out: Vec<Arc<translate::Service>> = Vec::with_capacity(services.len() + subsets.len());
     let mut problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut kept = HashMap::with_capacity(by_parent.len());
     for s in services.iter() {
@@ -105,7 +135,7 @@ pub(super) fn apply(
             .flat_map(|r| &r.backends)
             .map(|b| {
                 index
-                    .get(&(b.namespace.as_str(), b.service.as_str()))
+                    .get(&(b.namespace.as_str(), &*b.target()))
                     .map(|s| Arc::clone(s))
             })
             .collect();
@@ -230,7 +260,10 @@ pub(super) fn apply(
             },
         );
     }
-    if synthesized {
+    if !subsets.is_empty() {
+        out.extend(subsets.iter().cloned());
+    }
+    if synthesized || !subsets.is_empty() {
         out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     }
     cache.entries = kept;

@@ -364,6 +364,18 @@ pub struct Flags {
     /// default), so a failed ADD carries the agent's reason.
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Kubernetes")]
     pub kube_pod_wait: Duration,
+    /// Kube mode: the pod label keys a pod's registry endpoints carry, which route
+    /// subsets (`flock.io/subsets` on an HTTPRoute) can select on; at most 8. Only
+    /// these travel to other nodes, not every label of every pod. Outside kube mode a
+    /// pod names its labels in the `flock.io/labels` annotation.
+    #[arg(
+        long,
+        default_value = "version,app.kubernetes.io/version",
+        value_name = "KEYS",
+        value_delimiter = ',',
+        help_heading = "Kubernetes"
+    )]
+    pub endpoint_labels: Vec<String>,
     /// Kube mode: remove the startup taint flock.io/agent-not-ready:NoSchedule from
     /// this node's Node once the node is ready (store loaded, CNI socket bound,
     /// --cni-ready-file present if given, the first snapshot ACKed by an Envoy). Other
@@ -945,9 +957,11 @@ fn kube_options(flags: &Flags, in_cluster: bool) -> Result<Option<KubeOptions>, 
                 .into(),
         ));
     }
+    let endpoint_labels = endpoint_label_keys(&flags.endpoint_labels)?;
     Ok(on.then(|| KubeOptions {
         kubeconfig: flags.kubeconfig.clone(),
         pod_wait: flags.kube_pod_wait,
+        endpoint_labels,
         remove_startup_taint: flags.remove_startup_taint,
         cni_ready_file: flags.cni_ready_file.clone(),
         repair: if flags.repair == "delete" {
@@ -1131,3 +1145,24 @@ fn access_policy(flags: &Flags, euid: u32) -> AccessPolicy {
 
 #[cfg(test)]
 mod tests;
+
+/// `--endpoint-labels`, checked: label keys, at most [`flock_core::labels::MAX_LABELS`].
+fn endpoint_label_keys(keys: &[String]) -> Result<Vec<String>, OptionsError> {
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
+        .collect();
+    if keys.len() > flock_core::labels::MAX_LABELS {
+        return Err(OptionsError(format!(
+            "--endpoint-labels: {} keys, more than {}",
+            keys.len(),
+            flock_core::labels::MAX_LABELS
+        )));
+    }
+    for k in &keys {
+        flock_core::labels::check_key(k)
+            .map_err(|e| OptionsError(format!("--endpoint-labels: {e}")))?;
+    }
+    Ok(keys)
+}

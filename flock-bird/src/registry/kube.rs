@@ -368,6 +368,7 @@ fn endpoint_of(r: map::RemoteEndpoint, slice: &str) -> Endpoint {
             .into_iter()
             .filter(|id| Some(id) != r.identity.as_ref())
             .collect(),
+        labels: Default::default(),
         identity: r.identity,
     }
 }

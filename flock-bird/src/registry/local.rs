@@ -261,6 +261,7 @@ mod tests {
             health: Health::Healthy,
             identity: None,
             also_accept: Vec::new(),
+            labels: Default::default(),
         }
     }
 

@@ -25,5 +25,6 @@ pub fn web(node: &str, pod: &str) -> Endpoint {
         health: Health::Healthy,
         identity: None,
         also_accept: Vec::new(),
+        labels: Default::default(),
     }
 }

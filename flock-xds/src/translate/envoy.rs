@@ -864,7 +864,9 @@ pub fn capture_listener<S: Borrow<Service>>(
         .map(|ip| (*ip, pod.outbound_port))
         .collect();
     let mut chains = Vec::new();
-    for s in sorted {
+    // A route subset's endpoints are its Service's too: a connection to one of their
+    // addresses, or to the Service's, takes the Service's chain.
+    for s in sorted.into_iter().filter(|s| s.subset_of().is_none()) {
         let mut seen = std::collections::BTreeSet::new();
         for p in &s.ports {
             if !seen.insert(p.port) {
@@ -1059,8 +1061,11 @@ pub fn capture_caller_resources<S: Borrow<Service>>(
         return Vec::new();
     };
     let mut out = Vec::new();
-    for s in services {
-        let s = s.borrow();
+    // The capture listener has no chain of a route subset's ([`capture_listener`]).
+    for s in services.iter().map(Borrow::borrow) {
+        if s.subset_of().is_some() {
+            continue;
+        }
         let mut seen = std::collections::BTreeSet::new();
         for p in &s.ports {
             if !seen.insert(p.port) {
@@ -1498,6 +1503,11 @@ fn service_virtual_hosts(
     emitted: &mut std::collections::HashSet<String>,
 ) -> Vec<VirtualHost> {
     let mut out = Vec::new();
+    if s.subset_of().is_some() {
+        // A route subset is reached through its Service's routes, by no name of its
+        // own.
+        return out;
+    }
     let mut first = true;
     let mut seen = std::collections::BTreeSet::new();
     for p in s.ports.iter().filter(|p| p.protocol.is_http()) {

@@ -255,7 +255,14 @@ pub fn grpc_service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Res
             .iter()
             .map(|ip| format!("{}:{}", ip_host(*ip), p.port))
             .collect();
-        for target in std::iter::once(&authority).chain(&vip_authorities) {
+        let targets = if service.subset_of().is_some() {
+            Vec::new()
+        } else {
+            std::iter::once(&authority)
+                .chain(&vip_authorities)
+                .collect()
+        };
+        for target in targets {
             let hcm = hcm_rds(target, &route_name);
             let listener = Listener {
                 name: target.clone(),
@@ -271,6 +278,12 @@ pub fn grpc_service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Res
             ));
         }
 
+        if service.subset_of().is_some() {
+            // A route subset: its cluster and endpoints only; clients dial the
+            // Service, whose routes send a share here.
+            push_cluster(service, p, &cluster_name, opts, &mut out);
+            continue;
+        }
         let mut domains = vec![authority.clone()];
         domains.extend(vip_authorities);
         domains.push("*".to_string());
@@ -296,27 +309,38 @@ pub fn grpc_service_resources(service: &Service, opts: &EnvoyOptions) -> Vec<Res
             ..Default::default()
         };
         out.push(Resource::new(ROUTE, route_name, any(ROUTE, &rc)));
-
-        let mut cluster = outbound_cluster(service, p.port, p.protocol);
-        if let Some(peers) = mtls_peers(service, p.port) {
-            let ctx = UpstreamTlsContext {
-                common_tls_context: Some(provider_tls(san_patterns(
-                    peers.iter().flatten().copied(),
-                ))),
-                ..Default::default()
-            };
-            cluster.transport_socket =
-                Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
-        }
-        out.push(Resource::new(
-            CLUSTER,
-            cluster_name.clone(),
-            any(CLUSTER, &cluster),
-        ));
-        let cla = load_assignment(service, p.port, opts.local_locality.as_ref());
-        out.push(Resource::new(ENDPOINT, cluster_name, any(ENDPOINT, &cla)));
+        push_cluster(service, p, &cluster_name, opts, &mut out);
     }
     out
+}
+
+/// The cluster of a gRPC service port for proxyless clients and its endpoints.
+fn push_cluster(
+    service: &Service,
+    p: &super::model::ServicePort,
+    cluster_name: &str,
+    opts: &EnvoyOptions,
+    out: &mut Vec<Resource>,
+) {
+    let mut cluster = outbound_cluster(service, p.port, p.protocol);
+    if let Some(peers) = mtls_peers(service, p.port) {
+        let ctx = UpstreamTlsContext {
+            common_tls_context: Some(provider_tls(san_patterns(peers.iter().flatten().copied()))),
+            ..Default::default()
+        };
+        cluster.transport_socket = Some(tls_socket(type_urls::UPSTREAM_TLS, ctx.encode_to_vec()));
+    }
+    out.push(Resource::new(
+        CLUSTER,
+        cluster_name.to_string(),
+        any(CLUSTER, &cluster),
+    ));
+    let cla = load_assignment(service, p.port, opts.local_locality.as_ref());
+    out.push(Resource::new(
+        ENDPOINT,
+        cluster_name.to_string(),
+        any(ENDPOINT, &cla),
+    ));
 }
 
 /// Everything proxyless gRPC clients need for `mesh`: [`grpc_service_resources`] of

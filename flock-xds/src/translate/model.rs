@@ -182,6 +182,10 @@ pub struct Endpoint {
     /// validated like `identity`. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub also_accept: Vec<String>,
+    /// The pod's labels a route subset selects on ([`flock_core::labels`]: at most
+    /// 8, keys and values as Kubernetes writes them). Default: none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: flock_core::labels::Labels,
 }
 
 /// A failure domain, as in Envoy's `Locality`.
@@ -528,9 +532,31 @@ impl Mesh {
 
 impl Mesh {
     /// Resolves every service's route rules against the mesh's services
-    /// ([`super::policy::resolve`]): what a control plane that writes rules by hand
-    /// calls before translating. Returns what was dropped.
+    /// ([`super::policy::resolve`]), after adding (or renewing) the services of the
+    /// route subsets they name ([`super::policy::subset_services`]): what a control
+    /// plane that writes rules by hand calls before translating. Returns what was
+    /// dropped.
     pub fn resolve_routes(&mut self) -> Vec<super::policy::RouteProblem> {
+        // The route subsets first, so the rules resolve against them.
+        let subsets = {
+            let services = &self.services;
+            let lookup = |ns: &str, name: &str| {
+                services
+                    .iter()
+                    .find(|s| s.namespace == ns && s.name == name)
+            };
+            super::policy::subset_services(services.iter().flat_map(|s| &s.routes), &lookup)
+        };
+        for subset in subsets {
+            match self
+                .services
+                .iter_mut()
+                .find(|s| s.namespace == subset.namespace && s.name == subset.name)
+            {
+                Some(old) => *old = subset,
+                None => self.services.push(subset),
+            }
+        }
         let snapshot = self.services.clone();
         let lookup = |ns: &str, name: &str| {
             snapshot
@@ -551,6 +577,15 @@ impl Mesh {
 }
 
 impl Service {
+    /// For a route subset's service (`web~version=v2`,
+    /// [`flock_core::route::subset_service_name`]): the Service it is a subset of and
+    /// its selector. Such a service carries clusters and endpoints only: no host
+    /// names, virtual hosts, gRPC listener or capture chain (its endpoints are its
+    /// Service's too, and are reached by that name).
+    pub fn subset_of(&self) -> Option<(&str, &str)> {
+        self.name.split_once(flock_core::route::SUBSET_SEPARATOR)
+    }
+
     /// [`Mesh::validate`] of a mesh of this service alone (the same problems, with
     /// paths under `services[0]`), without building one: the agent validates a
     /// service on its own each time its endpoints change, and copying the service
@@ -872,6 +907,9 @@ impl Validator {
                 if b.port == 0 {
                     self.err(format!("{rp}.backends[{k}].port"), "port must be 1-65535");
                 }
+                if let Err(why) = flock_core::labels::check(&b.subset) {
+                    self.err(format!("{rp}.backends[{k}].subset"), why);
+                }
                 sum += u64::from(b.weight);
             }
             if sum > u64::from(u32::MAX) {
@@ -892,7 +930,26 @@ impl Validator {
     }
 
     fn service(&mut self, path: &str, s: &Service) {
-        self.label(&format!("{path}.name"), "service name", &s.name);
+        match s.subset_of() {
+            None => self.label(&format!("{path}.name"), "service name", &s.name),
+            Some((base, selector)) => {
+                self.label(&format!("{path}.name"), "service name", base);
+                match flock_core::labels::parse(selector) {
+                    Ok(l) if !l.is_empty() && flock_core::labels::render(&l) == selector => {}
+                    Ok(_) => self.err(
+                        format!("{path}.name"),
+                        "a subset's selector must be non-empty, in key order, without spaces",
+                    ),
+                    Err(why) => self.err(format!("{path}.name"), format!("subset {why}")),
+                }
+                if !s.vips.is_empty() || !s.routes.is_empty() {
+                    self.err(
+                        format!("{path}.name"),
+                        "a subset has no VIPs and no routes of its own",
+                    );
+                }
+            }
+        }
         self.label(&format!("{path}.namespace"), "namespace", &s.namespace);
         if s.ports.is_empty() {
             self.err(format!("{path}.ports"), "a service needs at least one port");
@@ -982,6 +1039,9 @@ impl Validator {
             }
             if e.weight == 0 {
                 self.err(format!("{}.weight", ep()), "weight must be at least 1");
+            }
+            if let Err(why) = flock_core::labels::check(&e.labels) {
+                self.err(format!("{}.labels", ep()), why);
             }
             self.locality(&|| format!("{}.locality", ep()), &e.locality);
             let one;

@@ -109,7 +109,7 @@ fn direct(status: u32, body: &str) -> route::Action {
 /// The route action of a rule: its backends by weight (those with weight 0 get
 /// none), its timeout; `None` when no backend has a weight (the rule answers 500).
 fn forward(rule: &RouteRule, cluster_for: &ClusterFor<'_>, flavor: Flavor) -> Option<RouteAction> {
-    let cluster = |b: &BackendRef| cluster_for(&b.namespace, &b.service, b.port, Some(b.mtls));
+    let cluster = |b: &BackendRef| cluster_for(&b.namespace, &b.target(), b.port, Some(b.mtls));
     // One entry per cluster, weights summed: the same backend named twice must keep
     // its whole share (gRPC keys weighted clusters by name).
     let mut live: Vec<(String, u32)> = Vec::new();
@@ -458,15 +458,23 @@ pub fn resolve<'a>(
         }
         let mut rule = rule.clone();
         rule.backends.retain_mut(|b| {
-            let found = if b.namespace == parent.namespace && b.service == parent.name {
+            let target = b.target();
+            let found = if b.namespace == parent.namespace && *target == parent.name {
                 Some(parent)
             } else {
-                lookup(&b.namespace, &b.service)
+                lookup(&b.namespace, &target)
             };
             let problem = match found {
-                None => format!(
+                None if b.subset.is_empty() => format!(
                     "backend {}.{} does not exist (no endpoints): requests for it get 500",
                     b.service, b.namespace
+                ),
+                None => format!(
+                    "backend {}.{} subset {} has no endpoints (none carries those labels): \
+                     requests for it get 500",
+                    b.service,
+                    b.namespace,
+                    flock_core::labels::render(&b.subset)
                 ),
                 Some(s) => match protocol_of(s, b.port) {
                     None => format!(
@@ -496,4 +504,50 @@ pub fn resolve<'a>(
         out.push(rule);
     }
     (out, problems)
+}
+
+/// The services of the route subsets `rules` name ([`BackendRef::subset`]), made
+/// from the services `lookup` finds by (namespace, name): per distinct (namespace,
+/// Service, selector), a service named [`flock_core::route::subset_service_name`]
+/// (`web~version=v2`) with the Service's ports and connection pool and those of its
+/// endpoints whose labels the selector selects; no VIPs, no routes. Its clusters
+/// are the Service's, narrowed ([`Service::subset_of`]). A subset no endpoint
+/// matches is not made, so [`resolve`] drops its backend and reports it, as it does
+/// a Service that does not exist. Sorted by namespace and name.
+pub fn subset_services<'a, 'b>(
+    rules: impl IntoIterator<Item = &'b RouteRule>,
+    lookup: &dyn Fn(&str, &str) -> Option<&'a Service>,
+) -> Vec<Service> {
+    let mut wanted: std::collections::BTreeMap<(String, String), &'b BackendRef> =
+        std::collections::BTreeMap::new();
+    for b in rules
+        .into_iter()
+        .flat_map(|r| &r.backends)
+        .filter(|b| !b.subset.is_empty())
+    {
+        wanted
+            .entry((b.namespace.clone(), b.target().into_owned()))
+            .or_insert(b);
+    }
+    wanted
+        .into_iter()
+        .filter_map(|((namespace, name), b)| {
+            let base = lookup(&b.namespace, &b.service)?;
+            let endpoints: Vec<_> = base
+                .endpoints
+                .iter()
+                .filter(|e| flock_core::labels::selects(&b.subset, &e.labels))
+                .cloned()
+                .collect();
+            (!endpoints.is_empty()).then(|| Service {
+                name,
+                namespace,
+                ports: base.ports.clone(),
+                endpoints,
+                vips: Vec::new(),
+                routes: Vec::new(),
+                pool: base.pool.clone(),
+            })
+        })
+        .collect()
 }
