@@ -702,6 +702,60 @@ mod tests {
     }
 
     #[test]
+    fn endpoints_carry_only_the_pods_labels_of_the_configured_keys() {
+        let labelled = pod(json!({"metadata": {"labels": {
+            "version": "v2", "app.kubernetes.io/version": "2.1.0", "team": "x"}}}));
+        let (_, members) = admitted(decide(
+            &input(),
+            &labelled,
+            Some(&meshed_ns()),
+            [],
+            "n1",
+            &keys(),
+        ));
+        assert_eq!(
+            flock_core::labels::render(&members.labels),
+            "app.kubernetes.io/version=2.1.0,version=v2"
+        );
+        let (_, members) = admitted(decide(
+            &input(),
+            &labelled,
+            Some(&meshed_ns()),
+            [],
+            "n1",
+            &["team".to_string(), "absent".to_string()],
+        ));
+        assert_eq!(flock_core::labels::render(&members.labels), "team=x");
+        // A live relabel is followed: the snapshot's pod, not the ADD's.
+        let rec = crate::model::PodRecord::admitted(
+            admitted(decide(
+                &input(),
+                &labelled,
+                Some(&meshed_ns()),
+                [],
+                "n1",
+                &keys(),
+            ))
+            .0,
+            flock_core::time::UnixMs(0),
+        );
+        let mut snapshot = Snapshot {
+            synced: true,
+            ..Default::default()
+        };
+        snapshot.namespaces.insert("shop".into(), meshed_ns());
+        snapshot.pods.insert(
+            ("shop".into(), "web-0".into()),
+            Arc::new(pod(json!({"metadata": {"labels": {"version": "v3"}}}))),
+        );
+        let live = members_in(&snapshot, &rec, &keys()).unwrap();
+        assert_eq!(flock_core::labels::render(&live.labels), "version=v3");
+        // A value a test double could hold but the API server never would is left out.
+        let odd = BTreeMap::from([("version".to_string(), "a,b".to_string())]);
+        assert!(endpoint_labels(&odd, &keys()).is_empty());
+    }
+
+    #[test]
     fn unreachable_api_says_so_and_refuses_to_guess() {
         let e = unidentified(
             "shop/web-0",

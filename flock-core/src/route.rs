@@ -905,7 +905,8 @@ fn check_rule(
         let group = b.group.as_deref().unwrap_or("");
         let kind = b.kind.as_deref().unwrap_or("Service");
         let is_subset = group == SUBSET_GROUP && kind == SUBSET_KIND;
-        if !is_subset && !(group.is_empty() && kind == "Service") {
+        let is_service = group.is_empty() && kind == "Service";
+        if !(is_subset || is_service) {
             return Err(RouteError::new(
                 bf,
                 format!(

@@ -370,6 +370,115 @@ fn routes_split_match_time_out_and_retry_through_envoy() {
     drop(pods);
 }
 
+/// Subsets of one Service by label: three pods serve `shop`, registered with
+/// `flock.io/labels` `version=v1`, `version=v2` and none; a route on `shop` sends
+/// `x-canary: 1` to the subset v2 and splits the rest 80/20 over the subsets v1 and
+/// v2 (`flock.io/subsets`, backendRefs of kind `ServiceSubset`). The pod without a
+/// version is in neither subset, so a routed request never reaches it; a subset no
+/// pod matches is reported and its share dropped. The real agent and Envoy, pods on
+/// a libcni bridge, unmodified curl (as [`routes_split_match_time_out_and_retry_through_envoy`]).
+#[test]
+fn subsets_split_one_service_by_version_label_through_envoy() {
+    let _ = required_env("FLOCK_CNI_PLUGIN_DIR");
+    let _ = required_env("FLOCK_CNITOOL");
+    let _ = envoy_bin();
+    let work = tempfile::Builder::new()
+        .prefix("flock-subsets-")
+        .tempdir()
+        .unwrap();
+    let routes = work.path().join("routes");
+    std::fs::create_dir(&routes).unwrap();
+    let subset = |name: &str, port: u16, weight: u32| {
+        json!({ "group": "flock.io", "kind": "ServiceSubset", "name": name,
+                "port": port, "weight": weight })
+    };
+    let route = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": { "name": "shop", "namespace": "default", "annotations": {
+            "flock.io/subsets": json!({
+                "v1": { "service": "shop", "labels": { "version": "v1" } },
+                "v2": { "service": "shop", "labels": { "version": "v2" } },
+                "v3": { "service": "shop", "labels": { "version": "v3" } }
+            }).to_string() } },
+        "spec": {
+            "parentRefs": [{ "group": "", "kind": "Service", "name": "shop", "port": 8080 }],
+            "rules": [
+                { "matches": [{ "headers": [{ "name": "x-canary", "value": "1" }] }],
+                  "backendRefs": [subset("v2", 8080, 1)] },
+                { "backendRefs": [subset("v1", 8080, 80), subset("v2", 8080, 20),
+                                  subset("v3", 8080, 10)] }
+            ]
+        }
+    });
+    write_route(&routes, "shop.json", &route);
+    let agent = Agent::start(&["--routes-dir", routes.to_str().unwrap()]);
+    let _envoy = SupervisedEnvoy::start(&agent);
+    let net = ChainedNetwork::start(work.path(), &agent, "sub", 8000);
+    let log = |n: &str| work.path().join(format!("{n}.log"));
+    let mut apps = Vec::new();
+    let mut pods = Vec::new();
+    for (tag, name, labels) in [
+        ("sv1", "shop-v1", Some("version=v1")),
+        ("sv2", "shop-v2", Some("version=v2")),
+        ("svx", "shop-x", None),
+    ] {
+        let ns = NetNs::new(tag);
+        apps.push(backend_in(&ns, name, &log(name)));
+        let mut annotations = json!({"flock.io/service": "shop", "flock.io/ports": "8080/http",
+                                     "flock.io/service-account": "shop"});
+        if let Some(l) = labels {
+            annotations["flock.io/labels"] = l.into();
+        }
+        pods.push(Pod::add_in(
+            &net.cni,
+            ns,
+            "default",
+            &format!("{name}-0"),
+            annotations,
+        ));
+    }
+    let client = Pod::add_client(&net.cni, "scl", "client-0");
+    let states = wait_for("shop's route in force over both subsets", WAIT, || {
+        let states = route_states(&agent);
+        (burst_to(&client.ns, "shop", "/", 1, &["-H", "x-canary: 1"])[0]
+            == (200, "shop-v2".to_string())
+            && states.get("shop.json").is_some_and(|(_, p)| !p.is_empty()))
+        .then_some(states)
+    });
+    // v3 matches no pod: reported, its share dropped; the rest is served.
+    let (state, problems) = &states["shop.json"];
+    assert_eq!(state, "PartiallyInvalid", "{states:?}");
+    assert!(
+        problems.len() == 1 && problems[0].contains("subset version=v3 has no endpoints"),
+        "{problems:?}"
+    );
+
+    let t = tally(&burst_to(
+        &client.ns,
+        "shop",
+        "/",
+        100,
+        &["-H", "x-canary: 1"],
+    ));
+    assert_eq!(t, BTreeMap::from([("200 shop-v2".to_string(), 100)]));
+
+    let answers = burst_to(&client.ns, "shop", "/", 1000, &[]);
+    let t = tally(&answers);
+    println!("subsets 80/20 over 1000: {t:?}");
+    let v1 = t.get("200 shop-v1").copied().unwrap_or(0);
+    let v2 = t.get("200 shop-v2").copied().unwrap_or(0);
+    assert_eq!(v1 + v2, 1000, "every request answered by v1 or v2: {t:?}");
+    assert!((170..=230).contains(&v2), "v2 got {v2} of 1000: {t:?}");
+    // The pod without a version label saw none of it.
+    assert!(
+        !apps[2].log_text().contains("req GET /?n="),
+        "shop-x was sent a routed request: {}",
+        apps[2].log_text()
+    );
+    drop(pods);
+}
+
 /// The bootstrap's overload manager as `flock-agent envoy-bootstrap` writes it with
 /// the DaemonSet's memory limit (the downward API's bytes) is one the real Envoy
 /// accepts (`--mode validate` loads every extension and checks every field), with

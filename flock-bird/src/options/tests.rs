@@ -426,6 +426,25 @@ fn the_startup_taint_is_removed_by_default_in_kube_mode_unless_turned_off() {
 }
 
 #[test]
+fn endpoint_label_keys_default_to_the_version_labels_and_are_checked() {
+    let kube = |args: &[&str]| check(args).unwrap().runtime.kube.unwrap();
+    assert_eq!(
+        kube(&["--kube"]).endpoint_labels,
+        crate::kube::DEFAULT_ENDPOINT_LABELS.map(String::from)
+    );
+    assert_eq!(
+        kube(&["--kube", "--endpoint-labels", "track, version"]).endpoint_labels,
+        ["track", "version"]
+    );
+    assert!(
+        error(&["--kube", "--endpoint-labels", "a b"]).contains("--endpoint-labels: label key"),
+        "{}",
+        error(&["--kube", "--endpoint-labels", "a b"])
+    );
+    assert!(error(&["--kube", "--endpoint-labels", "a,b,c,d,e,f,g,h,i"]).contains("more than 8"),);
+}
+
+#[test]
 fn durations_take_ms_s_or_plain_seconds() {
     assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
     assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
