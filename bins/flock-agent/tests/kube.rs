@@ -415,6 +415,56 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
         || get_web() == 200,
     );
 
+    // Route subsets from pod labels: web-0 relabelled `version: v2` in the API (no
+    // CNI call) registers with that label, and only it (`--endpoint-labels`' default
+    // keys: `team` stays on the node); a route to the subset v2 of web reaches it,
+    // and one to a subset no pod carries (v9) is reported and answered 500.
+    api.apply(&pod(
+        "shop",
+        "web-0",
+        web_uid,
+        "web",
+        json!({"app": "web", "version": "v2", "team": "payments"}),
+        json!([{"name": "http", "containerPort": 8080}]),
+    ));
+    let labels = wait_for("web-0's entry carries its version label", WAIT, || {
+        let view = agent.json("/debug/registry");
+        let labels = view["endpoints"]
+            .as_object()?
+            .values()
+            .find(|e| e["service"] == "web")?["labels"]
+            .clone();
+        (!labels.is_null()).then_some(labels)
+    });
+    assert_eq!(labels, json!({"version": "v2"}));
+    let subset_route = |name: &str, subset: &str| -> flock_kube::route::HttpRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": name, "namespace": "shop", "annotations": {
+                "flock.io/subsets": json!({
+                    "v2": {"service": "web", "labels": {"version": "v2"}},
+                    "v9": {"service": "web", "labels": {"version": "v9"}}
+                }).to_string()}},
+            "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
+                     "rules": [{"backendRefs": [{"group": "flock.io", "kind": "ServiceSubset",
+                                                 "name": subset, "port": 80}]}]}
+        }))
+        .unwrap()
+    };
+    api.apply(&subset_route("web", "v9"));
+    wait_for("web routed to an empty subset: 500", WAIT, || {
+        get_web() == 500
+    });
+    let routes = agent.json("/debug/routes").to_string();
+    assert!(
+        routes.contains("subset version=v9 has no endpoints"),
+        "{routes}"
+    );
+    api.apply(&subset_route("web", "v2"));
+    wait_for("web routed to its subset v2", WAIT, || get_web() == 200);
+    assert!(api.delete::<flock_kube::route::HttpRoute>(Some("shop"), "web"));
+    wait_for("web's default route again", WAIT, || get_web() == 200);
+
     // Connection-pool limits from web's annotations: every mesh cluster of web in
     // Envoy gets them as its circuit breakers (the others keep the defaults), live;
     // a malformed annotation keeps the defaults and is reported; removing them
