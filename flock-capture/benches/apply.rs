@@ -3,9 +3,9 @@
 //! netns that has neither), against the way it ran before, in the same run.
 //!
 //! Both do the same work in a real netns (root), emptied before each round (not
-//! timed). `Nft::apply` starts `nft` and `ip` from a thread that entered the netns:
-//! the table created by one transaction without a deletion, the rule listed, the
-//! route and the rule in one `ip -batch` (three processes). The baseline is the
+//! timed). `Nft::apply` starts `nft` from a thread that entered the netns, the table
+//! created by one transaction without a deletion, and writes the policy route's
+//! route and rule over rtnetlink from that thread (one process). The baseline is the
 //! previous code path: each command behind its own `nsenter --net=<netns>`, the
 //! converging batch (`add`, `delete`, then the table: its commit waits for an RCU
 //! grace period), the route replaced, the rules listed, the rule added (eight
@@ -124,7 +124,7 @@ fn main() {
     println!("| way | p50 | p99 |");
     println!("|---|---|---|");
     println!(
-        "| create in one transaction, from a thread in the netns (3 processes) | {:.2} ms | {:.2} ms |",
+        "| create in one transaction, from a thread in the netns (1 process, rtnetlink) | {:.2} ms | {:.2} ms |",
         pct(&ours, 0.5),
         pct(&ours, 0.99)
     );

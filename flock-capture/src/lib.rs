@@ -70,6 +70,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod node;
+mod rtnl;
 
 use flock_core::capture::{
     self, CaptureSpec, Drift, ORIGINAL_SRC_MARK, ORIGINAL_SRC_TABLE, ParseError, PolicyRoute,
@@ -157,6 +158,9 @@ pub enum CaptureError {
     /// Spawning or talking to a child failed.
     #[error("running {0}: {1}")]
     Io(&'static str, std::io::Error),
+    /// The kernel refused a policy-route request over rtnetlink (or the socket failed).
+    #[error("{0} over rtnetlink: {1}")]
+    Netlink(&'static str, std::io::Error),
 }
 
 /// Most bytes of nft's stderr kept in an error.
@@ -297,29 +301,10 @@ impl Nft {
         stdin: Option<&[u8]>,
         what: &'static str,
     ) -> Result<Ran, CaptureError> {
-        if !netns.exists() {
-            return Err(CaptureError::Netns {
-                path: netns.into(),
-                detail: "does not exist".into(),
-            });
-        }
-        // A scoped thread: its netns dies with it, and no thread of the caller's
-        // (a runtime's worker) is ever left in the pod's netns.
-        let out = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    enter_netns(netns)?;
-                    let mut cmd = Command::new(program);
-                    cmd.args(args);
-                    run(cmd, what, stdin)
-                })
-                .join()
-                .unwrap_or_else(|_| {
-                    Err(CaptureError::Io(
-                        what,
-                        std::io::Error::other("the netns thread panicked"),
-                    ))
-                })
+        let out = in_netns(netns, what, || {
+            let mut cmd = Command::new(program);
+            cmd.args(args);
+            run(cmd, what, stdin)
         })?;
         if out.status.success() {
             return String::from_utf8(out.stdout)
@@ -455,29 +440,22 @@ impl Nft {
     }
 
     /// Makes `netns` hold `route`: the table's one local default route (`replace`
-    /// converges), then the rule, unless exactly it is there already (`ip rule add`
-    /// would add a second copy). Two `ip` runs: the rules listed, then every change
-    /// in one `-batch` (in that order: the route, the stray rules' removal, the rule).
+    /// converges), then the rule, unless exactly it is there already (adding it again
+    /// would make a second copy), after removing any other rule at its priority.
+    /// Over rtnetlink from a thread in the netns: a pod's ADD pays no `ip` process
+    /// for it ([`rtnl`]).
     fn apply_route(&self, netns: &Path, route: PolicyRoute) -> Result<(), CaptureError> {
-        let table = route.table;
-        let rules = self.rules(netns, route)?;
-        let mut batch = format!("route replace local default dev lo table {table}\n");
-        if !(rules.len() == 1 && rule_matches(&rules[0], route)) {
-            for _ in &rules {
-                batch.push_str(&format!("rule del pref {table}\n"));
-            }
-            batch.push_str(&format!(
-                "rule add fwmark {:#x} lookup {table} pref {table}\n",
-                route.mark
-            ));
-        }
-        self.ip_with_input(
-            netns,
-            "route and rule",
-            &ip_args(route, &["-batch", "-"]),
-            Some(batch.as_bytes()),
-        )
-        .map(drop)
+        const WHAT: &str = "route and rule";
+        in_netns(netns, WHAT, || {
+            rtnl::Rtnl::open()
+                .and_then(|mut nl| nl.apply(route))
+                .map_err(|e| match e.raw_os_error() {
+                    Some(code) if code == nix::libc::EPERM => {
+                        CaptureError::NotPermitted(format!("{WHAT}: {e}"))
+                    }
+                    _ => CaptureError::Netlink(WHAT, e),
+                })
+        })
     }
 
     /// Whether `netns` holds exactly `route`'s rule and route.
@@ -624,6 +602,38 @@ fn run(
         return Err(ParseError::TooLarge(out.stdout.len()).into());
     }
     Ok(out)
+}
+
+/// Runs `f` on a thread of our own that enters `netns` (`setns`) and exits
+/// afterwards: a child it starts, or a netlink socket it opens, lives in the pod's
+/// netns, and no thread of the caller's (a runtime's worker) is ever left there. A
+/// netns that does not exist or cannot be entered is an error here.
+fn in_netns<T: Send>(
+    netns: &Path,
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, CaptureError> + Send,
+) -> Result<T, CaptureError> {
+    if !netns.exists() {
+        return Err(CaptureError::Netns {
+            path: netns.into(),
+            detail: "does not exist".into(),
+        });
+    }
+    // A scoped thread: its netns dies with it.
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                enter_netns(netns)?;
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(CaptureError::Io(
+                    what,
+                    std::io::Error::other("the netns thread panicked"),
+                ))
+            })
+    })
 }
 
 /// Moves the calling thread into the network namespace at `netns` (only for a thread

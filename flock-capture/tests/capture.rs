@@ -319,6 +319,43 @@ fn the_original_source_route_is_installed_once_checked_repaired_and_removed() {
     }
 }
 
+/// The policy route goes in over rtnetlink, not by `ip`: what the kernel then holds,
+/// as `ip -j` lists it, is exactly what iproute2's own commands install (the
+/// oracle, run in a second netns), for both families.
+#[test]
+fn the_policy_route_over_rtnetlink_equals_what_ip_installs() {
+    let (pod, oracle) = pair();
+    let nft = Nft::new();
+    let ip = |ns: &Ns, args: &[&str]| {
+        let mut all = vec!["ip", "-j", "-n", &ns.0];
+        all.extend_from_slice(args);
+        sh(&all)
+    };
+    for v6 in [false, true] {
+        let fam = if v6 { "-6" } else { "-4" };
+        nft.apply(&pod.path(), &spec_original_src(Mode::Strict, v6))
+            .unwrap();
+        let mut all = vec!["ip", "-n", &oracle.0, fam];
+        all.extend([
+            "rule", "add", "fwmark", "0x53a", "lookup", "1338", "pref", "1338",
+        ]);
+        sh(&all);
+        let mut all = vec!["ip", "-n", &oracle.0, fam];
+        all.extend([
+            "route", "replace", "local", "default", "dev", "lo", "table", "1338",
+        ]);
+        sh(&all);
+        for what in [
+            &[fam, "rule", "show", "pref", "1338"][..],
+            &[fam, "route", "show", "table", "1338"][..],
+        ] {
+            let got = ip(&pod, what);
+            assert_eq!(got, ip(&oracle, what), "{what:?}");
+            assert!(got.len() > 2, "{what:?} lists nothing: {got}");
+        }
+    }
+}
+
 /// What the route is for: a connection made inside the pod from the caller's address
 /// (`IP_TRANSPARENT`, marked [`ORIGINAL_SRC_MARK`], as Envoy's `original_src` makes
 /// it) to the app on the pod's address. The app sees the caller's address, and its
