@@ -87,9 +87,12 @@ pub struct Members {
     pub labels: flock_core::labels::Labels,
 }
 
-/// The label keys a pod's endpoints carry unless `--endpoint-labels` says otherwise:
-/// the version labels of Istio's convention and of Kubernetes' recommended labels.
-pub const DEFAULT_ENDPOINT_LABELS: [&str; 2] = ["version", "app.kubernetes.io/version"];
+/// The label keys to give `--endpoint-labels` for version subsets: the version labels
+/// of Istio's convention and of Kubernetes' recommended labels. Not the default: an
+/// agent older than endpoint labels refuses a registry entry that has them (its
+/// entries have no unknown fields), so they are turned on once every node runs an
+/// agent that reads them.
+pub const VERSION_LABELS: [&str; 2] = ["version", "app.kubernetes.io/version"];
 
 /// The labels of `labels` whose keys are in `keys` (pure): what a pod's endpoints
 /// carry for route subsets. A value the label rules refuse is left out (the API
@@ -299,12 +302,12 @@ impl KubePods {
             node_name: node_name.into(),
             pod_wait,
             last: Mutex::new(BTreeMap::new()),
-            label_keys: DEFAULT_ENDPOINT_LABELS.map(String::from).to_vec(),
+            label_keys: Vec::new(),
         }
     }
 
     /// Endpoints carry the pod labels of these keys (`--endpoint-labels`; default
-    /// [`DEFAULT_ENDPOINT_LABELS`]).
+    /// none, see [`VERSION_LABELS`]).
     pub fn with_endpoint_labels(mut self, keys: Vec<String>) -> Self {
         self.label_keys = keys;
         self
@@ -523,7 +526,7 @@ mod tests {
     }
 
     fn keys() -> Vec<String> {
-        DEFAULT_ENDPOINT_LABELS.map(String::from).to_vec()
+        VERSION_LABELS.map(String::from).to_vec()
     }
 
     fn meshed_ns() -> BTreeMap<String, String> {

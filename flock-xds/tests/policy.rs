@@ -694,3 +694,64 @@ fn a_subset_service_with_a_malformed_selector_fails_validation() {
     m.services[subset].vips = vec!["10.96.0.1".parse().unwrap()];
     assert!(m.validate().is_err(), "a subset with a VIP validated");
 }
+
+#[test]
+fn resolving_again_forgets_a_subset_whose_endpoints_are_gone() {
+    let mut m = subset_mesh("http", false);
+    assert_eq!(m.resolve_routes().len(), 1); // v3
+    assert!(m.services.iter().any(|s| s.name == "shop~version=v2"));
+    // The v2 pod is relabelled v3: v2 is gone, v3 appears.
+    m.services[0].endpoints[2].labels = flock_core::labels::parse("version=v3").unwrap();
+    m.services[0].routes = subset_mesh("http", false).services[0].routes.clone();
+    let problems = m.resolve_routes();
+    assert!(
+        !m.services.iter().any(|s| s.name == "shop~version=v2"),
+        "a stale subset was kept"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.message.contains("subset version=v2")),
+        "{problems:?}"
+    );
+    m.validate().unwrap();
+    // The validator names a subset backend whose subset service is missing.
+    let mut broken = m.clone();
+    broken.services.retain(|s| s.name != "shop~version=v3");
+    let errors = broken.validate().unwrap_err();
+    assert!(
+        errors.iter().any(|e| e
+            .to_string()
+            .contains("shop~version=v3.shop has no HTTP or gRPC port")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn a_subset_of_an_mtls_port_never_takes_an_endpoint_without_an_identity() {
+    let mut m = subset_mesh("http", true);
+    // An identity-less endpoint labelled v2: the port is mTLS, so it serves no one.
+    let mut plain = m.services[0].endpoints[2].clone();
+    plain.address = "10.0.1.9".parse().unwrap();
+    plain.identity = None;
+    m.services[0].endpoints.push(plain);
+    m.resolve_routes();
+    let v2 = m
+        .services
+        .iter()
+        .find(|s| s.name == "shop~version=v2")
+        .unwrap();
+    let addresses: Vec<String> = v2.endpoints.iter().map(|e| e.address.to_string()).collect();
+    assert_eq!(addresses, ["10.0.1.3"]);
+    // And a subset of only such endpoints is not made (reported, not plaintext).
+    let mut m = subset_mesh("http", true);
+    m.services[0].endpoints[2].identity = None;
+    let problems = m.resolve_routes();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.message.contains("subset version=v2")),
+        "{problems:?}"
+    );
+    assert!(!m.services.iter().any(|s| s.name == "shop~version=v2"));
+}

@@ -148,6 +148,8 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
         "1s",
         "--trust-domain",
         TRUST_DOMAIN,
+        "--endpoint-labels",
+        "version,app.kubernetes.io/version",
     ];
     let mut agent = Agent::start(&agent_args);
     let agent_pid = agent.proc.pid();
@@ -416,8 +418,8 @@ fn kube_pods_get_identity_ports_and_memberships_from_the_api() {
     );
 
     // Route subsets from pod labels: web-0 relabelled `version: v2` in the API (no
-    // CNI call) registers with that label, and only it (`--endpoint-labels`' default
-    // keys: `team` stays on the node); a route to the subset v2 of web reaches it,
+    // CNI call) registers with that label, and only it (`--endpoint-labels` names the
+    // version keys: `team` stays on the node); a route to the subset v2 of web reaches it,
     // and one to a subset no pod carries (v9) is reported and answered 500.
     api.apply(&pod(
         "shop",

@@ -365,12 +365,14 @@ pub struct Flags {
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Kubernetes")]
     pub kube_pod_wait: Duration,
     /// Kube mode: the pod label keys a pod's registry endpoints carry, which route
-    /// subsets (`flock.io/subsets` on an HTTPRoute) can select on; at most 8. Only
-    /// these travel to other nodes, not every label of every pod. Outside kube mode a
-    /// pod names its labels in the `flock.io/labels` annotation.
+    /// subsets (`flock.io/subsets` on an HTTPRoute) can select on, such as
+    /// `version,app.kubernetes.io/version`; at most 8. Only these travel to other
+    /// nodes, not every label of every pod. Default none: turn it on once every node
+    /// runs an agent of this version (an older agent drops a registry entry that
+    /// carries labels). Outside kube mode a pod names its labels in the
+    /// `flock.io/labels` annotation.
     #[arg(
         long,
-        default_value = "version,app.kubernetes.io/version",
         value_name = "KEYS",
         value_delimiter = ',',
         help_heading = "Kubernetes"

@@ -426,12 +426,10 @@ fn the_startup_taint_is_removed_by_default_in_kube_mode_unless_turned_off() {
 }
 
 #[test]
-fn endpoint_label_keys_default_to_the_version_labels_and_are_checked() {
+fn endpoint_label_keys_are_off_by_default_and_checked() {
     let kube = |args: &[&str]| check(args).unwrap().runtime.kube.unwrap();
-    assert_eq!(
-        kube(&["--kube"]).endpoint_labels,
-        crate::kube::DEFAULT_ENDPOINT_LABELS.map(String::from)
-    );
+    // None by default: an older agent drops an entry with labels.
+    assert!(kube(&["--kube"]).endpoint_labels.is_empty());
     assert_eq!(
         kube(&["--kube", "--endpoint-labels", "track, version"]).endpoint_labels,
         ["track", "version"]

@@ -532,12 +532,16 @@ impl Mesh {
 
 impl Mesh {
     /// Resolves every service's route rules against the mesh's services
-    /// ([`super::policy::resolve`]), after adding (or renewing) the services of the
-    /// route subsets they name ([`super::policy::subset_services`]): what a control
+    /// ([`super::policy::resolve`]), after making the services of the route subsets
+    /// they name anew ([`super::policy::subset_services`]; an earlier call's subset
+    /// services are replaced): what a control
     /// plane that writes rules by hand calls before translating. Returns what was
     /// dropped.
     pub fn resolve_routes(&mut self) -> Vec<super::policy::RouteProblem> {
-        // The route subsets first, so the rules resolve against them.
+        // The route subsets first, so the rules resolve against them; those of an
+        // earlier call are made again (a subset whose endpoints are gone must not be
+        // kept with its old ones).
+        self.services.retain(|s| s.subset_of().is_none());
         let subsets = {
             let services = &self.services;
             let lookup = |ns: &str, name: &str| {
@@ -547,16 +551,7 @@ impl Mesh {
             };
             super::policy::subset_services(services.iter().flat_map(|s| &s.routes), &lookup)
         };
-        for subset in subsets {
-            match self
-                .services
-                .iter_mut()
-                .find(|s| s.namespace == subset.namespace && s.name == subset.name)
-            {
-                Some(old) => *old = subset,
-                None => self.services.push(subset),
-            }
-        }
+        self.services.extend(subsets);
         let snapshot = self.services.clone();
         let lookup = |ns: &str, name: &str| {
             snapshot
@@ -757,7 +752,9 @@ impl Validator {
             for (j, r) in s.routes.iter().enumerate() {
                 for (k, b) in r.backends.iter().enumerate() {
                     let path = format!("services[{i}].routes[{j}].backends[{k}]");
-                    match by_name.get(&(b.namespace.as_str(), b.service.as_str())) {
+                    // A subset backend's requests go to its subset's clusters.
+                    let target = b.target();
+                    match by_name.get(&(b.namespace.as_str(), &*target)) {
                         Some(t) if t.ports.iter().any(|p| p.port == b.port && p.protocol.is_http()) => {
                             if port_endpoints(t, b.port).mtls != b.mtls {
                                 self.err(
@@ -770,7 +767,7 @@ impl Validator {
                             path,
                             format!(
                                 "{}.{} has no HTTP or gRPC port {} in the mesh (run Mesh::resolve_routes)",
-                                b.service, b.namespace, b.port
+                                target, b.namespace, b.port
                             ),
                         ),
                     }

@@ -510,7 +510,8 @@ pub fn resolve<'a>(
 /// from the services `lookup` finds by (namespace, name): per distinct (namespace,
 /// Service, selector), a service named [`flock_core::route::subset_service_name`]
 /// (`web~version=v2`) with the Service's ports and connection pool and those of its
-/// endpoints whose labels the selector selects; no VIPs, no routes. Its clusters
+/// endpoints whose labels the selector selects (an endpoint without an identity
+/// only where no port it serves is mTLS); no VIPs, no routes. Its clusters
 /// are the Service's, narrowed ([`Service::subset_of`]). A subset no endpoint
 /// matches is not made, so [`resolve`] drops its backend and reports it, as it does
 /// a Service that does not exist. Sorted by namespace and name.
@@ -533,10 +534,25 @@ pub fn subset_services<'a, 'b>(
         .into_iter()
         .filter_map(|((namespace, name), b)| {
             let base = lookup(&b.namespace, &b.service)?;
+            // Never downgrade: an endpoint without an identity is left out of a
+            // Service port that is mTLS (`port_endpoints`), so a subset of only such
+            // endpoints must not become a plaintext port of its own.
+            let mtls_ports: Vec<u16> = base
+                .ports
+                .iter()
+                .map(|p| p.port)
+                .filter(|p| super::model::port_endpoints(base, *p).mtls)
+                .collect();
             let endpoints: Vec<_> = base
                 .endpoints
                 .iter()
                 .filter(|e| flock_core::labels::selects(&b.subset, &e.labels))
+                .filter(|e| {
+                    e.identity.is_some()
+                        || !mtls_ports
+                            .iter()
+                            .any(|p| e.service_port.is_none_or(|sp| sp == *p))
+                })
                 .cloned()
                 .collect();
             (!endpoints.is_empty()).then(|| Service {
