@@ -141,6 +141,40 @@ fn main() {
         "| `flock.io/capture: strict` (nft table installed before the answer) | {on50:.2} ms | {on99:.2} ms |"
     );
 
+    // Where an ADD's time goes, from the agent's own `pod added` lines (`step_us`):
+    // the median of each step over the pods of each kind.
+    let log = agent.proc.log_text();
+    for (kind, prefix) in [("off", "nocap-"), ("strict", "cap-")] {
+        let mut steps: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+        for line in log
+            .lines()
+            .filter(|l| l.contains("pod added") && l.contains(&format!("key={prefix}")))
+        {
+            let Some(rest) = line.split("step_us=").nth(1) else {
+                continue;
+            };
+            let list = rest.trim_start_matches('"').split('"').next().unwrap_or("");
+            for item in list.split(',') {
+                if let Some((step, us)) = item.split_once(':')
+                    && let Ok(us) = us.trim().parse::<u64>()
+                {
+                    steps.entry(step.to_string()).or_default().push(us);
+                }
+            }
+        }
+        let medians: Vec<String> = steps
+            .into_iter()
+            .map(|(step, mut us)| {
+                us.sort_unstable();
+                format!("{step} {} µs", us[us.len() / 2])
+            })
+            .collect();
+        println!(
+            "agent AddPod steps, capture {kind} (median): {}",
+            medians.join(", ")
+        );
+    }
+
     drop((a, b, e, m, n, ns, net));
     drop(envoy);
     drop(agent);
