@@ -294,18 +294,21 @@ fn every_mesh_cluster_has_circuit_breakers_and_a_retry_budget() {
     }
 }
 
+/// A translation's entries as sorted (type, name, bytes): two are equal when they
+/// hold the same resources.
+fn flat(e: translate::Entries) -> Vec<(String, String, Vec<u8>)> {
+    let mut v: Vec<(String, String, Vec<u8>)> = Vec::new();
+    for (ty, list) in e {
+        for (name, _, any) in list {
+            v.push((ty.to_string(), name.to_string(), any.value.clone()));
+        }
+    }
+    v.sort();
+    v
+}
+
 #[test]
 fn the_memo_follows_route_changes_like_a_fresh_translation() {
-    let flat = |e: translate::Entries| {
-        let mut v: Vec<(String, String, Vec<u8>)> = Vec::new();
-        for (ty, list) in e {
-            for (name, _, any) in list {
-                v.push((ty.to_string(), name.to_string(), any.value.clone()));
-            }
-        }
-        v.sort();
-        v
-    };
     let opts = EnvoyOptions::default();
     let mut memo = Memo::new(Flavor::Envoy);
     let (base, _) = routed(mesh("http", true), &canary(None));
@@ -636,16 +639,6 @@ fn callers_with_an_identity_reach_a_subset_over_its_own_mtls_cluster() {
 
 #[test]
 fn the_memo_follows_a_subset_like_a_fresh_translation() {
-    let flat = |e: translate::Entries| {
-        let mut v: Vec<(String, String, Vec<u8>)> = Vec::new();
-        for (ty, list) in e {
-            for (name, _, any) in list {
-                v.push((ty.to_string(), name.to_string(), any.value.clone()));
-            }
-        }
-        v.sort();
-        v
-    };
     let opts = EnvoyOptions::default();
     let mut memo = Memo::new(Flavor::Envoy);
     let mut m = subset_mesh("http", false);
