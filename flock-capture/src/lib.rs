@@ -258,20 +258,8 @@ impl Nft {
         what: &'static str,
         args: &[&str],
     ) -> Result<String, CaptureError> {
-        self.ip_with_input(netns, what, args, None)
-    }
-
-    /// Runs `ip` with `args` inside `netns`, `stdin` on its standard input (a
-    /// `-batch -` of commands); its stdout.
-    fn ip_with_input(
-        &self,
-        netns: &Path,
-        what: &'static str,
-        args: &[&str],
-        stdin: Option<&[u8]>,
-    ) -> Result<String, CaptureError> {
         let ip = resolve(&self.ip).ok_or_else(|| CaptureError::IpMissing(self.ip.clone()))?;
-        match self.exec_in(&ip, netns, args, stdin, what)? {
+        match self.exec_in(&ip, netns, args, None, what)? {
             Ran::Out(text) => Ok(text),
             Ran::Failed { status, stderr } => {
                 let stderr: String = stderr.trim().chars().take(MAX_STDERR).collect();

@@ -260,9 +260,7 @@ pub(super) fn apply(
             },
         );
     }
-    if !subsets.is_empty() {
-        out.extend(subsets.iter().cloned());
-    }
+    out.extend(subsets.iter().cloned());
     if synthesized || !subsets.is_empty() {
         out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     }
